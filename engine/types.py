@@ -1,0 +1,160 @@
+"""Engine-side value types shared by the engine, the server and the bench.
+
+Frozen dataclasses and enums only; no onnxruntime, no pydantic (the wire lives in server/protocol.py).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request ended. ``str()`` is the OpenAI wire string."""
+
+    STOP = "stop"  # eos, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the context length
+    ABORT = "abort"  # the client went away or the server cancelled it
+    ERROR = "error"  # the engine failed while running this request
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples and when it stops.
+
+    Validation lives in ``__post_init__`` so every entry point (HTTP, bench, tests) gets the same
+    messages; each names the parameter, the allowed range and the value received.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0  # (0, 1]
+    top_k: int = 0  # 0 disables
+    min_p: float = 0.0  # [0, 1]
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0  # [-2, 2]
+    frequency_penalty: float = 0.0  # [-2, 2]
+    repetition_penalty: float = 1.0  # (0, 2]
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token_id, bias in [-100, 100])
+    logprobs: bool = False
+    top_logprobs: int = 0  # [0, 20]
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)
+        _check(0.0 <= self.temperature <= 2.0, "temperature", "must be in [0, 2]", self.temperature)
+        _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]", self.top_p)
+        _check(self.top_k >= 0, "top_k", "must be >= 0 (0 disables)", self.top_k)
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]", self.min_p)
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]",
+               self.presence_penalty)
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]",
+               self.frequency_penalty)
+        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]",
+               self.repetition_penalty)
+        _check(0 <= self.top_logprobs <= 20, "top_logprobs", "must be in [0, 20]", self.top_logprobs)
+        for token_id, bias in self.logit_bias:
+            _check(-100.0 <= bias <= 100.0, "logit_bias", f"values must be in [-100, 100] (token {token_id})", bias)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+def _check(ok: bool, param: str, rule: str, value: object) -> None:
+    if not ok:
+        raise InvalidRequestError(f"{param} {rule}, got {value!r}", param=param)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One sampled token's log-probability and the most likely alternatives at that step."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob), most likely first
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What ``AsyncEngine.generate()`` yields: the delta since the previous output of one request.
+
+    ``text`` is only ever whole UTF-8 characters and never contains a (partial) stop string.
+    Exactly one output per request has ``finished=True``; it may carry text too.
+    """
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    num_prompt_tokens: int
+    num_generated_tokens: int  # cumulative
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    error: str | None = None  # set with finish_reason=ERROR
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for /metrics and the bench."""
+
+    num_running: int
+    num_waiting: int
+    num_slots_free: int
+    num_slots_total: int
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    decode_tokens_per_s: float = 0.0  # recent, all streams together
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+# --- errors, mapped by class (never by message) to HTTP statuses in server/errors.py --------------
+
+
+class EngineError(Exception):
+    """Base of everything the engine raises on purpose."""
+
+
+class InvalidRequestError(EngineError, ValueError):
+    """The request cannot be served as asked (-> 400)."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class PromptTooLongError(InvalidRequestError):
+    """Prompt plus at least one generated token exceeds the context (-> 400, names both numbers)."""
+
+    def __init__(self, num_prompt_tokens: int, max_model_len: int) -> None:
+        super().__init__(
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+            f"{num_prompt_tokens} tokens (at least one token must be left for the completion).",
+            param="messages",
+            code="context_length_exceeded",
+        )
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_model_len = max_model_len
+
+
+class EngineOverloadedError(EngineError):
+    """The waiting queue is full (-> 429 with Retry-After)."""
+
+    def __init__(self, message: str = "The server is overloaded; retry later.", retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineDeadError(EngineError):
+    """The engine thread has stopped; no request can be served (-> 503)."""
+
+
+class ModelLoadError(EngineError):
+    """A model folder cannot be served (missing files, unknown inputs, corrupt ONNX)."""
