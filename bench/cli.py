@@ -1,0 +1,224 @@
+"""`ortserve bench` / `python -m bench`: parse flags, run each load level, write the report and plots.
+
+Wires loadgen, scenarios, metrics, report and plots; imports the engine only for --engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from bench.loadgen import HttpBackend, HttpSettings, RemoteUrlError, RssSampler, check_loopback, run_load
+from bench.metrics import Slo
+from bench.report import build_report, compare, format_compare, format_summary, load_report, run_entry, write_report
+from bench.scenarios import SCENARIOS, iter_requests
+
+DEFAULT_URL = "http://127.0.0.1:8000/v1"
+SOAK_BASELINE_REQUESTS = 1000  # issue 8: RSS after the first 1,000 requests vs at the end
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected rates > 0, got {text!r}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ortserve bench",
+        description="Load-test an OpenAI-compatible server (or the engine in-process) over the streaming API "
+        "and report TTFT, inter-token latency, throughput and goodput.")
+    target = p.add_argument_group("target")
+    target.add_argument("--url", default=DEFAULT_URL, help="OpenAI base URL (default %(default)s)")
+    target.add_argument("--model", help="model id (default: the first of GET /models)")
+    target.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+                        help="bearer token (default: $OPENAI_API_KEY or 'EMPTY')")
+    target.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
+                        help="chat: /chat/completions with one user message; completions: /completions")
+    target.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --url")
+    target.add_argument("--engine", metavar="MODEL_DIR",
+                        help="engine-direct mode: drive AsyncEngine in-process on this model folder, no HTTP")
+    target.add_argument("--engine-max-batch", type=_positive_int,
+                        help="engine-direct KV slots (default: max(8, the largest concurrency))")
+    target.add_argument("--engine-provider", default="cpu", help="engine-direct execution provider (default cpu)")
+    load = p.add_argument_group("load")
+    load.add_argument("--concurrency", type=_int_list, default=[1],
+                      help="closed-loop users, comma-separated, one run per level (default 1)")
+    load.add_argument("--rate", type=_float_list,
+                      help="open loop instead: Poisson arrival rates in req/s, comma-separated, one run each")
+    load.add_argument("--num-requests", type=_positive_int, default=32, help="requests per run (default 32)")
+    load.add_argument("--prompt-tokens", type=_positive_int, default=128, help="prompt length (default 128)")
+    load.add_argument("--output-tokens", type=_positive_int, default=128,
+                      help="output tokens per request, sent as max_tokens (default 128)")
+    load.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                      help="do not send ignore_eos/min_tokens (requests may stop early at EOS)")
+    load.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    load.add_argument("--extra-body", type=json.loads, default={},
+                      help="JSON object merged into every request body")
+    load.add_argument("--scenario", choices=SCENARIOS, default="fixed",
+                      help="fixed lengths, or soak: mixed prompt/output lengths + server RSS sampling")
+    load.add_argument("--duration", type=float, default=600.0,
+                      help="hard cap per run in seconds; in-flight requests are cut (default %(default)s)")
+    load.add_argument("--request-timeout", type=float, default=300.0,
+                      help="cap on one request in seconds (default %(default)s)")
+    load.add_argument("--warmup", type=int, default=1, help="unrecorded requests before the first run (default 1)")
+    load.add_argument("--seed", type=int, default=0, help="prompt and arrival seed (default 0)")
+    slo = p.add_argument_group("goodput")
+    slo.add_argument("--slo-ttft-ms", type=float, help="TTFT bound for goodput")
+    slo.add_argument("--slo-tpot-ms", type=float, help="time-per-output-token bound for goodput")
+    mem = p.add_argument_group("server memory")
+    mem.add_argument("--server-pid", type=int, help="sample this process's RSS during the runs")
+    mem.add_argument("--rss-interval", type=float, default=1.0, help="RSS sampling period in s (default 1)")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", help="write the JSON report here")
+    out.add_argument("--plot", help="write a PNG plot here")
+    out.add_argument("--label", help="name of this server in reports and comparisons (default: the model id "
+                     "or 'engine-direct')")
+    out.add_argument("--compare", nargs="+", metavar="REPORT",
+                     help="compare saved reports (ratios to the first); with --plot draws them together")
+    out.add_argument("--progress", dest="progress", action="store_true", default=None,
+                     help="force the live progress line (default: when stderr is a terminal)")
+    out.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `ortserve bench` and `python -m bench`.
+
+    Returns:
+        0 when every run finished (errors from the server are figures, not failures); 1 when the target
+        could not be used (remote URL refused, server unreachable, bad reports); argparse exits with 2.
+    """
+    args = build_parser().parse_args(argv)
+    if args.compare:
+        return _compare(args)
+    if args.engine is None:
+        try:
+            check_loopback(args.url, args.allow_remote)
+        except RemoteUrlError as exc:
+            print(f"ortserve bench: {exc}", file=sys.stderr)
+            return 1
+    try:
+        report = asyncio.run(_run(args))
+    except _TargetError as exc:
+        print(f"ortserve bench: {exc}", file=sys.stderr)
+        return 1
+    for run in report["runs"]:
+        print(format_summary(run))
+    if args.out:
+        print(f"report: {write_report(report, args.out)}")
+    if args.plot:
+        from bench.plots import plot_report
+
+        print(f"plot: {plot_report(report, args.plot)}")
+    return 0
+
+
+class _TargetError(RuntimeError):
+    """The server or engine could not be reached or loaded at all."""
+
+
+async def _run(args: argparse.Namespace) -> dict:
+    levels: list[dict] = ([{"rate_per_s": r} for r in args.rate] if args.rate
+                          else [{"concurrency": c} for c in args.concurrency])
+    if args.engine is not None:
+        from bench.engine_driver import EngineBackend
+        from engine.config import EngineConfig
+
+        max_batch = args.engine_max_batch or min(256, max([8, *args.concurrency]))
+        config = EngineConfig(provider=args.engine_provider, max_batch=max_batch,
+                              max_queue=max(64, args.num_requests), prefill_chunk=max(256, max_batch + 1))
+        backend = EngineBackend(args.engine, endpoint=args.endpoint, temperature=args.temperature,
+                                ignore_eos=args.ignore_eos, engine_config=config)
+        server_pid: int | None = os.getpid()
+    else:
+        max_users = max(args.concurrency) if not args.rate else 1024
+        backend = HttpBackend(HttpSettings(url=args.url, model=args.model, api_key=args.api_key,
+                                           endpoint=args.endpoint, temperature=args.temperature,
+                                           ignore_eos=args.ignore_eos, extra_body=args.extra_body,
+                                           request_timeout_s=args.request_timeout),
+                              max_connections=max(16, max_users))
+        server_pid = args.server_pid
+    slo = Slo(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)
+    runs = []
+    try:
+        try:
+            await backend.prepare()
+        except Exception as exc:  # noqa: BLE001 - reported as one line, whatever the class
+            raise _TargetError(f"cannot use the target: {type(exc).__name__}: {exc}") from exc
+        await _warmup(backend, args)
+        for i, level in enumerate(levels):
+            specs = iter_requests(args.scenario, args.num_requests, args.prompt_tokens, args.output_tokens,
+                                  seed=args.seed * 1000 + i)
+            sampler = None
+            if server_pid is not None:
+                sampler = RssSampler(server_pid, interval_s=args.rss_interval,
+                                     baseline_after=min(SOAK_BASELINE_REQUESTS, max(1, args.num_requests // 10)))
+            label = f"{'c' if 'concurrency' in level else 'rate'}={next(iter(level.values()))}"
+            result = await run_load(backend, specs, args.num_requests, duration_s=args.duration,
+                                    seed=args.seed * 1000 + i, label=label, progress=args.progress,
+                                    rss_sampler=sampler, **level)
+            runs.append(run_entry(result, slo=slo, extra={"scenario": args.scenario}, **level))
+    finally:
+        await backend.aclose()
+    settings = {k: v for k, v in vars(args).items() if k not in ("api_key", "compare", "progress")}
+    settings["model"] = backend.model
+    settings["mode"] = "engine-direct" if args.engine else "http"
+    label = args.label or ("engine-direct" if args.engine else backend.model or "server")
+    return build_report(label, settings, runs)
+
+
+async def _warmup(backend, args: argparse.Namespace) -> None:
+    """Send --warmup requests one by one, unrecorded; fail fast if the server is unreachable."""
+    if args.warmup <= 0:
+        return
+    result = await run_load(backend, iter_requests("fixed", args.warmup, args.prompt_tokens, args.output_tokens,
+                                                   seed=10**6 + args.seed),
+                            args.warmup, concurrency=1, duration_s=args.duration, label="warmup",
+                            progress=args.progress)
+    kinds = {r.error_kind for r in result.records}
+    if kinds == {"connection"}:
+        raise _TargetError(f"warm-up could not connect: {result.records[0].error}")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    try:
+        reports = [load_report(path) for path in args.compare]
+    except (OSError, ValueError) as exc:
+        print(f"ortserve bench: {exc}", file=sys.stderr)
+        return 1
+    print(format_compare(compare(reports)), end="")
+    if args.plot:
+        from bench.plots import plot_compare
+
+        print(f"plot: {plot_compare(reports, args.plot)}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""PNG plots of bench reports (matplotlib's Agg canvas through Figure, never pyplot's global state).
+
+Reads report dicts only; no HTTP, no engine import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+
+def _x(run: dict) -> float:
+    level = run["level"]
+    return level["concurrency"] if level.get("concurrency") is not None else level["rate_per_s"]
+
+
+def _x_label(runs: Sequence[dict]) -> str:
+    return "concurrency (closed loop)" if runs and runs[0]["level"].get("concurrency") is not None \
+        else "arrival rate (req/s, Poisson)"
+
+
+def _values(runs: Sequence[dict], *path: str) -> list[float]:
+    out = []
+    for run in runs:
+        value = run["summary"]
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        out.append(np.nan if value is None else float(value))
+    return out
+
+
+def _cdf(ax, values_ms: Sequence[float], label: str, **kw) -> None:
+    if not values_ms:
+        return
+    v = np.sort(np.asarray(values_ms, dtype=np.float64))
+    ax.plot(v, np.arange(1, len(v) + 1) / len(v), label=label, **kw)
+
+
+def _runs(report: dict) -> list[dict]:
+    return sorted(report["runs"], key=_x)
+
+
+def plot_report(report: dict, path: str | Path) -> Path:
+    """Four panels for one server: output tok/s and per-stream decode tok/s vs level; p50/p99 TTFT vs level; ITL and TTFT CDFs.
+
+    Args:
+        report: a bench report (report.build_report).
+        path: PNG to write.
+
+    Returns:
+        The written path.
+    """
+    runs = _runs(report)
+    xs = [_x(r) for r in runs]
+    fig = Figure(figsize=(12, 8), layout="constrained")
+    (ax_tput, ax_ttft), (ax_itl, ax_e2e) = fig.subplots(2, 2)
+    ax_tput.plot(xs, _values(runs, "output_tokens_per_s"), "o-", label="output tok/s")
+    ax_req = ax_tput.twinx()
+    ax_req.plot(xs, _values(runs, "decode_tokens_per_s_per_stream"), "s--", color="tab:gray",
+                label="decode tok/s per stream (right)")
+    ax_req.set_ylabel("tokens/s per stream")
+    ax_tput.set(xlabel=_x_label(runs), ylabel="output tokens/s", title="throughput")
+    handles = ax_tput.get_legend_handles_labels()[0] + ax_req.get_legend_handles_labels()[0]
+    ax_tput.legend(handles=handles, loc="upper left")
+    ax_ttft.plot(xs, _values(runs, "ttft", "p50_ms"), "o-", label="p50")
+    ax_ttft.plot(xs, _values(runs, "ttft", "p99_ms"), "o--", label="p99")
+    ax_ttft.set(xlabel=_x_label(runs), ylabel="ms", title="time to first token")
+    ax_ttft.legend()
+    for run in runs:
+        ok = [r for r in run["records"] if r["error_kind"] is None]
+        _cdf(ax_itl, [x for r in ok for x in r["itl_ms"]], run["key"])
+        _cdf(ax_e2e, [r["ttft_ms"] for r in ok if r["ttft_ms"] is not None], run["key"])
+    ax_itl.set(xlabel="inter-token latency (ms)", ylabel="fraction of tokens", title="ITL distribution")
+    ax_e2e.set(xlabel="time to first token (ms)", ylabel="fraction of requests", title="TTFT distribution")
+    for ax in (ax_itl, ax_e2e):
+        _auto_log_x(ax)
+        _legend(ax)
+    _level_axis(ax_tput, xs)
+    _level_axis(ax_ttft, xs)
+    for ax in (ax_tput, ax_ttft, ax_itl, ax_e2e):
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(_title(report))
+    return _save(fig, path)
+
+
+def plot_compare(reports: Sequence[dict], path: str | Path) -> Path:
+    """One figure with every server: tok/s, p50/p99 TTFT vs level, and the ITL CDF at each one's top level.
+
+    Args:
+        reports: loaded reports (the first is the baseline of the printed ratios; here all are equal).
+        path: PNG to write.
+    """
+    fig = Figure(figsize=(15, 4.8), layout="constrained")
+    ax_tput, ax_ttft, ax_itl = fig.subplots(1, 3)
+    colors = [f"C{i}" for i in range(10)]
+    for i, report in enumerate(reports):
+        runs, color, label = _runs(report), colors[i % 10], report.get("label", f"#{i}")
+        xs = [_x(r) for r in runs]
+        ax_tput.plot(xs, _values(runs, "output_tokens_per_s"), "o-", color=color, label=label)
+        ax_ttft.plot(xs, _values(runs, "ttft", "p50_ms"), "o-", color=color, label=f"{label} p50")
+        ax_ttft.plot(xs, _values(runs, "ttft", "p99_ms"), "x--", color=color, label=f"{label} p99")
+        if runs:
+            top = runs[-1]
+            ok = [r for r in top["records"] if r["error_kind"] is None]
+            _cdf(ax_itl, [x for r in ok for x in r["itl_ms"]], f"{label} {top['key']}", color=color)
+    runs0 = _runs(reports[0]) if reports else []
+    xs0 = sorted({_x(r) for report in reports for r in report["runs"]})
+    _level_axis(ax_tput, xs0)
+    _level_axis(ax_ttft, xs0)
+    _auto_log_x(ax_itl)
+    ax_tput.set(xlabel=_x_label(runs0), ylabel="output tokens/s", title="throughput")
+    ax_ttft.set(xlabel=_x_label(runs0), ylabel="ms", title="time to first token", yscale="log")
+    ax_itl.set(xlabel="inter-token latency (ms)", ylabel="fraction of tokens", title="ITL at the top level")
+    for ax in (ax_tput, ax_ttft, ax_itl):
+        ax.grid(True, alpha=0.3)
+        _legend(ax)
+    fig.suptitle("comparison: " + ", ".join(r.get("label", "?") for r in reports))
+    return _save(fig, path)
+
+
+def _level_axis(ax, xs: Sequence[float]) -> None:
+    """Concurrency levels such as 1,2,4,8,16 read best on a log2 axis ticked at the levels themselves."""
+    if len(xs) >= 2 and min(xs) > 0 and max(xs) / min(xs) >= 4:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(list(xs), [f"{x:g}" for x in xs])
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+
+
+def _auto_log_x(ax) -> None:
+    """Log x only when the data spans more than a decade (a narrow range reads better linear)."""
+    lo, hi = ax.dataLim.x0, ax.dataLim.x1
+    if np.isfinite(lo) and np.isfinite(hi) and lo > 0 and hi / lo > 10:
+        ax.set_xscale("log")
+
+
+def _title(report: dict) -> str:
+    s = report.get("settings", {})
+    cpu = report.get("machine", {}).get("cpu_model") or "?"
+    label, model = report.get("label", "?"), s.get("model", "?")
+    name = label if label == model else f"{label} ({model})"
+    return (f"{name} - prompt {s.get('prompt_tokens', '?')} / output {s.get('output_tokens', '?')} tokens "
+            f"- {s.get('mode', 'http')} - {cpu}")
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path

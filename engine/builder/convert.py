@@ -1,0 +1,81 @@
+"""convert_gguf: a GGUF file -> an ONNX Runtime GenAI model folder (exact weights, no re-quantization).
+
+No onnxruntime import.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from engine.builder.errors import BuildError, UnsupportedTokenizerError
+from engine.builder.folder import check_target, write_model_folder
+from engine.builder.gguf_reader import GGUFModel, open_gguf
+from engine.builder.graph import DTYPES, build_graph
+from engine.builder.tokenizer import SpecialTokens, build_bpe_tokenizer, tokenizer_config
+
+DEFAULT_MAX_LENGTH = 2048  # search.max_length (the KV buffer length) unless asked otherwise
+
+
+def convert_gguf(
+    gguf_path: str | Path,
+    out_dir: str | Path,
+    *,
+    accuracy_level: int = 4,
+    dtype: str = "float32",
+    overwrite: bool = False,
+    progress: bool = True,
+    max_length: int | None = None,
+    max_layers: int | None = None,
+    marker: dict | None = None,
+) -> Path:
+    """Converts a llama-like GGUF into a model folder (docs/ARCHITECTURE.md layout).
+
+    Args:
+        gguf_path: the .gguf file (llama, qwen2 or gemma architecture; F32/F16/BF16/Q4_0/Q4_1/Q8_0).
+        out_dir: the folder to create; written atomically.
+        accuracy_level: MatMulNBits accuracy level: 4 (int8 activations, fast on CPU) or 0 (exact).
+        dtype: activation/KV dtype, "float32" (CPU) or "float16" (GPUs); logits stay float32.
+        overwrite: replace ``out_dir`` if it exists (only after the new folder is complete).
+        progress: show a tqdm bar over tensors.
+        max_length: search.max_length, the KV buffer length (default min(context_length, 2048)).
+        max_layers: keep only the first N decoder blocks (for tests).
+        marker: cache bookkeeping written last into the folder (see folder.write_model_folder).
+    Returns:
+        The folder, resolved.
+    Raises:
+        BuildError subclasses (bad GGUF, unsupported architecture/type/tokenizer, existing output).
+    """
+    if dtype not in DTYPES:
+        raise BuildError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
+    if accuracy_level not in (0, 1, 2, 3, 4):
+        raise BuildError(f"accuracy_level must be in 0..4, got {accuracy_level}")
+    out_dir = Path(out_dir)
+    check_target(out_dir.resolve(), overwrite)
+    model = open_gguf(gguf_path, max_layers=max_layers)
+    tok, special = gguf_tokenizer(model)
+    spec = model.spec
+    max_len = min(spec.context_length, max_length or DEFAULT_MAX_LENGTH)
+
+    num_tensors = sum(1 for name in model.tensors
+                      if not name.startswith("blk.") or int(name.split(".")[1]) < spec.num_layers)
+    with tqdm(total=num_tensors, desc=f"converting {model.path.name}", unit="tensor", disable=not progress) as bar:
+        weights = model.load_weights(on_tensor=lambda _name: bar.update(1))
+        graph = build_graph(spec, weights, dtype=dtype, accuracy_level=accuracy_level)
+        del weights
+        tok_cfg = tokenizer_config(tok, special, chat_template=model.tokenizer.chat_template,
+                                   model_max_length=spec.context_length, add_bos=model.tokenizer.add_bos)
+        return write_model_folder(out_dir, graph, spec, tok, special, tok_cfg, max_length=max_len,
+                                  overwrite=overwrite, marker=marker)
+
+
+def gguf_tokenizer(model: GGUFModel):
+    """The GGUF's tokenizer as a tokenizers.Tokenizer plus its special token ids."""
+    meta = model.tokenizer
+    if meta.model != "gpt2":
+        raise UnsupportedTokenizerError(
+            f"{model.path}: tokenizer.ggml.model {meta.model!r} is not supported (only byte-level BPE, 'gpt2')")
+    tok = build_bpe_tokenizer(meta.tokens, meta.merges, meta.token_types, pre=meta.pre, bos_id=meta.bos_id,
+                              add_bos=meta.add_bos)
+    return tok, SpecialTokens(meta.bos_id, meta.eos_id, meta.pad_id)

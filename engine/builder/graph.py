@@ -1,0 +1,286 @@
+"""The decoder graph shared by GGUF conversion and synthetic models: same ops, only the weights differ.
+
+Builds an onnx.ModelProto with ONNX Runtime contrib ops (GroupQueryAttention, MatMulNBits,
+GatherBlockQuantized, (Skip)SimplifiedLayerNormalization). Imports onnx, never onnxruntime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from engine.builder.quant import BlockQuantMatrix, LinearWeight, concat_rows
+
+OPSET = 21
+DTYPES = {"float32": (np.float32, TensorProto.FLOAT), "float16": (np.float16, TensorProto.FLOAT16)}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Hyperparameters of a llama-like decoder (names as in Hugging Face configs).
+
+    ``rope_interleaved`` is True when Q/K rows rotate adjacent pairs (ggml's "normal" rope, which is how
+    llama GGUFs store Q/K) and False for the half-split (NeoX) layout used by qwen2/gemma GGUFs.
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    intermediate_size: int
+    vocab_size: int
+    context_length: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    rope_interleaved: bool = True
+    activation: str = "silu"  # "silu" or "gelu_tanh"
+    embedding_multiplier: float | None = None  # gemma: sqrt(hidden_size)
+    attention_scale: float | None = None  # None: 1/sqrt(head_size)
+    model_type: str = "llama"  # genai_config model.type
+
+
+@dataclass
+class LayerWeights:
+    """One decoder block. Linear weights are [out_features, in_features]; norms float [hidden]."""
+
+    attn_norm: np.ndarray
+    q: LinearWeight
+    k: LinearWeight
+    v: LinearWeight
+    o: LinearWeight
+    ffn_norm: np.ndarray
+    gate: LinearWeight
+    up: LinearWeight
+    down: LinearWeight
+    qkv_bias: np.ndarray | None = None  # [(num_heads + 2*num_kv_heads) * head_size] (qwen2)
+
+
+@dataclass
+class ModelWeights:
+    """All weights. ``embedding`` [vocab, hidden] is quantized along hidden when a BlockQuantMatrix;
+    ``lm_head`` [vocab, hidden] may be the same object (tied embeddings)."""
+
+    embedding: LinearWeight
+    layers: list[LayerWeights]
+    output_norm: np.ndarray
+    lm_head: LinearWeight
+    rope_freq_factors: np.ndarray | None = None  # [head_size/2] divisors of the rope frequencies (llama3)
+
+
+@dataclass
+class _Graph:
+    """Accumulates nodes and initializers; ``dtype`` is the activation dtype."""
+
+    np_dtype: type
+    onnx_dtype: int
+    accuracy_level: int
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    inits: list[onnx.TensorProto] = field(default_factory=list)
+    blocksums: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    def node(self, op: str, inputs: list[str], outputs: list[str] | int, name: str, domain: str = "", **attrs):
+        """Adds a node; ``outputs`` as an int makes that many names from ``name``. Returns output names."""
+        if isinstance(outputs, int):
+            outputs = [f"{name}/out{i}" for i in range(outputs)]
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=name, domain=domain or None, **attrs))
+        return outputs
+
+    def const(self, name: str, array: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def act(self, name: str, array: np.ndarray) -> str:
+        """An initializer in the activation dtype."""
+        return self.const(name, np.asarray(array, np.float64).astype(self.np_dtype))
+
+    # --- linear layers -------------------------------------------------------------------------
+
+    def linear(self, x: str, w: LinearWeight, name: str, bias: np.ndarray | None = None) -> str:
+        """y = x @ w.T (+ bias). x: [B, S, K] -> [B, S, N]."""
+        if isinstance(w, np.ndarray):
+            (y,) = self.node("MatMul", [x, self.act(f"{name}.weight_t", w.T)], 1, name)
+            if bias is not None:
+                (y,) = self.node("Add", [y, self.act(f"{name}.bias", bias)], 1, f"{name}/bias")
+            return y
+        n, k = w.shape
+        inputs = [x, self.const(f"{name}.qweight", w.packed), self.act(f"{name}.scales", w.scales.reshape(-1))]
+        if bias is not None:
+            inputs += ["", "", self.act(f"{name}.bias", bias)]
+        (y,) = self.node(
+            "MatMulNBits", inputs, 1, name, "com.microsoft",
+            K=k, N=n, bits=w.bits, block_size=w.block_size, accuracy_level=self.accuracy_level,
+        )
+        if w.offsets is not None:
+            # NOTE(builder): exact Q4_1: x @ W.T = MatMulNBits(q, d) + blocksum(x) @ (m + 8d).T
+            bsum = self.blocksum(x, k, w.block_size)
+            offsets_t = self.act(f"{name}.block_offsets_t", w.offsets.T)  # [K/bs, N]
+            (corr,) = self.node("MatMul", [bsum, offsets_t], 1, f"{name}/offset_matmul")
+            (y,) = self.node("Add", [y, corr], 1, f"{name}/offset_add")
+        return y
+
+    def blocksum(self, x: str, k: int, block_size: int) -> str:
+        """Sum of x over consecutive blocks along its last axis: [B, S, K] -> [B, S, K/bs]; cached per x."""
+        key = (x, block_size)
+        if key not in self.blocksums:
+            shape = self.const(f"{x}/blocks_shape", np.array([0, 0, k // block_size, block_size], np.int64))
+            (xb,) = self.node("Reshape", [x, shape], 1, f"{x}/blocks")  # [B, S, K/bs, bs]
+            axes = self.const(f"{x}/blocks_axes", np.array([-1], np.int64))
+            (self.blocksums[key],) = self.node("ReduceSum", [xb, axes], 1, f"{x}/blocksum", keepdims=0)
+        return self.blocksums[key]
+
+    def linears(self, x: str, ws: list[LinearWeight], name: str, bias: np.ndarray | None = None) -> str:
+        """Several linears on one input as one fused op when possible: [B, S, K] -> [B, S, sum(N)]."""
+        fused = concat_rows(ws)
+        if fused is not None:
+            return self.linear(x, fused, name, bias)
+        ys = []
+        offset = 0
+        for i, w in enumerate(ws):
+            n = w.shape[0]
+            part_bias = None if bias is None else bias[offset : offset + n]
+            ys.append(self.linear(x, w, f"{name}.{i}", part_bias))
+            offset += n
+        (y,) = self.node("Concat", ys, 1, f"{name}/concat", axis=-1)
+        return y
+
+
+def rope_cache(spec: ModelSpec, freq_factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin caches for GroupQueryAttention: float64 [context_length, head_size/2] each."""
+    half = spec.head_size // 2
+    inv_freq = 1.0 / spec.rope_theta ** (np.arange(half, dtype=np.float64) * 2.0 / spec.head_size)
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, np.float64)
+    angles = np.arange(spec.context_length, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles), np.sin(angles)
+
+
+def build_graph(
+    spec: ModelSpec,
+    weights: ModelWeights,
+    *,
+    dtype: str = "float32",
+    accuracy_level: int = 4,
+    on_layer: Callable[[int], None] | None = None,
+) -> onnx.ModelProto:
+    """Builds the decoder graph (I/O names and shapes as in docs/ARCHITECTURE.md).
+
+    Args:
+        spec: model hyperparameters.
+        weights: the model's weights (quantized or float).
+        dtype: activation and KV dtype, "float32" or "float16"; logits are always float32.
+        accuracy_level: MatMulNBits accuracy_level (0 exact reference, 4 int8 activations).
+        on_layer: called with the layer index after each decoder block is added (progress bars).
+    Returns:
+        The model; weights are still inside it (save with external data).
+    """
+    np_dtype, onnx_dtype = DTYPES[dtype]
+    g = _Graph(np_dtype, onnx_dtype, accuracy_level)
+    hd, nh, kvh = spec.head_size, spec.num_heads, spec.num_kv_heads
+
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", spec.vocab_size])]
+    for i in range(spec.num_layers):
+        for kind in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(
+                f"past_key_values.{i}.{kind}", onnx_dtype, ["batch_size", kvh, "past_sequence_length", hd]))
+            outputs.append(helper.make_tensor_value_info(
+                f"present.{i}.{kind}", onnx_dtype, ["batch_size", kvh, "present_sequence_length", hd]))
+
+    # 1. GQA's sequence lengths from the mask: seqlens_k = sum(mask) - 1, total = mask width (int32).
+    (mask_sum,) = g.node("ReduceSum", ["attention_mask", g.const("mask_axes", np.array([1], np.int64))], 1,
+                         "mask_reduce_sum", keepdims=0)  # [B]
+    (mask_sub,) = g.node("Sub", [mask_sum, g.const("one_i64", np.array(1, np.int64))], 1, "mask_sub_one")
+    (seqlens_k,) = g.node("Cast", [mask_sub], 1, "seqlens_k", to=TensorProto.INT32)  # [B]
+    (mask_shape,) = g.node("Shape", ["attention_mask"], 1, "mask_shape")
+    (width,) = g.node("Gather", [mask_shape, g.const("one_idx", np.array(1, np.int64))], 1, "mask_width", axis=0)
+    (total_len,) = g.node("Cast", [width], 1, "total_seq_len", to=TensorProto.INT32)  # scalar
+
+    cos, sin = rope_cache(spec, weights.rope_freq_factors)
+    cos_name, sin_name = g.act("cos_cache", cos), g.act("sin_cache", sin)
+
+    # 2. Embedding: [B, S] -> [B, S, H].
+    emb = weights.embedding
+    if isinstance(emb, BlockQuantMatrix):
+        (x,) = g.node(
+            "GatherBlockQuantized",
+            [g.const("embed.qweight", emb.packed.reshape(emb.shape[0], -1)), "input_ids",
+             g.act("embed.scales", emb.scales)],
+            1, "embed", "com.microsoft", bits=emb.bits, block_size=emb.block_size, gather_axis=0, quantize_axis=1,
+        )
+        if emb.offsets is not None:
+            raise ValueError("offset (Q4_1-style) embeddings must be dequantized to float before build_graph")
+    else:
+        (x,) = g.node("Gather", [g.act("embed.weight", emb), "input_ids"], 1, "embed", axis=0)
+    if spec.embedding_multiplier is not None:
+        (x,) = g.node("Mul", [x, g.act("embed.multiplier", np.array(spec.embedding_multiplier))], 1, "embed/scale")
+
+    eps = float(spec.rms_norm_eps)
+    residual, pending = x, None  # pending: the block output not yet added to the residual
+    for i, lw in enumerate(weights.layers):
+        p = f"layers.{i}"
+        # 3. Pre-attention RMS norm (fused with the previous block's residual add).
+        if pending is None:
+            (h,) = g.node("SimplifiedLayerNormalization", [residual, g.act(f"{p}.attn_norm", lw.attn_norm)], 1,
+                          f"{p}/attn_norm", axis=-1, epsilon=eps, stash_type=1)
+        else:
+            h, _, _, residual = g.node(
+                "SkipSimplifiedLayerNormalization", [pending, residual, g.act(f"{p}.attn_norm", lw.attn_norm)],
+                [f"{p}/attn_norm/out0", "", "", f"{p}/attn_norm/residual"], f"{p}/attn_norm", "com.microsoft",
+                epsilon=eps)
+        # 4. Fused QKV [B, S, (nh + 2*kvh)*hd] and attention with rotary inside, KV in the shared buffer.
+        qkv = g.linears(h, [lw.q, lw.k, lw.v], f"{p}.qkv_proj", lw.qkv_bias)
+        attrs = dict(num_heads=nh, kv_num_heads=kvh, do_rotary=1, rotary_interleaved=int(spec.rope_interleaved),
+                     local_window_size=-1)
+        if spec.attention_scale is not None:
+            attrs["scale"] = float(spec.attention_scale)
+        attn, _, _ = g.node(
+            "GroupQueryAttention",
+            [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens_k, total_len,
+             cos_name, sin_name, "position_ids"],
+            [f"{p}/attn/out0", f"present.{i}.key", f"present.{i}.value"], f"{p}/attn", "com.microsoft", **attrs)
+        o = g.linear(attn, lw.o, f"{p}.o_proj")  # [B, S, H]
+        # 5. Post-attention norm, fused gate/up, activation, down.
+        h, _, _, residual = g.node(
+            "SkipSimplifiedLayerNormalization", [o, residual, g.act(f"{p}.ffn_norm", lw.ffn_norm)],
+            [f"{p}/ffn_norm/out0", "", "", f"{p}/ffn_norm/residual"], f"{p}/ffn_norm", "com.microsoft", epsilon=eps)
+        gate_up = g.linears(h, [lw.gate, lw.up], f"{p}.gate_up_proj")  # [B, S, 2*F]
+        gate, up = g.node("Split", [gate_up], 2, f"{p}/gate_up_split", axis=-1, num_outputs=2)
+        if spec.activation == "silu":
+            (sig,) = g.node("Sigmoid", [gate], 1, f"{p}/act_sigmoid")
+            (act,) = g.node("Mul", [gate, sig], 1, f"{p}/act_silu")
+        elif spec.activation == "gelu_tanh":
+            (act,) = g.node("Gelu", [gate], 1, f"{p}/act_gelu", approximate="tanh")
+        else:
+            raise ValueError(f"activation must be silu or gelu_tanh, got {spec.activation!r}")
+        (mlp,) = g.node("Mul", [act, up], 1, f"{p}/act_mul")  # [B, S, F]
+        pending = g.linear(mlp, lw.down, f"{p}.down_proj")
+        if on_layer is not None:
+            on_layer(i)
+
+    # 6. Final norm and LM head; logits are float32 whatever the activation dtype.
+    h, _, _, _ = g.node(
+        "SkipSimplifiedLayerNormalization", [pending, residual, g.act("final_norm", weights.output_norm)],
+        ["final_norm/out0", "", "", ""], "final_norm", "com.microsoft", epsilon=eps)
+    logits = g.linear(h, weights.lm_head, "lm_head")
+    if onnx_dtype == TensorProto.FLOAT:
+        producer = next(n for n in reversed(g.nodes) if logits in n.output)
+        producer.output[list(producer.output).index(logits)] = "logits"
+    else:
+        g.node("Cast", [logits], ["logits"], "logits", to=TensorProto.FLOAT)
+
+    graph = helper.make_graph(g.nodes, "ortserve_decoder", inputs, outputs, g.inits)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+        producer_name="ortserve.engine.builder",
+    )
+    model.ir_version = 10
+    return model

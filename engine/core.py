@@ -1,0 +1,237 @@
+"""EngineCore: the one thread that owns the session, KV cache, scheduler and samplers.
+
+inbox (adds, aborts) -> schedule -> run -> sample -> update -> outputs to a sink. Talks to the
+async side only through its inbox queue and the sink callback; no locks around session.run.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.runner import Runner
+from engine.sampler import RequestSampler, sample_batch
+from engine.scheduler import Finished, Request, Scheduler, SchedulerOutput
+from engine.types import EngineOverloadedError, FinishReason, TokenLogprob
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CoreOutput:
+    """What one step produced for one request: new tokens and, at the end, why it finished."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class CoreSnapshot:
+    """Counters published after every step (read from other threads without locks)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_slots_free: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    decode_tokens_per_s: float = 0.0
+    steps_total: int = 0
+    last_step_s: float = 0.0
+
+
+Sink = Callable[[list[CoreOutput]], None]
+_SHUTDOWN = object()
+
+
+class _Abort:
+    __slots__ = ("request_ids",)
+
+    def __init__(self, request_ids: Sequence[str]) -> None:
+        self.request_ids = list(request_ids)
+
+
+class EngineCore:
+    """The engine thread.
+
+    Args:
+        runner: runs the model.
+        scheduler: decides each step.
+        sink: receives each step's outputs, called on the core thread (must only hand them over).
+        seed: seeds the rng that unseeded requests draw from (None: fresh entropy).
+    """
+
+    def __init__(self, runner: Runner, scheduler: Scheduler, sink: Sink, seed: int | None = None) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.sink = sink
+        self.vocab_size = runner.vocab_size
+        self._seeds = np.random.SeedSequence(seed)
+        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.snapshot = CoreSnapshot(num_slots_free=scheduler.num_slots)
+        self.dead: BaseException | None = None
+        self._prompt_total = 0
+        self._gen_total = 0
+        self._steps = 0
+        self._rate = 0.0
+
+    # -- called from other threads ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ortserve-engine-core", daemon=True)
+        self._thread.start()
+
+    def add(self, request: Request) -> None:
+        self._inbox.put(request)
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        self._inbox.put(_Abort(request_ids))
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Abort everything, stop the thread and wait for it."""
+        self._inbox.put(_SHUTDOWN)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.dead is None
+
+    # -- the thread ------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._drain(block=not self.scheduler.has_work):
+                if self.scheduler.has_work:
+                    self.step()
+        except BaseException as exc:  # a bug in the loop itself: everything in flight fails
+            log.exception("engine core died")
+            self.dead = exc
+            self._finish_all(FinishReason.ERROR, f"engine failed: {exc!r}")
+            return
+        self._finish_all(FinishReason.ABORT, None)
+
+    def _drain(self, block: bool) -> bool:
+        """Apply everything in the inbox; False once shutdown was asked for."""
+        while True:
+            try:
+                item = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if item is _SHUTDOWN:
+                return False
+            if isinstance(item, _Abort):
+                for request in self.scheduler.abort(item.request_ids):
+                    self._release(request)
+            elif isinstance(item, Request):
+                self._add(item)
+
+    def _add(self, request: Request) -> None:
+        rng = np.random.default_rng(self._seeds.spawn(1)[0]) if request.params.seed is None else None
+        request.sampler_state = RequestSampler(request.params, request.prompt_ids, self.vocab_size, rng)
+        try:
+            self.scheduler.add(request)
+        except EngineOverloadedError as exc:
+            self.sink([CoreOutput(request.request_id, (), FinishReason.ERROR, error=str(exc))])
+
+    def step(self) -> None:
+        """One scheduler step: the decode batch (outputs sent at once), then one prefill chunk."""
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        if out.decode:
+            self._run_decode(out.decode)
+        if out.prefill is not None:
+            self._run_prefill(out)
+        self._steps += 1
+        elapsed = time.perf_counter() - t0
+        if out.decode and elapsed > 0:
+            # NOTE(engine): an exponential average of decode tokens/s over recent steps, for metrics.
+            self._rate = 0.8 * self._rate + 0.2 * (len(out.decode) / elapsed) if self._rate else \
+                len(out.decode) / elapsed
+        self._publish(time.monotonic())
+
+    def _run_decode(self, batch: tuple[Request, ...]) -> None:
+        try:
+            logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
+                                        [r.num_computed_tokens for r in batch])
+            results = sample_batch(logits, [r.sampler_state for r in batch])
+        except Exception as exc:
+            self._fail(batch, exc)
+            return
+        sampled = {r.request_id: res.token_id for r, res in zip(batch, results)}
+        finished = self.scheduler.update_from_output(SchedulerOutput(None, batch), sampled)
+        self._gen_total += len(batch)
+        self._emit(batch, results, finished)
+
+    def _run_prefill(self, out: SchedulerOutput) -> None:
+        chunk = out.prefill
+        assert chunk is not None
+        request = chunk.request
+        try:
+            logits = self.runner.prefill(request.slot, chunk.token_ids, chunk.start)
+            results = sample_batch(logits[None], [request.sampler_state]) if chunk.is_last else []
+        except Exception as exc:
+            self._fail((request,), exc)
+            return
+        sampled = {request.request_id: results[0].token_id} if results else {}
+        finished = self.scheduler.update_from_output(SchedulerOutput(chunk, ()), sampled)
+        self._prompt_total += chunk.num_tokens
+        if results:
+            self._gen_total += 1
+            self._emit((request,), results, finished)
+
+    def _emit(self, batch: Sequence[Request], results: Sequence, finished: list[Finished]) -> None:
+        reasons = {f.request.request_id: f.reason for f in finished}
+        for f in finished:
+            self._release(f.request)
+        self._publish(time.monotonic())  # stats agree with the outputs by the time they are seen
+        self.sink([CoreOutput(r.request_id, (res.token_id,), reasons.get(r.request_id),
+                              (res.logprob,) if res.logprob is not None else None)
+                   for r, res in zip(batch, results)])
+
+    def _fail(self, batch: Sequence[Request], exc: Exception) -> None:
+        """A run failed: its requests end with ERROR; the engine goes on with the others."""
+        log.exception("engine step failed for %d request(s)", len(batch))
+        for request in self.scheduler.abort([r.request_id for r in batch]):
+            self._release(request)
+        self.sink([CoreOutput(r.request_id, (), FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
+                   for r in batch])
+
+    def _finish_all(self, reason: FinishReason, error: str | None) -> None:
+        dropped = self.scheduler.abort_all()
+        while True:  # adds that never reached the scheduler
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Request):
+                dropped.append(item)
+        for request in dropped:
+            self._release(request)
+        if dropped:
+            try:
+                self.sink([CoreOutput(r.request_id, (), reason, error=error) for r in dropped])
+            except Exception:  # the loop may be gone at shutdown
+                log.debug("could not deliver final outputs", exc_info=True)
+        self._publish(time.monotonic())
+
+    def _release(self, request: Request) -> None:
+        if request.slot is not None and self.scheduler.slot_owner(request.slot) is None:
+            self.runner.release(request.slot)
+
+    def _publish(self, now: float) -> None:
+        s = self.scheduler
+        self.snapshot = CoreSnapshot(
+            num_running=len(s.running), num_waiting=len(s.waiting), num_slots_free=s.num_free_slots,
+            prompt_tokens_total=self._prompt_total, generation_tokens_total=self._gen_total,
+            decode_tokens_per_s=self._rate if s.running else 0.0, steps_total=self._steps, last_step_s=now)

@@ -1,0 +1,281 @@
+"""Reads an ONNX Runtime GenAI model folder, checks the engine can serve it, and opens the session.
+
+Owns genai_config.json parsing and graph I/O validation; every failure is a ModelLoadError at load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from engine.chat_template import ChatTemplate
+from engine.config import EngineConfig
+from engine.tokenizer import END_OF_TURN_TOKENS, Tokenizer
+from engine.types import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+_KV_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+DEFAULT_MAX_LENGTH = 2048
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    """The decoder's input/output names (from genai_config.json, checked against the session)."""
+
+    input_ids: str
+    attention_mask: str
+    position_ids: str | None  # some ORT GenAI models derive positions from the mask
+    past_keys: tuple[str, ...]
+    past_values: tuple[str, ...]
+    logits: str
+    present_keys: tuple[str, ...]
+    present_values: tuple[str, ...]
+    kv_dtype: Any = np.float32  # numpy dtype of the KV buffers
+    kv_length: int | None = None  # a static KV length baked into the graph, else None
+    vocab_size: int = 0  # logits width
+
+
+@dataclass
+class ModelFolder:
+    """Everything read from a model folder before any session exists."""
+
+    path: Path
+    model_file: Path
+    genai: dict[str, Any]
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+    eos_token_ids: frozenset[int]
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+    context_length: int
+    search_max_length: int | None
+    generation_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_name(self) -> str:
+        return self.path.name
+
+
+def _read_json(path: Path, *, required: bool) -> dict[str, Any]:
+    if not path.is_file():
+        if required:
+            raise ModelLoadError(f"model folder {path.parent} has no {path.name}")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object")
+    return data
+
+
+def _ids(value: Any) -> set[int]:
+    if isinstance(value, int):
+        return {value}
+    if isinstance(value, list):
+        return {v for v in value if isinstance(v, int)}
+    return set()
+
+
+def read_model_folder(path: str | Path) -> ModelFolder:
+    """Parse genai_config.json, the tokenizer, the chat template and the stop tokens.
+
+    Raises:
+        ModelLoadError: a missing file or field, or a config the engine cannot serve.
+    """
+    path = Path(path).expanduser().resolve()
+    if not path.is_dir():
+        raise ModelLoadError(f"model folder {path} does not exist")
+    genai = _read_json(path / "genai_config.json", required=True)
+    try:
+        model = genai["model"]
+        decoder = model["decoder"]
+        model_file = path / decoder.get("filename", "model.onnx")
+        num_layers = int(decoder["num_hidden_layers"])
+        num_kv_heads = int(decoder["num_key_value_heads"])
+        head_size = int(decoder["head_size"])
+        context_length = int(model.get("context_length") or 0)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{path / 'genai_config.json'} lacks a required field: {exc!r}") from exc
+    if not model_file.is_file():
+        raise ModelLoadError(f"model folder {path} has no {model_file.name} (genai_config decoder.filename)")
+    if not (path / "tokenizer.json").is_file():
+        raise ModelLoadError(f"model folder {path} has no tokenizer.json")
+    tokenizer = Tokenizer.from_file(path / "tokenizer.json")
+    tok_config = _read_json(path / "tokenizer_config.json", required=False)
+    gen_config = _read_json(path / "generation_config.json", required=False)
+    chat_template = ChatTemplate.from_tokenizer_config(tok_config)
+    if not chat_template.available and (path / "chat_template.jinja").is_file():
+        chat_template = ChatTemplate((path / "chat_template.jinja").read_text(encoding="utf-8"),
+                                     chat_template.special_tokens)
+
+    # NOTE(engine): a request ends at any of: genai/generation eos ids, the tokenizer's eos token, and the
+    # template's end-of-turn token (e.g. <|im_end|>) when the template uses it.
+    eos = _ids(model.get("eos_token_id")) | _ids(gen_config.get("eos_token_id"))
+    eos_text = chat_template.special_tokens.get("eos_token")
+    for token in ([eos_text] if eos_text else []) + [t for t in END_OF_TURN_TOKENS
+                                                      if t in (chat_template.source or "")]:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is not None:
+            eos.add(token_id)
+    if not eos:
+        log.warning("model %s names no eos token; requests end only at max_tokens or stop strings", path)
+    search_max = genai.get("search", {}).get("max_length")
+    return ModelFolder(
+        path=path, model_file=model_file, genai=genai, tokenizer=tokenizer, chat_template=chat_template,
+        eos_token_ids=frozenset(eos), num_layers=num_layers, num_kv_heads=num_kv_heads, head_size=head_size,
+        context_length=context_length, search_max_length=int(search_max) if search_max else None,
+        generation_config=gen_config,
+    )
+
+
+def resolve_max_model_len(folder: ModelFolder, config: EngineConfig, kv_length: int | None) -> int:
+    """min(context_length, search.max_length or 2048), or the configured value (checked against both)."""
+    limit = folder.context_length or folder.search_max_length or DEFAULT_MAX_LENGTH
+    default = min(limit, folder.search_max_length or DEFAULT_MAX_LENGTH)
+    value = config.max_model_len or default
+    if value > limit:
+        raise ModelLoadError(f"max_model_len {value} exceeds the model's context_length {limit}")
+    if kv_length is not None and value > kv_length:
+        value = kv_length  # a static KV length in the graph bounds the context
+    return value
+
+
+def check_graph(folder: ModelFolder, session: ort.InferenceSession) -> GraphIO:
+    """Match the session's inputs/outputs with genai_config's names; anything unknown is an error."""
+    spec = folder.genai["model"]["decoder"]
+    names_in = spec.get("inputs", {})
+    names_out = spec.get("outputs", {})
+    n = folder.num_layers
+    io = GraphIO(
+        input_ids=names_in.get("input_ids", "input_ids"),
+        attention_mask=names_in.get("attention_mask", "attention_mask"),
+        position_ids=names_in.get("position_ids", "position_ids"),
+        past_keys=tuple(names_in.get("past_key_names", "past_key_values.%d.key") % i for i in range(n)),
+        past_values=tuple(names_in.get("past_value_names", "past_key_values.%d.value") % i for i in range(n)),
+        logits=names_out.get("logits", "logits"),
+        present_keys=tuple(names_out.get("present_key_names", "present.%d.key") % i for i in range(n)),
+        present_values=tuple(names_out.get("present_value_names", "present.%d.value") % i for i in range(n)),
+    )
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = {o.name: o for o in session.get_outputs()}
+    where = f"{folder.model_file.name} in {folder.path}"
+    if io.past_keys[0] not in inputs:
+        raise ModelLoadError(f"{where} has no KV-cache inputs ({io.past_keys[0]}); the engine needs a decoder "
+                             f"with past/present KV (GroupQueryAttention, past_present_share_buffer)")
+    known = {io.input_ids, io.attention_mask, io.position_ids, *io.past_keys, *io.past_values}
+    unknown = sorted(set(inputs) - known)
+    if unknown:
+        raise ModelLoadError(f"{where} has inputs the engine cannot feed: {unknown}")
+    for required in (io.input_ids, io.attention_mask, *io.past_keys, *io.past_values):
+        if required not in inputs:
+            raise ModelLoadError(f"{where} lacks the input {required!r}")
+    for required in (io.logits, *io.present_keys, *io.present_values):
+        if required not in outputs:
+            raise ModelLoadError(f"{where} lacks the output {required!r}")
+    kv = inputs[io.past_keys[0]]
+    if kv.type not in _KV_DTYPES:
+        raise ModelLoadError(f"{where}: KV dtype {kv.type} is not supported (float32 or float16)")
+    if len(kv.shape) != 4:
+        raise ModelLoadError(f"{where}: KV input {kv.name} must be [batch, kv_heads, length, head_size]")
+    if isinstance(kv.shape[1], int) and kv.shape[1] != folder.num_kv_heads or \
+            isinstance(kv.shape[3], int) and kv.shape[3] != folder.head_size:
+        raise ModelLoadError(f"{where}: KV shape {kv.shape} disagrees with genai_config "
+                             f"(kv heads {folder.num_kv_heads}, head size {folder.head_size})")
+    vocab = outputs[io.logits].shape[-1]
+    if not isinstance(vocab, int):
+        vocab = int(folder.genai["model"].get("vocab_size") or 0)
+    if vocab <= 0:
+        raise ModelLoadError(f"{where}: cannot tell the vocabulary size (logits shape or vocab_size)")
+    position_ids = io.position_ids if io.position_ids in inputs else None
+    kv_length = kv.shape[2] if isinstance(kv.shape[2], int) else None
+    return GraphIO(**{**io.__dict__, "position_ids": position_ids, "kv_dtype": _KV_DTYPES[kv.type],
+                      "kv_length": kv_length, "vocab_size": vocab})
+
+
+def check_share_buffer(folder: ModelFolder) -> None:
+    """The shared past/present buffer needs GroupQueryAttention; read the graph (not its weights)."""
+    import onnx  # only here: the structure check at load
+
+    try:
+        proto = onnx.load(str(folder.model_file), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError and others for corrupt files
+        raise ModelLoadError(f"{folder.model_file} is not a readable ONNX model: {exc}") from exc
+    if not any(node.op_type == "GroupQueryAttention" for node in proto.graph.node):
+        raise ModelLoadError(f"{folder.model_file} has no GroupQueryAttention node; the engine's shared KV "
+                             f"buffer (past_present_share_buffer) needs it")
+
+
+def physical_cores() -> int:
+    """Physical cores available to this process (hyper-threads counted once)."""
+    try:
+        allowed = os.sched_getaffinity(0)
+        cores = set()
+        for cpu in allowed:
+            base = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+            with open(f"{base}/core_id") as f1, open(f"{base}/physical_package_id") as f2:
+                cores.add((f1.read().strip(), f2.read().strip()))
+        return max(1, len(cores))
+    except (OSError, AttributeError):
+        return max(1, os.cpu_count() or 1)
+
+
+def session_options(config: EngineConfig, base: ort.SessionOptions | None = None) -> ort.SessionOptions:
+    """Graph optimization ALL, intra-op threads, spinning; on top of ``base`` (from ep/) if given."""
+    so = base if base is not None else ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = config.intra_op_threads or physical_cores()
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.allow_spinning else "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    so.log_severity_level = 3
+    return so
+
+
+def create_session(folder: ModelFolder, config: EngineConfig) -> tuple[ort.InferenceSession, Any]:
+    """Open the session on the configured provider.
+
+    Returns:
+        (session, selected device or None for the plain CPU EP).
+    """
+    check_share_buffer(folder)
+    provider = config.provider.lower()
+    selected = None
+    try:
+        if provider == "cpu":
+            so = session_options(config)
+            session = ort.InferenceSession(str(folder.model_file), so, providers=["CPUExecutionProvider"])
+        else:
+            session, selected = _create_ep_session(folder, config)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # onnxruntime raises Fail/InvalidGraph/NoSuchFile/RuntimeError
+        raise ModelLoadError(f"ONNX Runtime cannot load {folder.model_file}: {exc}") from exc
+    return session, selected
+
+
+def _create_ep_session(folder: ModelFolder, config: EngineConfig) -> tuple[ort.InferenceSession, Any]:
+    """Provider sessions go through ep/ (device selection, plugin EPs, provider options)."""
+    try:
+        from ep import device as ep_device
+        from ep import providers as ep_providers
+    except ImportError as exc:
+        raise ModelLoadError(f"provider {config.provider!r} needs the ep package ({exc})") from exc
+    selected = ep_device.select_device(config.provider, config.device, config.ep_library)
+    spec = folder.genai["model"]["decoder"]
+    so = ep_providers.make_session_options(
+        selected, folder.genai, model_inputs=spec.get("inputs", {}), model_outputs=spec.get("outputs", {}),
+        ep_options=dict(config.ep_options), intra_op_threads=config.intra_op_threads or physical_cores())
+    so = session_options(config, so)
+    return ep_providers.create_session(str(folder.model_file), selected, so), selected

@@ -1,0 +1,89 @@
+"""OutputProcessor: the event-loop side's per-request state (queue, detokenizer, stop strings).
+
+Turns CoreOutputs into RequestOutput deltas; runs only on the event loop. No onnxruntime import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from engine.core import CoreOutput
+from engine.detokenizer import IncrementalDetokenizer
+from engine.types import FinishReason, RequestOutput, SamplingParams
+
+
+@dataclass(eq=False)
+class RequestState:
+    """One request as the event loop tracks it."""
+
+    request_id: str
+    num_prompt_tokens: int
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # RequestOutput | BaseException
+    num_generated_tokens: int = 0
+
+
+class OutputProcessor:
+    """Owns ``RequestState`` by request id; ``process`` is the one loop over a step's outputs."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, RequestState] = {}
+
+    def add(self, state: RequestState) -> None:
+        self.states[state.request_id] = state
+
+    def remove(self, request_id: str) -> RequestState | None:
+        return self.states.pop(request_id, None)
+
+    def process(self, outputs: Iterable[CoreOutput]) -> list[str]:
+        """Detokenize, cut stop strings and queue one RequestOutput per CoreOutput.
+
+        Returns:
+            Request ids that a stop string ended here; the core still runs them and must abort them.
+        """
+        to_abort: list[str] = []
+        for out in outputs:
+            state = self.states.get(out.request_id)
+            if state is None:  # finished or cancelled on this side already
+                continue
+            state.num_generated_tokens += len(out.token_ids)
+            reason = out.finish_reason
+            # NOTE(engine): STOP from the core means a stop token (eos, stop_token_ids); it is not text.
+            matched = state.detokenizer.update(out.token_ids, stop_terminated=reason is FinishReason.STOP)
+            if matched is not None and reason is not FinishReason.STOP:
+                if reason is None:
+                    to_abort.append(out.request_id)
+                reason = FinishReason.STOP
+            finished = reason is not None
+            state.queue.put_nowait(RequestOutput(
+                request_id=out.request_id, text=state.detokenizer.next_delta(finished=finished),
+                token_ids=out.token_ids, num_prompt_tokens=state.num_prompt_tokens,
+                num_generated_tokens=state.num_generated_tokens, finished=finished, finish_reason=reason,
+                logprobs=out.logprobs, error=out.error))
+            if finished:
+                del self.states[out.request_id]
+        return to_abort
+
+    def fail_all(self, exc: BaseException) -> None:
+        """The engine died: every waiting consumer gets ``exc``."""
+        for state in self.states.values():
+            state.queue.put_nowait(exc)
+        self.states.clear()
+
+
+def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
+    """Several queued deltas of one request as one (a consumer that fell behind gets them at once)."""
+    if len(outputs) == 1:
+        return outputs[0]
+    last = outputs[-1]
+    logprobs = None
+    if any(o.logprobs for o in outputs):
+        logprobs = tuple(lp for o in outputs for lp in (o.logprobs or ()))
+    return RequestOutput(
+        request_id=last.request_id, text="".join(o.text for o in outputs),
+        token_ids=tuple(t for o in outputs for t in o.token_ids), num_prompt_tokens=last.num_prompt_tokens,
+        num_generated_tokens=last.num_generated_tokens, finished=last.finished,
+        finish_reason=last.finish_reason, logprobs=logprobs, error=last.error)

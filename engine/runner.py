@@ -1,0 +1,184 @@
+"""Runs the decoder with IOBinding over the shared KV cache: prefill chunks and batched decode -> logits.
+
+Owns the preallocated input/logits buffers and the per-slot KV lengths; only the core thread calls it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from engine.kv_cache import KVCache
+from engine.model_loader import GraphIO
+
+log = logging.getLogger(__name__)
+
+
+class Runner:
+    """Binds inputs and KV rows, runs ``session``, returns float32 logits views.
+
+    Two binding modes:
+      * row views (KV rows can be bound as views): a decode step runs the slot range ``[lo, hi)`` as a
+        batch of ``hi - lo``; a prefill chunk runs its slot alone, shape ``[1, S]``;
+      * whole buffer (opaque device KV): every run covers all slots, shape ``[num_slots, 1]``; a
+        prompt goes in one token per run (see ``_prefill_whole``).
+
+    NOTE(engine): GQA derives each row's length from its mask (seqlens_k = ones - 1) and writes the new
+    token's KV at ``ones - 1``. A row with no work ("idle") gets ``ones = slot_len + 1``: its dummy KV
+    lands at the row's first unused position, which the owner overwrites before it ever attends to it
+    (a live request's KV never passes max_model_len - 1), and its attention span stays short. So the
+    KV length is max_model_len, no reserved tail.
+
+    Args:
+        session: the decoder session.
+        io: graph input/output names.
+        kv: the KV cache (its ``shape.num_slots`` rows).
+        prefill_chunk: the most tokens of one prefill run.
+        max_position: positions fed to idle rows are clipped below this (the rotary cache length).
+        whole_buffer: run all rows every step (forced when the KV cache is not CPU-addressable).
+    """
+
+    def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
+                 max_position: int, whole_buffer: bool = False) -> None:
+        self.session = session
+        self.io = io
+        self.kv = kv
+        self.num_slots = kv.shape.num_slots
+        self.length = kv.shape.length
+        self.vocab_size = io.vocab_size
+        self.prefill_chunk = prefill_chunk
+        self.max_position = max_position
+        self.whole_buffer = whole_buffer or not kv.addressable
+        n, chunk, vocab = self.num_slots, prefill_chunk, self.vocab_size
+        # NOTE(engine): every buffer is allocated here once; steps write them in place.
+        self.mask = np.zeros((n, self.length), dtype=np.int64)  # ones are a prefix of each row
+        self.mask_ones = np.zeros(n, dtype=np.int64)  # ones per row now
+        self.slot_len = np.zeros(n, dtype=np.int64)  # valid KV positions per slot
+        self.decode_ids = np.zeros((n, 1), dtype=np.int64)
+        self.decode_pos = np.zeros((n, 1), dtype=np.int64)
+        self.decode_logits = np.zeros((n, 1, vocab), dtype=np.float32)
+        self.prefill_ids = np.zeros(chunk, dtype=np.int64)
+        self.prefill_pos = np.zeros(chunk, dtype=np.int64)
+        self.prefill_logits = np.zeros(chunk * vocab, dtype=np.float32)
+        self._decode_bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        self._prefill_bindings: dict[int, ort.IOBinding] = {}
+
+    # -- public ----------------------------------------------------------------------------------------
+
+    def decode(self, slots: Sequence[int], token_ids: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+        """One token for each of ``slots`` (ascending).
+
+        Args:
+            slots: KV rows, ascending.
+            token_ids: the token fed to each row.
+            positions: each token's position (= the row's KV length before this step).
+        Returns:
+            float32 ``[len(slots), vocab]`` logits, row i for ``slots[i]``; valid until the next decode.
+        """
+        rows = np.asarray(slots, dtype=np.int64)
+        pos = np.asarray(positions, dtype=np.int64)
+        lo, hi = (0, self.num_slots) if self.whole_buffer else (int(rows[0]), int(rows[-1]) + 1)
+        width = hi - lo
+        if width > len(rows):  # idle rows in the range: a dummy token at their first unused position
+            idle = np.setdiff1d(np.arange(lo, hi), rows, assume_unique=True)
+            self.decode_ids[idle, 0] = 0
+            self.decode_pos[idle, 0] = np.minimum(self.slot_len[idle], self.max_position - 1)
+            self._set_ones(idle, self.slot_len[idle] + 1)
+        self.decode_ids[rows, 0] = token_ids
+        self.decode_pos[rows, 0] = pos
+        self._set_ones(rows, pos + 1)
+        binding = self._decode_bindings.get((lo, hi)) or self._make_decode_binding(lo, hi)
+        self.session.run_with_iobinding(binding)
+        self.slot_len[rows] = pos + 1
+        if width > len(rows):
+            return self.decode_logits[rows - lo, 0]  # [n, V] (a gather copy)
+        return self.decode_logits[:width, 0]  # [n, V] view
+
+    def prefill(self, slot: int, token_ids: Sequence[int], start: int) -> np.ndarray:
+        """Prompt tokens ``[start, start + S)`` of the request in ``slot``.
+
+        Returns:
+            float32 ``[vocab]`` logits of the chunk's last token (a view, valid until the next prefill).
+        """
+        num = len(token_ids)
+        if not 0 < num <= self.prefill_chunk:
+            raise ValueError(f"a prefill chunk holds 1..{self.prefill_chunk} tokens, got {num}")
+        if self.whole_buffer:
+            return self._prefill_whole(slot, token_ids, start)
+        ids = self.prefill_ids[:num].reshape(1, num)  # [1, S]
+        pos = self.prefill_pos[:num].reshape(1, num)
+        ids[0] = token_ids
+        pos[0] = np.arange(start, start + num)
+        logits = self.prefill_logits[:num * self.vocab_size].reshape(1, num, self.vocab_size)  # [1, S, V]
+        self._set_ones(np.array([slot]), np.array([start + num]))
+        binding = self._prefill_bindings.get(slot) or self._make_prefill_binding(slot)
+        binding.bind_ortvalue_input(self.io.input_ids, ort.OrtValue.ortvalue_from_numpy(ids))
+        if self.io.position_ids:
+            binding.bind_ortvalue_input(self.io.position_ids, ort.OrtValue.ortvalue_from_numpy(pos))
+        binding.bind_ortvalue_output(self.io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
+        self.session.run_with_iobinding(binding)
+        self.slot_len[slot] = start + num
+        return logits[0, num - 1]
+
+    def release(self, slot: int) -> None:
+        """The slot's request left: its KV is garbage from now on."""
+        self.slot_len[slot] = 0
+
+    # -- internals -------------------------------------------------------------------------------------
+
+    def _prefill_whole(self, slot: int, token_ids: Sequence[int], start: int) -> np.ndarray:
+        # NOTE(engine): GQA refuses S > 1 with past context at batch > 1 ("batch_size must be 1 when
+        # sequence_length > 1 and past context is given"), and an opaque buffer can't be bound one row at a
+        # time, so whole-buffer mode feeds the prompt one token per run beside idle rows. Slow; correct.
+        logits = None
+        for i, token_id in enumerate(token_ids):
+            logits = self.decode([slot], [token_id], [start + i])
+        assert logits is not None
+        return logits[0]
+
+    def _set_ones(self, rows: np.ndarray, ones: np.ndarray) -> None:
+        """Make row r of the mask hold ``ones[i]`` leading ones (touching only the changed span)."""
+        for r, new in zip(rows.tolist(), ones.tolist()):
+            old = int(self.mask_ones[r])
+            if new > old:
+                self.mask[r, old:new] = 1
+            elif new < old:
+                self.mask[r, new:old] = 0
+            self.mask_ones[r] = new
+
+    def _bind_kv(self, binding: ort.IOBinding, lo: int, hi: int) -> None:
+        keys, values = self.kv.rows(lo, hi)
+        for i, (k, v) in enumerate(zip(keys, values)):
+            # NOTE(engine): past and present are the same OrtValue: GQA updates the buffer in place.
+            binding.bind_ortvalue_input(self.io.past_keys[i], k)
+            binding.bind_ortvalue_input(self.io.past_values[i], v)
+            binding.bind_ortvalue_output(self.io.present_keys[i], k)
+            binding.bind_ortvalue_output(self.io.present_values[i], v)
+
+    def _make_decode_binding(self, lo: int, hi: int) -> ort.IOBinding:
+        binding = self.session.io_binding()
+        binding.bind_ortvalue_input(self.io.input_ids, _value(self.decode_ids[lo:hi]))
+        if self.io.position_ids:
+            binding.bind_ortvalue_input(self.io.position_ids, _value(self.decode_pos[lo:hi]))
+        binding.bind_ortvalue_input(self.io.attention_mask, _value(self.mask[lo:hi]))
+        binding.bind_ortvalue_output(self.io.logits, _value(self.decode_logits[:hi - lo]))
+        self._bind_kv(binding, lo, hi)
+        self._decode_bindings[(lo, hi)] = binding
+        return binding
+
+    def _make_prefill_binding(self, slot: int) -> ort.IOBinding:
+        binding = self.session.io_binding()
+        binding.bind_ortvalue_input(self.io.attention_mask, _value(self.mask[slot:slot + 1]))
+        self._bind_kv(binding, slot, slot + 1)
+        self._prefill_bindings[slot] = binding
+        return binding
+
+
+def _value(array: np.ndarray) -> Any:
+    """Zero-copy OrtValue over a contiguous numpy array (keeps the array alive)."""
+    assert array.flags.c_contiguous
+    return ort.OrtValue.ortvalue_from_numpy(array)

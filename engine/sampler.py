@@ -1,0 +1,233 @@
+"""Sampling on the CPU: pure numpy transforms of logits and a per-request sampler built from SamplingParams.
+
+Every ``apply_*`` function returns a new array and never changes its input; no onnxruntime import.
+Shapes: ``logits`` is float32 ``[..., vocab]`` (one row per request); filtered-out tokens are ``-inf``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.types import SamplingParams, TokenLogprob
+
+# NOTE(engine): top-p first looks at the best _TOP_P_PROBE tokens; if they already hold p of the mass
+# the nucleus is among them (they are the most likely ones), so the full-vocab sort is skipped. Exact.
+_TOP_P_PROBE = 64
+
+
+def apply_logit_bias(logits: np.ndarray, token_ids: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """Add ``bias[i]`` to ``logits[..., token_ids[i]]`` (OpenAI's logit_bias, values in [-100, 100])."""
+    out = logits.copy()
+    np.add.at(out, (..., token_ids), bias.astype(logits.dtype))
+    return out
+
+
+def apply_penalties(logits: np.ndarray, output_counts: np.ndarray, seen_mask: np.ndarray, *,
+                    presence: float = 0.0, frequency: float = 0.0, repetition: float = 1.0) -> np.ndarray:
+    """OpenAI presence/frequency penalties and the CTRL repetition penalty.
+
+    Args:
+        logits: float32 ``[..., vocab]``.
+        output_counts: int ``[..., vocab]``, how often each token was generated so far (presence and
+            frequency look at the output only, as OpenAI does).
+        seen_mask: bool ``[..., vocab]``, tokens in the prompt or the output (repetition looks at both,
+            as transformers does): positive logits are divided by ``repetition``, negative multiplied.
+    """
+    out = logits
+    if repetition != 1.0:
+        out = np.where(seen_mask, np.where(out > 0, out / repetition, out * repetition), out)
+    if presence != 0.0 or frequency != 0.0:
+        out = out - (frequency * output_counts + presence * (output_counts > 0)).astype(logits.dtype)
+    return out if out is not logits else logits.copy()
+
+
+def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """Divide by ``temperature`` (> 0; 0 means greedy and is handled by the caller with argmax)."""
+    if temperature <= 0.0:
+        raise ValueError(f"temperature must be > 0 here (0 is greedy), got {temperature}")
+    return logits / np.float32(temperature)
+
+
+def apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:
+    """Keep the ``k`` largest logits per row (ties at the k-th value are all kept); 0 disables."""
+    vocab = logits.shape[-1]
+    if k <= 0 or k >= vocab:
+        return logits.copy()
+    kth = np.partition(logits, -k, axis=-1)[..., -k, None]
+    return np.where(logits < kth, -np.inf, logits).astype(logits.dtype, copy=False)
+
+
+def apply_top_p(logits: np.ndarray, p: float, min_tokens_to_keep: int = 1) -> np.ndarray:
+    """Nucleus filtering: keep the most likely tokens whose probabilities first sum to at least ``p``.
+
+    A token is kept when the mass of the tokens ranked above it is below ``p``; at least
+    ``min_tokens_to_keep`` tokens always survive. Typical values 0.9-0.95; 1.0 disables.
+    """
+    if p >= 1.0:
+        return logits.copy()
+    rows = logits.reshape(-1, logits.shape[-1])  # (N, V)
+    out = np.full_like(rows, -np.inf)
+    for i, row in enumerate(rows):
+        keep = _nucleus(row, p, min_tokens_to_keep)
+        out[i, keep] = row[keep]
+    return out.reshape(logits.shape)
+
+
+def apply_min_p(logits: np.ndarray, p: float, min_tokens_to_keep: int = 1) -> np.ndarray:
+    """Drop tokens whose probability is below ``p`` times the top token's; 0 disables."""
+    if p <= 0.0:
+        return logits.copy()
+    top = logits.max(axis=-1, keepdims=True)
+    # prob_i / prob_max = exp(logit_i - logit_max) < p  <=>  logit_i < logit_max + log(p)
+    out = np.where(logits < top + np.log(p), -np.inf, logits).astype(logits.dtype, copy=False)
+    if min_tokens_to_keep > 1:
+        kth = np.partition(logits, -min_tokens_to_keep, axis=-1)[..., -min_tokens_to_keep, None]
+        out = np.where(logits >= kth, logits, out)
+    return out
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float32 log-probabilities over the last axis."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def sample_from(logits: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from ``softmax(logits)`` (1-D, ``-inf`` = excluded) with one ``rng.random()``."""
+    shifted = np.exp(logits.astype(np.float64) - logits.max())  # -inf -> 0
+    cdf = np.cumsum(shifted)
+    token = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    # NOTE(engine): u * total can round up to total; fall back to the last token with mass.
+    return token if token < len(cdf) else int(np.flatnonzero(shifted)[-1])
+
+
+def top_logprobs(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
+    """The ``n`` most likely (token_id, logprob) pairs of a 1-D row, most likely first."""
+    n = min(n, logprobs.shape[-1])
+    if n <= 0:
+        return ()
+    idx = np.argpartition(logprobs, -n)[-n:]
+    idx = idx[np.argsort(-logprobs[idx], kind="stable")]
+    return tuple((int(i), float(logprobs[i])) for i in idx)
+
+
+def _nucleus(row: np.ndarray, p: float, min_keep: int) -> np.ndarray:
+    """Indices of the nucleus of one row of logits (see apply_top_p)."""
+    probs = np.exp(row.astype(np.float64) - row.max())
+    probs /= probs.sum()
+    vocab = len(row)
+    probe = min(max(_TOP_P_PROBE, min_keep), vocab)
+    if probe < vocab:
+        cand = np.argpartition(probs, -probe)[-probe:]
+        cand = cand[np.argsort(-probs[cand], kind="stable")]
+        if probs[cand].sum() < p:
+            cand = np.argsort(-probs, kind="stable")
+    else:
+        cand = np.argsort(-probs, kind="stable")
+    cum_before = np.cumsum(probs[cand]) - probs[cand]  # mass ranked strictly above each candidate
+    num_keep = max(int(np.count_nonzero(cum_before < p)), min_keep)
+    return cand[:num_keep]
+
+
+@dataclass
+class SampleResult:
+    """What the sampler picked for one request in one step."""
+
+    token_id: int
+    logprob: TokenLogprob | None = None
+
+
+class RequestSampler:
+    """The sampling chain of one request: its params, its own rng and its penalty state.
+
+    NOTE(engine): the rng belongs to the request (seeded from ``params.seed``), and it draws exactly one
+    number per sampled token, so the same seed gives the same text whatever else is in the batch.
+
+    Args:
+        params: the request's SamplingParams.
+        prompt_ids: the prompt (the repetition penalty looks at it).
+        vocab_size: logits width.
+        rng: used when ``params.seed`` is None (the engine's spawned generator).
+    """
+
+    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], vocab_size: int,
+                 rng: np.random.Generator | None = None) -> None:
+        self.params = params
+        self.vocab_size = vocab_size
+        self.rng = np.random.default_rng(params.seed) if params.seed is not None else (
+            rng if rng is not None else np.random.default_rng())
+        self.greedy = params.greedy
+        self.use_penalties = (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+                              or params.repetition_penalty != 1.0)
+        self.use_filters = not self.greedy and (params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0)
+        self.want_logprobs = params.logprobs or params.top_logprobs > 0
+        # NOTE(engine): ids outside the vocab (logit_bias) are ignored rather than crash the batch.
+        bias = [(t, b) for t, b in params.logit_bias if 0 <= t < vocab_size]
+        self.bias_ids = np.array([t for t, _ in bias], dtype=np.int64)
+        self.bias_values = np.array([b for _, b in bias], dtype=np.float32)
+        self.output_counts: np.ndarray | None = None
+        self.seen_mask: np.ndarray | None = None
+        if self.use_penalties:
+            self.output_counts = np.zeros(vocab_size, dtype=np.int32)
+            self.seen_mask = np.zeros(vocab_size, dtype=bool)
+            prompt = np.asarray(prompt_ids, dtype=np.int64)
+            self.seen_mask[prompt[(prompt >= 0) & (prompt < vocab_size)]] = True
+        # A plain request is one argmax of the raw logits.
+        self.plain_greedy = self.greedy and not self.use_penalties and len(self.bias_ids) == 0
+
+    def process(self, logits: np.ndarray) -> np.ndarray:
+        """The processed logits of one row (float32 ``[vocab]``); the input is not changed."""
+        p = self.params
+        out = logits
+        if len(self.bias_ids):
+            out = apply_logit_bias(out, self.bias_ids, self.bias_values)
+        if self.use_penalties:
+            out = apply_penalties(out, self.output_counts, self.seen_mask, presence=p.presence_penalty,
+                                  frequency=p.frequency_penalty, repetition=p.repetition_penalty)
+        if self.greedy:
+            return out
+        if p.temperature != 1.0:
+            out = apply_temperature(out, p.temperature)
+        if p.top_k > 0:
+            out = apply_top_k(out, p.top_k)
+        if p.top_p < 1.0:
+            out = apply_top_p(out, p.top_p)
+        if p.min_p > 0.0:
+            out = apply_min_p(out, p.min_p)
+        return out
+
+    def sample(self, logits: np.ndarray) -> SampleResult:
+        """Pick the next token from one row of raw logits (float32 ``[vocab]``) and record it."""
+        processed = logits if self.plain_greedy else self.process(logits)
+        token = int(np.argmax(processed)) if self.greedy else sample_from(processed, self.rng)
+        return SampleResult(token, self.logprob_of(logits, token) if self.want_logprobs else None)
+
+    def logprob_of(self, logits: np.ndarray, token_id: int) -> TokenLogprob:
+        """Log-probability of ``token_id`` under the model's raw distribution, plus the top alternatives."""
+        lp = log_softmax(logits)
+        return TokenLogprob(token_id, float(lp[token_id]), top_logprobs(lp, self.params.top_logprobs))
+
+    def record(self, token_id: int) -> None:
+        """Account a token appended to the output (penalty state)."""
+        if self.output_counts is not None and 0 <= token_id < self.vocab_size:
+            self.output_counts[token_id] += 1
+            self.seen_mask[token_id] = True
+
+
+def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler]) -> list[SampleResult]:
+    """Sample one token per row of ``logits`` (float32 ``[n, vocab]``), row i by ``samplers[i]``.
+
+    An all-plain-greedy batch is one vectorized argmax. Each sampler records its token.
+    """
+    if all(s.plain_greedy and not s.want_logprobs for s in samplers):
+        tokens = np.argmax(logits, axis=-1)
+        results = [SampleResult(int(t)) for t in tokens]
+    else:
+        results = [s.sample(row) for s, row in zip(samplers, logits)]
+    for s, r in zip(samplers, results):
+        if s.output_counts is not None:
+            s.record(r.token_id)
+    return results

@@ -1,0 +1,192 @@
+"""The `ortserve` command line: serve, pull, convert, devices, bench.
+
+Heavy modules (engine, ep, uvicorn, bench) are imported inside each subcommand. `serve` applies the
+backend env flags (ep.flags.apply) before anything can load a backend library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from server.settings import DEFAULT_MODEL, Settings, add_settings_arguments, load_settings
+
+logger = logging.getLogger("ortserve")
+
+# uvicorn's own graceful timeout is the streams' grace plus this slack, so sse-starlette's cancel
+# (which aborts the engine requests) runs before uvicorn cancels whatever is left.
+_UVICORN_SHUTDOWN_SLACK_S = 2.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ortserve", description="OpenAI-compatible LLM server on ONNX Runtime.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="serve a model over the OpenAI API",
+                           description="Serve a model. Every flag can also be set as ORTSERVE_<FLAG> "
+                                       "(e.g. ORTSERVE_MAX_BATCH=16) or in a --config file.")
+    serve.add_argument("--config", metavar="FILE", default=os.environ.get("ORTSERVE_CONFIG"),
+                       help="a .json or .toml file of settings (field names as keys) [env ORTSERVE_CONFIG]")
+    add_settings_arguments(serve)
+    serve.set_defaults(func=_serve)
+
+    pull = sub.add_parser("pull", help="download and convert a known model into the cache")
+    pull.add_argument("name", nargs="?", default=DEFAULT_MODEL, help=f"model name (default {DEFAULT_MODEL})")
+    pull.add_argument("--cache-dir", default=None, help="cache folder (default ORTSERVE_CACHE_DIR or ~/.cache/ortserve)")
+    pull.add_argument("--quiet", action="store_true", help="no progress bars")
+    pull.set_defaults(func=_pull)
+
+    convert = sub.add_parser("convert", help="convert a GGUF file into an ONNX Runtime GenAI model folder")
+    convert.add_argument("gguf", help="the .gguf file")
+    convert.add_argument("out_dir", help="the model folder to write")
+    convert.add_argument("--accuracy-level", type=int, default=4, choices=range(5),
+                         help="MatMulNBits accuracy level: 4 = int8 activations (fast on CPU), 0 = exact")
+    convert.add_argument("--dtype", default="float32", choices=["float32", "float16"],
+                         help="activation and KV dtype (float16 for GPUs)")
+    convert.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
+    convert.add_argument("--quiet", action="store_true", help="no progress bar")
+    convert.set_defaults(func=_convert)
+
+    devices = sub.add_parser("devices", help="list execution providers, devices and backend flags")
+    devices.add_argument("--provider", default="auto", help="provider to pick for (default auto)")
+    devices.add_argument("--device", default=None, help="device selector to try")
+    devices.add_argument("--ep-library", default=os.environ.get("ORTSERVE_EP_LIBRARY"),
+                         help="plugin EP library to register (also AMDGPU_EP_PATH)")
+    devices.add_argument("--int4-gemv", action=argparse.BooleanOptionalAction, default=None,
+                         help="INT4 GEMV flag as `serve` would apply it")
+    devices.add_argument("--json", action="store_true", help="print JSON")
+    devices.set_defaults(func=_devices)
+
+    sub.add_parser("bench", help="load-test a server (see `ortserve bench --help`)", add_help=False)
+    return parser
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _looks_like_path(model: str) -> bool:
+    return os.sep in model or model.endswith(".gguf") or Path(model).exists()
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from parsed `serve` flags (set flags only), the environment and --config."""
+    overrides = {name: value for name, value in vars(args).items() if name in Settings.model_fields}
+    return load_settings(overrides, config_file=args.config)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"ortserve serve: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    _configure_logging(settings.log_level)
+
+    # 1. Backend env flags, before any library that reads them can load (ep.device, the first session).
+    from ep import flags
+    from ep.names import EpError
+
+    try:
+        report = flags.apply(settings.provider, settings.int4_gemv)
+    except EpError as exc:  # e.g. an unknown --provider
+        print(f"ortserve serve: {exc}", file=sys.stderr)
+        return 2
+    logger.info("backend flags: %s", report.summary())
+
+    # 2. The model folder (pull and convert a known name or a GGUF on first use).
+    from engine.builder import resolve_model
+
+    try:
+        model_dir = resolve_model(settings.model)
+    except Exception as exc:  # a bad name/path/download is the user's to fix: no traceback
+        print(f"ortserve serve: cannot resolve model {settings.model!r}: {exc}", file=sys.stderr)
+        return 1
+    served_name = settings.served_model_name or (None if _looks_like_path(settings.model) else settings.model)
+    settings = settings.model_copy(update={"model": str(model_dir), "served_model_name": served_name})
+
+    # 3. The app loads the engine in its lifespan (/health is 503 until then); 4. listen.
+    import uvicorn
+
+    from server.app import create_app
+
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=settings.shutdown_grace_s + _UVICORN_SHUTDOWN_SLACK_S,
+    )
+    server = uvicorn.Server(config)
+    state = app.state.ortserve
+
+    def stop_on_load_failure(_message: str) -> None:
+        server.should_exit = True
+
+    state.on_load_failed = stop_on_load_failure
+    logger.info("serving %s on http://%s:%d/v1", model_dir, settings.host, settings.port)
+    server.run()
+    return 1 if state.status == "failed" or state.load_error else 0
+
+
+def _pull(args: argparse.Namespace) -> int:
+    _configure_logging("info")
+    from engine.builder import pull_model
+
+    try:
+        path = pull_model(args.name, cache_dir=args.cache_dir, progress=not args.quiet)
+    except Exception as exc:
+        print(f"ortserve pull: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    _configure_logging("info")
+    from engine.builder import convert_gguf
+
+    try:
+        path = convert_gguf(args.gguf, args.out_dir, accuracy_level=args.accuracy_level, dtype=args.dtype,
+                            overwrite=args.overwrite, progress=not args.quiet)
+    except Exception as exc:
+        print(f"ortserve convert: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def _devices(args: argparse.Namespace) -> int:
+    from ep.device import describe, format_description  # applies ep.flags itself, before registering
+    from ep.names import EpError
+
+    try:
+        info: dict[str, Any] = describe(args.provider, args.device, args.ep_library, args.int4_gemv)
+    except EpError as exc:
+        print(f"ortserve devices: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(info, indent=2) if args.json else format_description(info))
+    return 0 if info.get("error") is None else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `ortserve` and `python -m server`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        from bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""create_app(settings, engine=None): the FastAPI app, its lifespan (engine loading and shutdown) and middleware.
+
+The engine lives on app.state.ortserve (no module globals). Imports the engine package only lazily,
+inside the loader, so importing the app never loads onnxruntime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+
+from server.engine_client import EngineClient
+from server.errors import EngineNotReadyError, install_error_handlers
+from server.metrics import ServerMetrics
+from server.security import AuthMiddleware, BodyLimitMiddleware
+from server.settings import Settings
+
+logger = logging.getLogger("ortserve")
+
+EngineLoader = Callable[[Settings], EngineClient]
+
+
+@dataclass
+class ServerState:
+    """Everything one app instance owns; stored on `app.state.ortserve`."""
+
+    settings: Settings
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    engine: EngineClient | None = None
+    status: str = "loading"  # loading -> ready | failed -> stopping
+    load_error: str | None = None
+    owns_engine: bool = False
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    # Called (from the event loop) when loading fails, e.g. by the CLI to stop the server with exit 1.
+    on_load_failed: Callable[[str], None] | None = None
+
+    @property
+    def served_model_name(self) -> str:
+        if self.settings.served_model_name:
+            return self.settings.served_model_name
+        if self.engine is not None:
+            return self.engine.model_name
+        return Path(self.settings.model).name or self.settings.model
+
+    def accepts_model(self, name: str | None) -> bool:
+        """None, the served name, the engine's own name or the --model value all mean this model."""
+        if name is None:
+            return True
+        names = {self.served_model_name, self.settings.model}
+        if self.engine is not None:
+            names.add(self.engine.model_name)
+        return name in names
+
+    def require_engine(self) -> EngineClient:
+        if self.engine is None or self.status != "ready":
+            if self.status == "failed":
+                raise EngineNotReadyError(f"The model failed to load: {self.load_error}", code="model_load_failed")
+            if self.status == "stopping":
+                raise EngineNotReadyError("The server is shutting down.", code="shutting_down")
+            raise EngineNotReadyError("The model is still loading; retry shortly.", code="model_loading",
+                                      headers={"Retry-After": "1"})
+        return self.engine
+
+
+def engine_config_from(settings: Settings) -> Any:
+    """The engine's EngineConfig for these settings (imports the engine package)."""
+    from engine.config import EngineConfig
+
+    kwargs: dict[str, Any] = {
+        "provider": settings.provider,
+        "device": settings.device,
+        "ep_library": settings.ep_library,
+        "ep_options": settings.ep_options(),
+        "max_batch": settings.max_batch,
+        "max_queue": settings.max_queue,
+        "max_model_len": settings.max_model_len,
+        "intra_op_threads": settings.intra_op_threads,
+    }
+    if settings.prefill_chunk is not None:
+        kwargs["prefill_chunk"] = settings.prefill_chunk
+    return EngineConfig(**kwargs)
+
+
+def load_engine(settings: Settings) -> EngineClient:
+    """Resolve `settings.model` to a model folder and load an AsyncEngine on it (blocking; run in a thread).
+
+    Args:
+        settings: uses model, provider, device, ep_library, ep_option and the scheduling bounds.
+
+    Returns:
+        The loaded engine.
+    """
+    from engine.async_engine import AsyncEngine
+    from engine.builder import resolve_model
+
+    model_dir = resolve_model(settings.model)
+    return AsyncEngine.from_model_dir(model_dir, engine_config_from(settings))
+
+
+async def _maybe_await(value: Any) -> None:
+    if inspect.isawaitable(value):
+        await value
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.ortserve
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: ServerState = app.state.ortserve
+    loader: EngineLoader | None = app.state.engine_loader
+    load_task: asyncio.Task | None = None
+
+    async def load() -> None:
+        assert loader is not None
+        try:
+            # NOTE(server): loading takes seconds to minutes (conversion, session creation); a thread
+            # keeps the loop serving /health (503 "loading") meanwhile.
+            engine = await anyio.to_thread.run_sync(loader, state.settings)
+        except Exception as exc:
+            state.status, state.load_error = "failed", f"{type(exc).__name__}: {exc}"
+            logger.error("loading the model failed: %s", state.load_error, exc_info=exc)
+            if state.on_load_failed is not None:
+                state.on_load_failed(state.load_error)
+            return
+        state.engine, state.owns_engine = engine, True
+        if state.status == "stopping":  # shut down while loading: the lifespan's finally shuts it down
+            return
+        state.status = "ready"
+        logger.info("model %s ready (max_model_len %d)", state.served_model_name, engine.max_model_len)
+
+    if state.engine is None and loader is not None:
+        load_task = asyncio.create_task(load())
+    try:
+        yield
+    finally:
+        state.status = "stopping"
+        if load_task is not None and not load_task.done():
+            await asyncio.wait({load_task}, timeout=None)  # a half-loaded session cannot be cancelled
+        if state.owns_engine and state.engine is not None:
+            logger.info("shutting the engine down")
+            await _maybe_await(state.engine.shutdown())
+
+
+def create_app(settings: Settings, engine: EngineClient | None = None, *,
+               loader: EngineLoader | None = load_engine) -> FastAPI:
+    """The ortserve FastAPI app.
+
+    Args:
+        settings: server settings (auth, limits, CORS, model name, ...).
+        engine: an already loaded engine (tests, embedding); the app then never shuts it down.
+            None: the lifespan loads one with `loader(settings)` in a thread.
+        loader: how to load the engine when none is given; None leaves the app "loading" forever
+            (unit tests of validation that need no model).
+
+    Returns:
+        The app; run it with uvicorn. `/health` answers 503 until the engine is ready.
+    """
+    from server import __version__
+    from server.routes import chat, completions, health, metrics, models
+
+    app = FastAPI(
+        title="ortserve",
+        version=__version__,
+        description="OpenAI-compatible LLM server on ONNX Runtime.",
+        lifespan=_lifespan,
+    )
+    state = ServerState(settings=settings)
+    if engine is not None:
+        state.engine, state.status = engine, "ready"
+    app.state.ortserve = state
+    app.state.engine_loader = loader if engine is None else None
+
+    install_error_handlers(app)
+    for module in (chat, completions, models, health, metrics):
+        app.include_router(module.router)
+
+    # Middleware: the last added runs first. Order seen by a request: CORS -> auth -> body limit.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(AuthMiddleware, api_key=settings.api_key_value(),
+                       open_paths=_open_paths(settings))
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    return app
+
+
+def _open_paths(settings: Settings) -> frozenset[str]:
+    """Paths that never need the API key: health, the API description, and /metrics unless asked."""
+    paths = {"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}
+    if not settings.metrics_require_key:
+        paths.add("/metrics")
+    return frozenset(paths)

@@ -1,0 +1,46 @@
+"""What the server needs from an engine (typing only), so server/ never imports onnxruntime.
+
+engine.async_engine.AsyncEngine satisfies it; nothing here runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
+
+from engine.types import EngineStats, RequestOutput, SamplingParams
+
+
+class TokenizerLike(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+
+class ChatTemplateLike(Protocol):
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+               add_generation_prompt: bool = True) -> str: ...
+
+
+class EngineClient(Protocol):
+    """The engine as seen from the HTTP layer.
+
+    `generate` yields RequestOutput deltas (whole UTF-8 characters, stop strings held back) and
+    exactly one output with `finished=True`; raising EngineOverloadedError when the queue is full.
+    """
+
+    model_name: str
+    max_model_len: int
+    tokenizer: TokenizerLike
+    chat_template: ChatTemplateLike
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                 request_id: str) -> AsyncIterator[RequestOutput]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def check_prompt(self, prompt_ids: Sequence[int], params: SamplingParams) -> None: ...
+
+    def shutdown(self) -> Any: ...

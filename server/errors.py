@@ -1,0 +1,222 @@
+"""Exception class -> HTTP status and OpenAI error JSON, for every error the server can answer with.
+
+Maps by class, never by message text. No stack trace ever reaches a client. No onnxruntime import.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.types import (
+    EngineDeadError,
+    EngineError,
+    EngineOverloadedError,
+    InvalidRequestError,
+    ModelLoadError,
+)
+from server.metrics import REJECTED
+from server.protocol import error_body
+
+logger = logging.getLogger(__name__)
+
+
+class ServerError(Exception):
+    """An error the server raises itself, with its HTTP status and OpenAI `type`/`code`."""
+
+    status_code = 500
+    error_type = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+class ModelNotFoundError(ServerError):
+    status_code = 404
+    error_type = "invalid_request_error"
+
+    def __init__(self, requested: str, served: str) -> None:
+        super().__init__(
+            f"The model {requested!r} does not exist; this server serves {served!r}.",
+            param="model", code="model_not_found",
+        )
+
+
+class EngineNotReadyError(ServerError):
+    status_code = 503
+    error_type = "service_unavailable"
+
+
+class AuthenticationError(ServerError):
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class RequestTooLargeError(ServerError):
+    status_code = 413
+    error_type = "invalid_request_error"
+
+
+# HTTP status -> OpenAI `type` for Starlette's own HTTPExceptions (unknown route, wrong method, ...).
+_HTTP_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "tuple", "json-or-python"}
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
+    """('body', 'messages', 0, 'content', 'str') -> 'messages[0].content' (union branch tags dropped)."""
+    parts: list[str] = []
+    for item in loc[1:] if loc and loc[0] in ("body", "query", "path") else loc:
+        if isinstance(item, int):
+            if parts:
+                parts[-1] += f"[{item}]"
+            else:
+                parts.append(f"[{item}]")
+        elif isinstance(item, str) and _IDENT.match(item) and item not in _TYPE_TAGS:
+            parts.append(item)
+    return ".".join(parts) or None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def validation_error_response(exc: RequestValidationError) -> tuple[int, dict[str, Any]]:
+    """FastAPI's request validation error -> 400 naming the first bad field (never the bare 422)."""
+    errors = list(exc.errors())
+    if not errors:
+        return 400, error_body("invalid request", "invalid_request_error")
+    first = errors[0]
+    kind = first.get("type", "")
+    loc = tuple(first.get("loc", ()))
+    ctx = first.get("ctx") or {}
+    cause = ctx.get("error")
+    param = _loc_to_param(loc)
+    if kind == "json_invalid":
+        detail = ctx.get("error", "")
+        return 400, error_body(f"The request body is not valid JSON ({detail}).", "invalid_request_error",
+                               None, "invalid_json")
+    if kind == "missing" and loc in (("body",), ()):
+        return 400, error_body("The request needs a JSON body.", "invalid_request_error", None, "missing_body")
+    if isinstance(cause, InvalidRequestError):
+        if cause.param:
+            param = f"{param}.{cause.param}" if param else cause.param
+        return 400, error_body(str(cause), "invalid_request_error", param, cause.code)
+    message = str(first.get("msg", "invalid value"))
+    if kind == "missing":
+        message = f"'{param}' is a required property"
+        code = "missing_required_parameter"
+    else:
+        message = message.removeprefix("Value error, ")
+        if "input" in first and not isinstance(first["input"], (dict, list)):
+            message = f"{message}, got {_short(first['input'])}"
+        message = f"{param}: {message}" if param else message
+        code = "invalid_type" if kind.endswith("_type") or kind.endswith("_parsing") else "invalid_value"
+    if len(errors) > 1 and kind != "missing":
+        message += f" ({len(errors) - 1} more problem(s))"
+    return 400, error_body(message, "invalid_request_error", param, code)
+
+
+def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, OpenAI error body, extra headers) for any exception, by class.
+
+    Used by the exception handlers and by streaming.py for an error event inside a stream.
+    """
+    if isinstance(exc, ServerError):
+        return exc.status_code, error_body(str(exc), exc.error_type, exc.param, exc.code), exc.headers
+    if isinstance(exc, RequestValidationError):
+        status, body = validation_error_response(exc)
+        return status, body, {}
+    if isinstance(exc, InvalidRequestError):  # includes PromptTooLongError
+        return 400, error_body(str(exc), "invalid_request_error", exc.param, exc.code), {}
+    if isinstance(exc, EngineOverloadedError):
+        retry_after = str(max(1, math.ceil(exc.retry_after_s)))
+        return 429, error_body(str(exc), "rate_limit_error", None, "server_overloaded"), {"Retry-After": retry_after}
+    if isinstance(exc, (EngineDeadError, ModelLoadError)):
+        return 503, error_body(f"The engine is not available: {exc}", "service_unavailable", None,
+                               "engine_unavailable"), {}
+    if isinstance(exc, EngineError):
+        return 500, error_body(f"The engine failed: {exc}", "internal_error", None, "engine_error"), {}
+    if isinstance(exc, StarletteHTTPException):
+        code = {413: "request_too_large", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return exc.status_code, error_body(str(exc.detail), _HTTP_TYPES.get(exc.status_code, "server_error"),
+                                           None, code), dict(exc.headers or {})
+    # NOTE(server): anything else is our bug; the client gets no details, the log gets the traceback.
+    return 500, error_body("Internal server error.", "internal_error", None, "internal_error"), {}
+
+
+def json_error(exc: BaseException) -> JSONResponse:
+    status, body, headers = error_for(exc)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _handle_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 404:
+        status, body, headers = error_for(exc)
+        body["error"]["message"] = f"Unknown route: {request.method} {request.url.path}"
+        return JSONResponse(body, status_code=status, headers=headers)
+    if exc.status_code == 405:
+        status, body, headers = error_for(exc)
+        body["error"]["message"] = f"Method {request.method} is not allowed on {request.url.path}"
+        return JSONResponse(body, status_code=status, headers=headers)
+    return json_error(exc)
+
+
+# Generation routes whose outcomes ortserve_requests_total counts.
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def _count_outcome(request: Request, status: int) -> None:
+    """Count a generation request that ended in an error before the engine recorded it."""
+    if request.url.path not in GENERATION_PATHS or status == 499:
+        return
+    outcome = REJECTED if status < 500 else "error"
+    tracker = getattr(request.state, "ortserve_tracker", None)
+    if tracker is not None:
+        tracker.finish(outcome)  # no-op when the engine side already recorded this request
+        return
+    state = getattr(request.app.state, "ortserve", None)
+    if state is not None:
+        state.metrics.requests.labels(status=outcome).inc()
+
+
+async def _handle_any(request: Request, exc: Exception) -> JSONResponse:
+    status, _, _ = error_for(exc)
+    if status >= 500:
+        expected = isinstance(exc, (ServerError, EngineError))
+        logger.error("error while serving %s %s: %s", request.method, request.url.path, exc,
+                     exc_info=None if expected else exc)
+    _count_outcome(request, status)
+    return json_error(exc)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers on `app`: validation, HTTP, engine, server and generic errors."""
+    app.add_exception_handler(RequestValidationError, _handle_any)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _handle_http)  # type: ignore[arg-type]
+    app.add_exception_handler(ServerError, _handle_any)  # type: ignore[arg-type]
+    app.add_exception_handler(EngineError, _handle_any)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _handle_any)

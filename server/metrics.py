@@ -1,0 +1,111 @@
+"""Prometheus metrics of one app (a per-app CollectorRegistry) and the per-request latency tracker.
+
+Gauges are read from EngineStats at scrape time; latencies are measured here, at the HTTP edge.
+No onnxruntime import.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from engine.types import EngineStats, FinishReason, RequestOutput
+
+# Buckets in seconds: sub-millisecond decode steps up to minute-long requests on a CPU.
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
+                0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+
+# `status` label values of ortserve_requests_total: the finish reasons plus 'rejected' (4xx/429
+# before the engine ran the request).
+REJECTED = "rejected"
+
+
+class ServerMetrics:
+    """All metric objects of one app; a fresh registry so two apps in one process never clash."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests_running = Gauge("ortserve_requests_running", "Requests in the running batch.", registry=r)
+        self.requests_waiting = Gauge("ortserve_requests_waiting", "Requests waiting for a KV slot.", registry=r)
+        self.kv_slots_free = Gauge("ortserve_kv_slots_free", "Free KV cache slots.", registry=r)
+        self.time_to_first_token = Histogram(
+            "ortserve_time_to_first_token_seconds", "Request arrival to first generated text, seconds.",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.inter_token_latency = Histogram(
+            "ortserve_inter_token_latency_seconds", "Time between generated tokens of a request, seconds.",
+            buckets=_ITL_BUCKETS, registry=r)
+        self.e2e_request_latency = Histogram(
+            "ortserve_e2e_request_latency_seconds", "Request arrival to its last output, seconds.",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.request_queue_time = Histogram(
+            "ortserve_request_queue_time_seconds",
+            "Engine submission to the first engine output (waiting for a slot plus prefill), seconds.",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("ortserve_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
+        self.generation_tokens = Counter("ortserve_generation_tokens", "Generated tokens.", registry=r)
+        self.requests = Counter("ortserve_requests", "Requests by outcome.", ["status"], registry=r)
+        for status in [*(str(reason) for reason in FinishReason), REJECTED]:
+            self.requests.labels(status=status)  # NOTE(server): export zeros so dashboards see every series.
+
+    def render(self, stats: EngineStats | None) -> bytes:
+        """The text exposition format, with the gauges refreshed from `stats` (None while loading)."""
+        if stats is not None:
+            self.requests_running.set(stats.num_running)
+            self.requests_waiting.set(stats.num_waiting)
+            self.kv_slots_free.set(stats.num_slots_free)
+        return generate_latest(self.registry)
+
+    def tracker(self, arrival_s: float | None = None) -> RequestTracker:
+        return RequestTracker(self, time.perf_counter() if arrival_s is None else arrival_s)
+
+
+class RequestTracker:
+    """Times one request: feed it every engine output, then `finish()` exactly once."""
+
+    def __init__(self, metrics: ServerMetrics, arrival_s: float) -> None:
+        self._m = metrics
+        self.arrival_s = arrival_s  # perf_counter seconds
+        self._submitted_s: float | None = None
+        self._last_token_s: float | None = None
+        self._num_generated = 0
+        self._num_prompt = 0
+        self._done = False
+
+    def submitted(self) -> None:
+        """The request was handed to the engine (after templating and tokenizing)."""
+        self._submitted_s = time.perf_counter()
+
+    def on_output(self, out: RequestOutput) -> None:
+        now = time.perf_counter()
+        self._num_prompt = out.num_prompt_tokens
+        new_tokens = out.num_generated_tokens - self._num_generated
+        if new_tokens <= 0:
+            return
+        if self._last_token_s is None:
+            self._m.time_to_first_token.observe(now - self.arrival_s)
+            if self._submitted_s is not None:
+                self._m.request_queue_time.observe(now - self._submitted_s)
+            new_tokens -= 1  # the first token has no inter-token gap
+        if new_tokens > 0 and self._last_token_s is not None:
+            # NOTE(server): one output may carry several tokens (held-back text); spread the gap evenly.
+            gap = (now - self._last_token_s) / new_tokens
+            for _ in range(new_tokens):
+                self._m.inter_token_latency.observe(gap)
+        self._last_token_s = now
+        self._num_generated = out.num_generated_tokens
+
+    def finish(self, status: str) -> None:
+        """Record the outcome once ('stop', 'length', 'abort', 'error' or 'rejected')."""
+        if self._done:
+            return
+        self._done = True
+        self._m.requests.labels(status=status).inc()
+        if status == REJECTED:
+            return
+        self._m.e2e_request_latency.observe(time.perf_counter() - self.arrival_s)
+        self._m.prompt_tokens.inc(self._num_prompt)
+        self._m.generation_tokens.inc(self._num_generated)

@@ -1,0 +1,66 @@
+"""Helpers shared by the generation routes: engine lookup, model check, prompt preparation.
+
+No onnxruntime import; tokenizing and templating run in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+from starlette.requests import Request
+
+from engine.types import InvalidRequestError, SamplingParams
+from server.app import ServerState, get_state
+from server.engine_client import EngineClient
+from server.errors import ModelNotFoundError
+from server.metrics import RequestTracker
+
+# Completions give 16 tokens by default (OpenAI's documented default); chat runs to the context end.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+def engine_for(request: Request, model: str | None) -> tuple[ServerState, EngineClient]:
+    """The ready engine (503 while loading) after checking the requested model name (404)."""
+    state = get_state(request)
+    engine = state.require_engine()
+    if not state.accepts_model(model):
+        raise ModelNotFoundError(model or "", state.served_model_name)
+    return state, engine
+
+
+def start_tracking(request: Request, state: ServerState) -> RequestTracker:
+    """A latency tracker for this request, also reachable by the error handlers (request.state)."""
+    tracker = state.metrics.tracker()
+    request.state.ortserve_tracker = tracker
+    return tracker
+
+
+def _render_and_encode(engine: EngineClient, messages: list[dict[str, str]]) -> list[int]:
+    text = engine.chat_template.render(messages, tools=None, add_generation_prompt=True)
+    return list(engine.tokenizer.encode(text))
+
+
+async def chat_prompt_ids(engine: EngineClient, messages: list[dict[str, str]]) -> list[int]:
+    """Render the chat template and tokenize, in a worker thread (long prompts take milliseconds)."""
+    return await anyio.to_thread.run_sync(_render_and_encode, engine, messages)
+
+
+async def completion_prompt_ids(engine: EngineClient, prompt: str | list[int]) -> list[int]:
+    """Tokenize a text prompt in a worker thread; token-id prompts are checked and passed through."""
+    if isinstance(prompt, str):
+        return await anyio.to_thread.run_sync(lambda: list(engine.tokenizer.encode(prompt)))
+    for index, token_id in enumerate(prompt):
+        if token_id < 0:
+            raise InvalidRequestError(f"prompt token ids must be >= 0, got {token_id} at {index}", param="prompt")
+    return list(prompt)
+
+
+def checked_params(engine: EngineClient, prompt_ids: Sequence[int], params: SamplingParams) -> SamplingParams:
+    """Raise PromptTooLongError (400, naming both numbers) instead of ever truncating the prompt."""
+    engine.check_prompt(prompt_ids, params)
+    return params
+
+
+def remaining_context(engine: EngineClient, num_prompt_tokens: int) -> int:
+    return max(1, engine.max_model_len - num_prompt_tokens)

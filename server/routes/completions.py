@@ -1,0 +1,49 @@
+"""POST /v1/completions: one prompt (text or token ids), streamed or collected."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from server import protocol
+from server.protocol import CompletionRequest
+from server.routes.common import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    checked_params,
+    completion_prompt_ids,
+    engine_for,
+    start_tracking,
+)
+from server.streaming import EngineRun, StreamContext, collect, stream_completion
+
+router = APIRouter(tags=["generation"])
+
+
+@router.post("/v1/completions", response_model=None, summary="Create a completion")
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    state, engine = engine_for(request, body.model)
+    settings = state.settings
+    tracker = start_tracking(request, state)
+    prompt_ids = await completion_prompt_ids(engine, body.prompt_text_or_ids())
+    default_max_tokens = settings.default_max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+    params = checked_params(engine, prompt_ids,
+                            body.to_sampling_params(default_max_tokens, engine.max_model_len))
+
+    request_id = protocol.new_id("cmpl")
+    run = EngineRun(engine, request_id, prompt_ids, params, tracker)
+    await run.start(request)
+    ctx = StreamContext(
+        request_id=request_id,
+        created=protocol.now_s(),
+        model=state.served_model_name,
+        include_usage=body.include_usage,
+        token_text=lambda token_id: engine.tokenizer.decode([token_id]),
+        want_logprobs=params.logprobs,
+    )
+    if body.stream:
+        return stream_completion(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s)
+    result = await collect(run, ctx, request)
+    logprobs = protocol.completion_logprobs(result.logprobs, ctx.token_text, 0) if params.logprobs else None
+    return JSONResponse(protocol.completion_chunk(request_id, ctx.created, ctx.model, result.text,
+                                                  finish_reason=result.finish_reason, logprobs=logprobs,
+                                                  usage_dict=ctx.usage()))

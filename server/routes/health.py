@@ -1,0 +1,42 @@
+"""GET /health (503 until the model is loaded) and GET /version."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from server import __version__
+from server.app import get_state
+
+router = APIRouter(tags=["service"])
+
+
+@router.get("/health", summary="Liveness and readiness")
+async def health(request: Request) -> JSONResponse:
+    """200 {"status": "ok"} once the model is ready; 503 with "loading", "failed" or "stopping" before/after."""
+    state = get_state(request)
+    if state.status == "ready":
+        return JSONResponse({"status": "ok", "model": state.served_model_name})
+    body = {"status": state.status}
+    if state.load_error:
+        body["error"] = state.load_error
+    return JSONResponse(body, status_code=503, headers={"Retry-After": "1"} if state.status == "loading" else None)
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@router.get("/version", summary="Server and runtime versions")
+async def version(request: Request) -> dict:
+    state = get_state(request)
+    return {
+        "version": __version__,
+        "onnxruntime": _dist_version("onnxruntime"),
+        "model": state.served_model_name,
+    }

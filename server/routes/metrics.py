@@ -1,0 +1,18 @@
+"""GET /metrics: Prometheus text format from this app's own registry."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from server.app import get_state
+
+router = APIRouter(tags=["service"])
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    state = get_state(request)
+    stats = state.engine.stats() if state.engine is not None else None
+    return Response(state.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)

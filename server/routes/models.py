@@ -1,0 +1,30 @@
+"""GET /v1/models and GET /v1/models/{model}: the one served model."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from server import protocol
+from server.app import get_state
+from server.errors import ModelNotFoundError
+
+router = APIRouter(tags=["models"])
+
+
+def _card(request: Request) -> dict:
+    state = get_state(request)
+    max_len = state.engine.max_model_len if state.engine is not None else None
+    return protocol.model_card(state.served_model_name, state.started_at, max_model_len=max_len)
+
+
+@router.get("/v1/models", summary="List models")
+async def list_models(request: Request) -> dict:
+    return {"object": "list", "data": [_card(request)]}
+
+
+@router.get("/v1/models/{model:path}", summary="Retrieve a model")
+async def retrieve_model(model: str, request: Request) -> dict:
+    state = get_state(request)
+    if not state.accepts_model(model):
+        raise ModelNotFoundError(model, state.served_model_name)
+    return _card(request)

@@ -1,0 +1,112 @@
+"""ASGI middleware for the API key (Bearer, constant-time compare) and the request body size limit.
+
+Both answer in the OpenAI error shape before any route runs. No onnxruntime import.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from fastapi import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.protocol import error_body
+
+
+async def _send_json(send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    payload = json.dumps(body).encode("utf-8")
+    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers + (headers or [])})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+class AuthMiddleware:
+    """Requires `Authorization: Bearer <api_key>` on every path but `open_paths` (when a key is set)."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, open_paths: frozenset[str]) -> None:
+        self.app = app
+        self._key = api_key.encode("utf-8") if api_key else None
+        self._open_paths = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (self._key is None or scope["type"] != "http" or scope["path"] in self._open_paths
+                or scope["method"] == "OPTIONS"):  # CORS preflight carries no credentials
+            await self.app(scope, receive, send)
+            return
+        header = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                header = value
+                break
+        scheme, _, token = header.partition(b" ")
+        # NOTE(server): hmac.compare_digest so the comparison time does not leak the key's prefix.
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key):
+            await self.app(scope, receive, send)
+            return
+        message = "Missing API key (send 'Authorization: Bearer KEY')." if not header else "Invalid API key."
+        await _send_json(send, 401, error_body(message, "authentication_error", None, "invalid_api_key"),
+                         [(b"www-authenticate", b"Bearer")])
+
+
+class _BodyTooLarge(HTTPException):
+    """Raised from `receive`; FastAPI re-raises HTTPExceptions from body reading, errors.py answers 413."""
+
+    def __init__(self, max_body_bytes: int) -> None:
+        super().__init__(413, f"The request body is larger than {max_body_bytes} bytes.")
+
+
+class BodyLimitMiddleware:
+    """Answers 413 when a body is larger than `max_body_bytes` (by Content-Length or while streaming in).
+
+    Also labels every POST body as JSON: the API takes no other body, and `curl -d` sends a form
+    content type; bad JSON then gets the same 400 whatever the client claimed.
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    def _too_large(self) -> dict:
+        return error_body(f"The request body is larger than {self.max_body_bytes} bytes.",
+                          "invalid_request_error", None, "request_too_large")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > self.max_body_bytes:
+                    await _send_json(send, 413, self._too_large())
+                    return
+        if scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise _BodyTooLarge(self.max_body_bytes)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await _send_json(send, 413, self._too_large())

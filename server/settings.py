@@ -1,0 +1,246 @@
+"""Server settings: one pydantic-settings model feeds the CLI flags, ORTSERVE_* env vars and a config file.
+
+Owns only configuration values and their bounds; must not import onnxruntime, engine or ep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+ENV_PREFIX = "ORTSERVE_"
+
+# Fields that only make sense on the command line of `serve` or that are handled outside the model.
+_CLI_SKIP: frozenset[str] = frozenset()
+
+
+class Settings(BaseSettings):
+    """Everything `ortserve serve` can be told. CLI > environment > config file > defaults."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    # --- model -------------------------------------------------------------------------------------
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="Model to serve: a known name (pulled and converted on first use), a .gguf file, "
+        "or an ONNX Runtime GenAI model folder.",
+    )
+    served_model_name: str | None = Field(
+        None, description="Name clients use in the `model` field (default: the model's own name)."
+    )
+    max_model_len: int | None = Field(
+        None, ge=16, le=1_048_576, description="Context length in tokens (default: the model's, capped by the engine)."
+    )
+
+    # --- network -----------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address to listen on (127.0.0.1 keeps the server local).")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on.")
+    api_key: SecretStr | None = Field(
+        None, description="If set, every request except /health (and /metrics) needs `Authorization: Bearer KEY`."
+    )
+    metrics_require_key: bool = Field(False, description="Also require the API key for /metrics.")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Origins allowed by CORS, comma-separated; empty turns CORS off."
+    )
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, le=1024**3, description="Largest accepted request body in bytes (413 above)."
+    )
+
+    # --- device ------------------------------------------------------------------------------------
+    provider: str = Field(
+        "auto",
+        description="Execution provider: auto, amdgpu, migraphx, webgpu, openvino, cuda or cpu "
+        "(case-insensitive; a trailing 'ExecutionProvider' is ignored).",
+    )
+    device: str | None = Field(
+        None, description="Device selector: an index, a PCI bus id or vendor:device (default: the first match)."
+    )
+    ep_library: str | None = Field(
+        None, description="Path of a plugin EP library to register, e.g. the AMDGPU EP (also AMDGPU_EP_PATH)."
+    )
+    ep_option: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Provider option KEY=VALUE, repeatable (env: comma-separated)."
+    )
+    int4_gemv: bool | None = Field(
+        None, description="INT4 GEMV kernels for decode (default: on for AMD GPUs; --no-int4-gemv turns them off)."
+    )
+    intra_op_threads: int | None = Field(
+        None, ge=1, le=1024, description="ONNX Runtime intra-op threads (default: ONNX Runtime's choice)."
+    )
+
+    # --- scheduling --------------------------------------------------------------------------------
+    max_batch: int = Field(8, ge=1, le=256, description="Most requests decoded together (KV slots).")
+    max_queue: int = Field(64, ge=0, le=100_000, description="Most requests waiting for a slot; more get 429.")
+    prefill_chunk: int | None = Field(
+        None, ge=16, le=1_048_576, description="Prompt tokens prefilled per step (default: the engine's)."
+    )
+    default_max_tokens: int | None = Field(
+        None, ge=1, description="max_tokens when a request gives none (default: the rest of the context)."
+    )
+
+    sse_ping_s: float = Field(
+        15.0, ge=0.0, le=3600.0, description="Seconds between SSE keep-alive comments on a stream (0 disables)."
+    )
+
+    # --- process -----------------------------------------------------------------------------------
+    shutdown_grace_s: float = Field(
+        10.0, ge=0.0, le=3600.0, description="On SIGTERM, seconds running requests get to finish before abort."
+    )
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="Log level.")
+
+    @field_validator("cors_origins", "ep_option", mode="before")
+    @classmethod
+    def _split_list(cls, value: Any) -> Any:
+        """Env vars give one string: accept a JSON list or comma-separated items."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [item.strip() for item in text.split(",") if item.strip()]
+        return value
+
+    @field_validator("ep_option")
+    @classmethod
+    def _check_ep_option(cls, value: list[str]) -> list[str]:
+        for item in value:
+            key, sep, _ = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"ep_option items must look like KEY=VALUE, got {item!r}")
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_log_level(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    def ep_options(self) -> dict[str, str]:
+        """`ep_option` as a dict (later items win)."""
+        return {k.strip(): v.strip() for k, _, v in (item.partition("=") for item in self.ep_option)}
+
+    def api_key_value(self) -> str | None:
+        return self.api_key.get_secret_value() if self.api_key is not None else None
+
+
+# --- config file ------------------------------------------------------------------------------------
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a settings file (.json or .toml; keys are the field names, e.g. `max_batch`).
+
+    Args:
+        path: the file; its suffix picks the format.
+
+    Returns:
+        The raw values, validated later by `Settings`.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".toml":
+        data = tomllib.loads(text)
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a table/object of settings, got {type(data).__name__}")
+    return data
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """Lowest-priority source (above defaults): the values of a config file."""
+
+    def __init__(self, settings_cls: type[BaseSettings], values: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._values = values
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def load_settings(overrides: dict[str, Any] | None = None, config_file: str | Path | None = None) -> Settings:
+    """Build `Settings` from CLI overrides, the environment and an optional config file.
+
+    Args:
+        overrides: values given on the command line (highest priority).
+        config_file: a .json/.toml file (lowest priority above the defaults).
+
+    Returns:
+        The validated settings; raises pydantic.ValidationError naming the bad field.
+    """
+    overrides = dict(overrides or {})
+    if config_file is None:
+        return Settings(**overrides)
+    file_values = read_config_file(config_file)
+
+    class _WithFile(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return init_settings, env_settings, _FileSource(settings_cls, file_values)
+
+    merged = _WithFile(**overrides)
+    # NOTE(server): re-validate as the plain class so callers see `Settings`, not the local subclass.
+    return Settings.model_validate(merged.model_dump())
+
+
+# --- argparse flags generated from the fields (as llama-cpp-python's cli.py does) --------------------
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """(inner type, optional?) of `X | None` / `Optional[X]` / `Annotated[X, ...]`."""
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return _unwrap(args[0])[0], True
+    return annotation, False
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[BaseSettings] = Settings) -> None:
+    """Add one flag per settings field; unset flags stay absent so env and config file still apply.
+
+    Booleans get `--x/--no-x`; list fields are repeatable; everything else is parsed by pydantic.
+    """
+    for name, field in settings_cls.model_fields.items():
+        if name in _CLI_SKIP:
+            continue
+        inner, _ = _unwrap(field.annotation)
+        help_text = field.description or ""
+        env_name = f"{ENV_PREFIX}{name.upper()}"
+        default = field.default if field.default_factory is None else field.default_factory()
+        if isinstance(default, SecretStr):
+            default = "***"
+        help_text = f"{help_text} [env {env_name}; default {default!r}]"
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        if inner is bool:
+            parser.add_argument(flag_name(name), action=argparse.BooleanOptionalAction, **kwargs)
+        elif typing.get_origin(inner) is list:
+            parser.add_argument(flag_name(name), action="append", metavar="VALUE", **kwargs)
+        elif typing.get_origin(inner) is Literal:
+            parser.add_argument(flag_name(name), choices=list(typing.get_args(inner)), **kwargs)
+        else:
+            metavar = {int: "N", float: "SECONDS" if name.endswith("_s") else "X"}.get(inner, "VALUE")
+            parser.add_argument(flag_name(name), metavar=metavar, **kwargs)

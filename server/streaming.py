@@ -1,0 +1,307 @@
+"""Engine outputs -> SSE chunks or one collected response; a client that goes away aborts its request.
+
+Owns the lifetime of one engine request on the HTTP side (start, peek, stream/collect, abort).
+Builds wire objects only through server.protocol. No onnxruntime import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+
+from engine.types import EngineError, FinishReason, RequestOutput, TokenLogprob
+from server import protocol
+from server.engine_client import EngineClient
+from server.errors import ServerError, error_for
+from server.metrics import REJECTED, RequestTracker
+
+logger = logging.getLogger(__name__)
+
+
+class ClientDisconnectedError(ServerError):
+    """The client went away before the response started (nobody reads this answer)."""
+
+    status_code = 499
+    error_type = "client_closed_request"
+
+
+class EngineRequestError(EngineError):
+    """The engine ended a request with finish_reason=ERROR (-> 500, or an error event in a stream)."""
+
+
+async def _until_disconnected(request: Request) -> None:
+    # NOTE(server): the body was already read; the next ASGI message is http.disconnect, which
+    # uvicorn sends when the client leaves (or after the response has completed).
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _race_disconnect(request: Request, awaitable: Any) -> Any:
+    """Await `awaitable`, but cancel it and raise ClientDisconnectedError if the client leaves first."""
+    task = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled() or not task.done():
+        raise ClientDisconnectedError("client disconnected")
+    return task.result()
+
+
+def outcome_of(exc: BaseException) -> str:
+    """The ortserve_requests_total status an exception stands for: abort, rejected or error."""
+    if not isinstance(exc, Exception):  # CancelledError, GeneratorExit: the client or the server left
+        return str(FinishReason.ABORT)
+    status = error_for(exc)[0]
+    if status == ClientDisconnectedError.status_code:
+        return str(FinishReason.ABORT)
+    return REJECTED if status < 500 else str(FinishReason.ERROR)
+
+
+def _final_status(out: RequestOutput) -> str:
+    return str(out.finish_reason or FinishReason.STOP)
+
+
+class EngineRun:
+    """One request inside the engine, seen from the HTTP side.
+
+    Usage: `run = EngineRun(...); await run.start(request)` (raises engine errors while the HTTP
+    status can still change), then `async for out in run.outputs()` and finally `await run.close()`.
+    """
+
+    def __init__(self, engine: EngineClient, request_id: str, prompt_ids: list[int], params: Any,
+                 tracker: RequestTracker) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self.tracker = tracker
+        self.finished = False
+        self._closed = False
+        self._agen = engine.generate(prompt_ids, params, request_id)
+        self._first: RequestOutput | None = None
+        tracker.submitted()
+
+    async def start(self, request: Request) -> None:
+        """Wait for the first output so that 400/429/503 can still be HTTP statuses."""
+        try:
+            self._first = await _race_disconnect(request, self._agen.__anext__())
+        except StopAsyncIteration:
+            exc = EngineRequestError("the engine ended the request without output")
+            await self.fail(exc)
+            raise exc from None
+        except BaseException as exc:
+            await self.fail(exc)
+            raise
+        self._observe(self._first)
+
+    async def fail(self, exc: BaseException) -> None:
+        """Record the outcome `exc` stands for, then abort and close."""
+        self.tracker.finish(outcome_of(exc))
+        await self.close()
+
+    def _observe(self, out: RequestOutput) -> None:
+        self.tracker.on_output(out)
+        if out.finished:
+            self.finished = True
+            self.tracker.finish(_final_status(out))
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        """The peeked first output, then the rest, up to and including the finished one."""
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+            if first.finished:
+                return
+        async for out in self._agen:
+            self._observe(out)
+            yield out
+            if out.finished:
+                return
+        if not self.finished:
+            raise EngineRequestError("the engine ended the request without a final output")
+
+    async def close(self) -> None:
+        """Abort the request in the engine unless it finished; idempotent and safe under cancellation."""
+        if self._closed:
+            return
+        self._closed = True
+        # NOTE(server): shielded, because this runs while the stream's task group is being cancelled
+        # (client disconnect or shutdown); without the shield the abort would never be sent.
+        with anyio.CancelScope(shield=True):
+            if not self.finished:
+                self.tracker.finish(str(FinishReason.ABORT))
+                try:
+                    await self.engine.abort(self.request_id)
+                except Exception:  # the engine may already be gone; nothing is left to free then
+                    logger.debug("abort of %s failed", self.request_id, exc_info=True)
+            try:
+                await self._agen.aclose()
+            except Exception:
+                logger.debug("closing the generator of %s failed", self.request_id, exc_info=True)
+
+
+@dataclass
+class StreamContext:
+    """What every chunk of one response repeats, and how token ids become text for logprobs."""
+
+    request_id: str
+    created: int
+    model: str
+    include_usage: bool
+    token_text: Callable[[int], str]
+    want_logprobs: bool = False
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0
+    text_offset: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def account(self, out: RequestOutput) -> None:
+        self.num_prompt_tokens = out.num_prompt_tokens
+        self.num_generated_tokens = max(self.num_generated_tokens, out.num_generated_tokens)
+
+    def usage(self) -> dict[str, int]:
+        return protocol.usage(self.num_prompt_tokens, self.num_generated_tokens)
+
+
+def _dump(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _check_error(out: RequestOutput) -> None:
+    if out.finished and out.finish_reason == FinishReason.ERROR:
+        raise EngineRequestError(out.error or "the engine failed while running this request")
+
+
+async def _with_error_event(events: AsyncIterator[str], run: EngineRun) -> AsyncIterator[str]:
+    """End the stream with an OpenAI error event on failure (then [DONE]); always close the run."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as exc:
+        run.tracker.finish(outcome_of(exc))
+        status, body, _ = error_for(exc)
+        if status >= 500:
+            logger.error("stream %s failed: %s", run.request_id, exc)
+        yield _dump(body)
+        yield "[DONE]"
+    finally:
+        await run.close()
+
+
+def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[str]:
+    async def events() -> AsyncIterator[str]:
+        yield _dump(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model,
+                                        {"role": "assistant", "content": ""}, with_usage_field=ctx.include_usage))
+        async for out in run.outputs():
+            ctx.account(out)
+            _check_error(out)
+            logprobs = (protocol.chat_logprobs(out.logprobs, ctx.token_text)
+                        if ctx.want_logprobs and out.logprobs else None)
+            if out.text or logprobs:
+                yield _dump(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {"content": out.text},
+                                                logprobs=logprobs, with_usage_field=ctx.include_usage))
+            if out.finished:
+                # NOTE(server): exactly one chunk carries finish_reason, with an empty delta (as OpenAI).
+                yield _dump(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {},
+                                                finish_reason=protocol.finish_reason_str(out.finish_reason),
+                                                with_usage_field=ctx.include_usage))
+        if ctx.include_usage:
+            yield _dump(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, ctx.usage()))
+        yield "[DONE]"
+
+    return _with_error_event(events(), run)
+
+
+def _completion_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[str]:
+    async def events() -> AsyncIterator[str]:
+        async for out in run.outputs():
+            ctx.account(out)
+            _check_error(out)
+            logprobs = None
+            if ctx.want_logprobs and out.logprobs:
+                logprobs = protocol.completion_logprobs(out.logprobs, ctx.token_text, ctx.text_offset)
+            ctx.text_offset += len(out.text)
+            if out.text or logprobs:
+                yield _dump(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, out.text,
+                                                      logprobs=logprobs, with_usage_field=ctx.include_usage))
+            if out.finished:
+                yield _dump(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, "",
+                                                      finish_reason=protocol.finish_reason_str(out.finish_reason),
+                                                      with_usage_field=ctx.include_usage))
+        if ctx.include_usage:
+            yield _dump(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, "",
+                                                  usage_dict=ctx.usage(), with_choice=False))
+        yield "[DONE]"
+
+    return _with_error_event(events(), run)
+
+
+def event_source(events: AsyncIterator[str], ping_s: float, shutdown_grace_s: float) -> EventSourceResponse:
+    """SSE response: `data: ...` events separated by blank lines, keep-alive pings as comments.
+
+    On server shutdown sse-starlette waits `shutdown_grace_s` for the stream to end by itself, then
+    cancels it, which aborts the engine request through EngineRun.close().
+    """
+    return EventSourceResponse(
+        events,
+        sep="\n",
+        ping=ping_s,
+        shutdown_event=anyio.Event(),
+        shutdown_grace_period=shutdown_grace_s,
+        headers={"Cache-Control": "no-cache"},
+    )
+
+
+def stream_chat(run: EngineRun, ctx: StreamContext, ping_s: float, shutdown_grace_s: float) -> EventSourceResponse:
+    return event_source(_chat_events(run, ctx), ping_s, shutdown_grace_s)
+
+
+def stream_completion(run: EngineRun, ctx: StreamContext, ping_s: float,
+                      shutdown_grace_s: float) -> EventSourceResponse:
+    return event_source(_completion_events(run, ctx), ping_s, shutdown_grace_s)
+
+
+@dataclass
+class Collected:
+    text: str
+    finish_reason: str | None
+    logprobs: list[TokenLogprob]
+
+
+async def collect(run: EngineRun, ctx: StreamContext, request: Request) -> Collected:
+    """Run a non-streaming request to the end; a client that leaves aborts it."""
+
+    async def gather() -> Collected:
+        parts: list[str] = []
+        entries: list[TokenLogprob] = []
+        reason: str | None = None
+        async for out in run.outputs():
+            ctx.account(out)
+            _check_error(out)
+            parts.append(out.text)
+            if out.logprobs:
+                entries.extend(out.logprobs)
+            if out.finished:
+                reason = protocol.finish_reason_str(out.finish_reason)
+        return Collected("".join(parts), reason, entries)
+
+    try:
+        return await _race_disconnect(request, gather())
+    except BaseException as exc:
+        run.tracker.finish(outcome_of(exc))
+        raise
+    finally:
+        await run.close()
+

@@ -1,0 +1,48 @@
+"""Fixtures shared by every test folder: the tiny synthetic model and the pulled default model.
+
+`tiny_model` is built from random weights by engine.builder (no download); `default_model` is the real
+SmolLM2-135M-Instruct pulled and converted once into `.cache/` in the repo root (git-ignored), so CI and
+later runs reuse it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# NOTE(lead): one cache for the whole suite; tests must not write the user's ~/.cache.
+os.environ.setdefault("ORTSERVE_CACHE_DIR", str(ROOT / ".cache"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Accelerator tests run only where asked for (the device machine sets ORTSERVE_DEVICE_TESTS=1)."""
+    if os.environ.get("ORTSERVE_DEVICE_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="accelerator test: set ORTSERVE_DEVICE_TESTS=1 on a machine with a GPU")
+    for item in items:
+        if "device" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete model folder (INT4 weights, real byte-level BPE tokenizer, ChatML template)."""
+    from engine.builder import SyntheticSpec, build_synthetic
+
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    return build_synthetic(out, SyntheticSpec())
+
+
+@pytest.fixture(scope="session")
+def default_model() -> Path:
+    """The real default model (SmolLM2-135M-Instruct, exact INT4), pulled and converted once."""
+    from engine.builder import pull_model
+
+    return pull_model(progress=False)

@@ -1,0 +1,79 @@
+"""The bench against ortserve itself (`ortserve serve` on the tiny synthetic model) and engine-direct mode
+on the same folder: same prompts, same token counts, both paths complete."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.cli import main
+from bench.report import load_report
+
+pytestmark = pytest.mark.timeout(300)
+ROOT = Path(__file__).resolve().parents[3]
+OUTPUT_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def ortserve(tiny_model: Path):
+    """`python -m server serve` on the tiny model, in its own process; yields (base url, pid)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--model", str(tiny_model), "--host",
+                             "127.0.0.1", "--port", str(port), "--provider", "cpu", "--intra-op-threads", "1",
+                             "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/models", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"ortserve exited ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("ortserve did not become ready in 120 s")
+            time.sleep(0.2)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _args(tmp_path: Path, name: str) -> list[str]:
+    return ["--num-requests", "4", "--prompt-tokens", "8", "--output-tokens", str(OUTPUT_TOKENS), "--warmup", "1",
+            "--no-progress", "--out", str(tmp_path / f"{name}.json"), "--label", name]
+
+
+def test_http_and_engine_direct_serve_the_same_requests(ortserve, tiny_model, tmp_path):
+    url, pid = ortserve
+    assert main(["--url", url, "--concurrency", "1,2", "--server-pid", str(pid), *_args(tmp_path, "http")]) == 0
+    assert main(["--engine", str(tiny_model), "--concurrency", "1,2", *_args(tmp_path, "engine")]) == 0
+    http, engine = load_report(tmp_path / "http.json"), load_report(tmp_path / "engine.json")
+    assert engine["settings"]["mode"] == "engine-direct" and http["settings"]["mode"] == "http"
+    for run_http, run_engine in zip(http["runs"], engine["runs"], strict=True):
+        assert run_http["key"] == run_engine["key"]
+        for rh, re_ in zip(run_http["records"], run_engine["records"], strict=True):
+            # ignore_eos is honoured: every request runs to max_tokens, on both paths.
+            assert rh["error_kind"] is None and re_["error_kind"] is None
+            assert rh["usage_completion_tokens"] == re_["usage_completion_tokens"] == OUTPUT_TOKENS
+            assert rh["finish_reason"] == re_["finish_reason"] == "length"
+            # The server's chat template + tokenizer and the engine-direct path see the same prompt.
+            assert rh["usage_prompt_tokens"] == re_["usage_prompt_tokens"] > 8
+            assert rh["ttft_ms"] > 0 and re_["ttft_ms"] > 0
+        rss = run_http["rss"]
+        assert rss["pid"] == pid and rss["rss_end_bytes"] > 10e6

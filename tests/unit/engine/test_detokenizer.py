@@ -1,0 +1,93 @@
+"""IncrementalDetokenizer: whole characters only, stop strings cut and never streamed, on a real BPE."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.detokenizer import IncrementalDetokenizer
+
+
+def stream(tok, text, *, stop=(), include=False, prompt="Hi", finish_on_stop=True):
+    """Feed ``text``'s tokens one at a time; return (deltas, matched stop, token steps)."""
+    prompt_ids = tok.encode(prompt).ids
+    ids = tok.encode(text).ids
+    detok = IncrementalDetokenizer(tok, prompt_ids, stop=stop, include_stop_str_in_output=include)
+    deltas, matched = [], None
+    for i, token_id in enumerate(ids):
+        matched = detok.update([token_id])
+        last = i == len(ids) - 1
+        deltas.append(detok.next_delta(finished=last or matched is not None))
+        if matched is not None and finish_on_stop:
+            break
+    return deltas, matched, ids
+
+
+def test_multibyte_characters_are_never_split(bpe_tokenizer):
+    text = "Llama 🦙 says 你好 and 🇯🇵!"  # none of these characters is in the training corpus
+    deltas, _, ids = stream(bpe_tokenizer, text)
+    assert "".join(deltas) == text
+    assert len(ids) > len(text.split())  # the rare characters really are byte tokens
+    assert "" in deltas  # some steps ended inside a character and sent nothing
+    for delta in deltas:
+        assert "\ufffd" not in delta
+        delta.encode("utf-8")  # would raise on a lone surrogate
+
+
+def test_cjk_and_emoji_from_corpus_round_trip(bpe_tokenizer):
+    text = "日本語のテキスト 😀 👍🏽 café"
+    deltas, _, _ = stream(bpe_tokenizer, text)
+    assert "".join(deltas) == text
+
+
+def test_stop_string_spanning_tokens_is_cut_and_never_streamed(bpe_tokenizer):
+    text = "The quick brown fox jumps over the lazy dog."
+    stop = "fox jum"  # spans several tokens
+    deltas, matched, _ = stream(bpe_tokenizer, text, stop=(stop,))
+    assert matched == stop
+    assert "".join(deltas) == "The quick brown "
+    seen = ""
+    for delta in deltas:
+        seen += delta
+        assert stop not in seen and not seen.endswith("fox")
+
+
+def test_partial_stop_at_the_end_is_released_when_finished(bpe_tokenizer):
+    text = "hello there END"
+    deltas, matched, _ = stream(bpe_tokenizer, text, stop=("ENDING",))
+    assert matched is None
+    assert "".join(deltas) == text
+    assert not deltas[-2].endswith("EN")  # held back until the finish decided it
+
+
+def test_include_stop_str_in_output(bpe_tokenizer):
+    deltas, matched, _ = stream(bpe_tokenizer, "return 42\n\nmore", stop=("42",), include=True)
+    assert matched == "42"
+    assert "".join(deltas) == "return 42"
+
+
+def test_earliest_of_several_stop_strings_wins(bpe_tokenizer):
+    deltas, matched, _ = stream(bpe_tokenizer, "alpha beta gamma delta", stop=("delta", "beta"))
+    assert matched == "beta"
+    assert "".join(deltas) == "alpha "
+
+
+def test_stop_terminated_token_is_not_decoded(bpe_tokenizer):
+    im_end = bpe_tokenizer.token_to_id("<|im_end|>")
+    ids = bpe_tokenizer.encode("Hello world").ids
+    detok = IncrementalDetokenizer(bpe_tokenizer, [], skip_special_tokens=False)
+    detok.update(ids)
+    detok.update([im_end], stop_terminated=True)
+    assert detok.next_delta(finished=True) == "Hello world"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab c日😀\n")), min_size=1, max_size=40), st.data())
+def test_stream_equals_batch_decode_cut_at_the_first_stop(bpe_tokenizer, text, data):
+    start = data.draw(st.integers(0, len(text) - 1))
+    stop = text[start:start + data.draw(st.integers(1, 3))]
+    deltas, matched, ids = stream(bpe_tokenizer, text, stop=(stop,))
+    full = bpe_tokenizer.decode(ids)
+    cut = full.find(stop)
+    assert matched == stop and cut >= 0
+    assert "".join(deltas) == full[:cut]

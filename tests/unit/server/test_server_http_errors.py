@@ -1,0 +1,179 @@
+"""HTTP edge without a model: OpenAI-shaped errors for bad input, auth, body size, routes, loading state.
+
+The app runs in-process (Starlette's TestClient); no engine is loaded, so every answer here comes from
+validation, middleware or the loading state, never from generation.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server.app import create_app
+from server.settings import Settings
+
+CHAT = "/v1/chat/completions"
+GOOD = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def _client(loader=None, **settings) -> TestClient:
+    return TestClient(create_app(Settings(**settings), loader=loader))
+
+
+@pytest.fixture
+def client():
+    with _client() as c:
+        yield c
+
+
+def _assert_error(response, status: int, param: str | None = "<any>") -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"] and isinstance(err["type"], str)
+    assert "Traceback" not in err["message"]
+    if param != "<any>":
+        assert err["param"] == param
+    return err
+
+
+@pytest.mark.parametrize("content,headers", [
+    (b"{not json", {"content-type": "application/json"}),
+    (b'{"messages": [', {"content-type": "application/json"}),
+    (b"{bad", {}),  # no content type
+    (b"{bad", {"content-type": "application/x-www-form-urlencoded"}),  # what `curl -d` sends
+])
+def test_bad_json_is_400_not_422_or_500(client: TestClient, content: bytes, headers: dict) -> None:
+    err = _assert_error(client.post(CHAT, content=content, headers=headers), 400)
+    assert err["code"] == "invalid_json"
+
+
+def test_json_with_form_content_type_is_parsed(client: TestClient) -> None:
+    # Valid JSON under a form content type reaches the engine check (503 loading), not a 400.
+    import json
+
+    r = client.post(CHAT, content=json.dumps(GOOD), headers={"content-type": "application/x-www-form-urlencoded"})
+    _assert_error(r, 503)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": "hi"}, "messages"),
+    ({"messages": [{"role": "user"}]}, "messages[0]"),
+    ({"messages": [{"content": "x"}]}, "messages[0].role"),
+    ({**GOOD, "temperature": "hot"}, "temperature"),
+    ({**GOOD, "max_tokens": 1.5}, "max_tokens"),
+    ({**GOOD, "stream": "yes"}, "stream"),
+    ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({**GOOD, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**GOOD, "n": 3}, "n"),
+    ({**GOOD, "best_of": 2}, "best_of"),
+    ({**GOOD, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content"),
+])
+def test_invalid_requests_are_400_naming_the_param(client: TestClient, body: dict, param: str) -> None:
+    _assert_error(client.post(CHAT, json=body), 400, param)
+
+
+def test_body_that_is_not_an_object(client: TestClient) -> None:
+    _assert_error(client.post(CHAT, json=[1, 2]), 400)
+    err = _assert_error(client.post(CHAT, content=b""), 400)
+    assert err["code"] == "missing_body"
+
+
+def test_completions_validation(client: TestClient) -> None:
+    _assert_error(client.post("/v1/completions", json={}), 400, "prompt")
+    _assert_error(client.post("/v1/completions", json={"prompt": "x", "echo": True}), 400, "echo")
+    _assert_error(client.post("/v1/completions", json={"prompt": ["a", "b"]}), 400, "prompt")
+
+
+def test_unknown_route_and_method_in_openai_shape(client: TestClient) -> None:
+    err = _assert_error(client.post("/v1/nothing", json={}), 404)
+    assert "/v1/nothing" in err["message"]
+    _assert_error(client.get(CHAT), 405)
+
+
+def test_body_size_limit_is_413() -> None:
+    with _client(max_body_bytes=2048) as c:
+        big = {"messages": [{"role": "user", "content": "x" * 4096}]}
+        err = _assert_error(c.post(CHAT, json=big), 413)
+        assert err["code"] == "request_too_large"
+
+        def chunked():  # no Content-Length: the limit is enforced while reading
+            for _ in range(8):
+                yield b" " * 1024
+
+        _assert_error(c.post(CHAT, content=chunked()), 413)
+
+
+def test_loading_state_is_503_everywhere_but_metrics(client: TestClient) -> None:
+    r = client.get("/health")
+    assert r.status_code == 503 and r.json()["status"] == "loading"
+    err = _assert_error(client.post(CHAT, json=GOOD), 503)
+    assert err["code"] == "model_loading"
+    assert client.get("/metrics").status_code == 200
+    assert client.get("/v1/models").json()["data"][0]["id"] == "smollm2-135m-instruct"
+
+
+def test_failed_load_reports_on_health() -> None:
+    def failing_loader(settings: Settings):
+        raise FileNotFoundError("no model at /nowhere")
+
+    with _client(loader=failing_loader) as c:
+        deadline = time.monotonic() + 5
+        while c.get("/health").json()["status"] == "loading" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        r = c.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "failed"
+        assert "no model at /nowhere" in r.json()["error"]
+        err = _assert_error(c.post(CHAT, json=GOOD), 503)
+        assert err["code"] == "model_load_failed"
+
+
+def test_api_key_required_everywhere_except_health_and_metrics() -> None:
+    with _client(api_key="s3cret") as c:
+        for method, path in [("post", CHAT), ("post", "/v1/completions"), ("get", "/v1/models"),
+                             ("get", "/version"), ("post", "/v1/unknown")]:
+            err = _assert_error(getattr(c, method)(path), 401)
+            assert err["code"] == "invalid_api_key"
+            _assert_error(getattr(c, method)(path, headers={"Authorization": "Bearer wrong"}), 401)
+            _assert_error(getattr(c, method)(path, headers={"Authorization": "Basic s3cret"}), 401)
+        ok = {"Authorization": "Bearer s3cret"}
+        assert c.get("/v1/models", headers=ok).status_code == 200
+        assert c.get("/version", headers=ok).status_code == 200
+        assert c.get("/health").status_code == 503  # open, and honest: still loading
+        assert c.get("/metrics").status_code == 200
+    with _client(api_key="s3cret", metrics_require_key=True) as c:
+        _assert_error(c.get("/metrics"), 401)
+        assert c.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_cors_off_by_default_and_configurable() -> None:
+    preflight = {"Origin": "http://ui.test", "Access-Control-Request-Method": "POST"}
+    with _client() as c:
+        r = c.options(CHAT, headers=preflight)
+        assert "access-control-allow-origin" not in r.headers
+    with _client(cors_origins=["http://ui.test"], api_key="k") as c:
+        r = c.options(CHAT, headers=preflight)
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "http://ui.test"
+        r = c.get("/v1/models", headers={"Origin": "http://evil.test", "Authorization": "Bearer k"})
+        assert "access-control-allow-origin" not in r.headers
+
+
+def test_rejections_are_counted(client: TestClient) -> None:
+    client.post(CHAT, json={})
+    client.post(CHAT, content=b"{bad")
+    text = client.get("/metrics").text
+    assert 'ortserve_requests_total{status="rejected"} 2.0' in text
+
+
+def test_openapi_docs_served(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    assert "/v1/chat/completions" in spec["paths"] and "/v1/completions" in spec["paths"]
+    assert client.get("/docs").status_code == 200
