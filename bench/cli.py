@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import sys
-from pathlib import Path
 
 from bench.loadgen import HttpBackend, HttpSettings, RemoteUrlError, RssSampler, check_loopback, run_load
 from bench.metrics import Slo

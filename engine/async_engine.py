@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
+import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,15 +18,15 @@ from engine.chat_template import ChatTemplate
 from engine.config import EngineConfig
 from engine.core import CoreOutput, EngineCore
 from engine.detokenizer import IncrementalDetokenizer
-from engine.kv_cache import DeviceKVAllocator, HostKVAllocator, KVCache, KVShape
+from engine.kv_cache import KVCache, KVShape, make_kv_allocator
 from engine.model_loader import ModelFolder, check_graph, create_session, read_model_folder, resolve_max_model_len
 from engine.output_processor import OutputProcessor, RequestState, merge_outputs
-from engine.runner import Runner
+from engine.runner import Runner, make_input_allocator
 from engine.scheduler import Request, Scheduler
 from engine.tokenizer import Tokenizer
 from engine.types import (
-    EngineDeadError, EngineOverloadedError, EngineStats, InvalidRequestError, PromptTooLongError, RequestOutput,
-    SamplingParams,
+    EngineDeadError, EngineOverloadedError, EngineStats, FinishReason, InvalidRequestError, PromptTooLongError,
+    RequestOutput, SamplingParams,
 )
 
 log = logging.getLogger(__name__)
@@ -50,15 +52,17 @@ class AsyncEngine:
         self.max_model_len = resolve_max_model_len(folder, config, io.kv_length)
         self.vocab_size = io.vocab_size
         kv_length = io.kv_length or self.max_model_len
-        allocator = HostKVAllocator() if selected is None else DeviceKVAllocator(selected)
         kv = KVCache(KVShape(folder.num_layers, config.max_batch, folder.num_kv_heads, kv_length,
-                             folder.head_size, io.kv_dtype), allocator)
+                             folder.head_size, io.kv_dtype), make_kv_allocator(selected, session))
         runner = Runner(session, io, kv, prefill_chunk=config.prefill_chunk, max_position=self.max_model_len,
-                        whole_buffer=bool(config.whole_buffer))
+                        whole_buffer=bool(config.whole_buffer), input_allocator=make_input_allocator(selected))
         scheduler = Scheduler(config.max_batch, config.max_queue + config.max_batch, config.prefill_chunk)
         self.kv_cache_bytes = kv.shape.nbytes
         self._processor = OutputProcessor()
-        self._loops: dict[str, asyncio.AbstractEventLoop] = {}
+        self._seq = 0
+        self._handoff: queue.SimpleQueue[list[CoreOutput] | None] = queue.SimpleQueue()
+        self._handoff_thread = threading.Thread(target=self._deliver, name="ortserve-engine-outputs", daemon=True)
+        self._handoff_thread.start()
         self._core = EngineCore(runner, scheduler, self._on_core_outputs, seed=config.seed)
         self._core.start()
         self._closed = False
@@ -130,11 +134,12 @@ class AsyncEngine:
             raise EngineOverloadedError()
         detok = IncrementalDetokenizer(self.tokenizer.hf, prompt_ids, stop=params.stop,
                                        include_stop_str_in_output=params.include_stop_str_in_output)
-        state = RequestState(request_id, len(prompt_ids), params, detok)
+        self._seq += 1
+        state = RequestState(request_id, len(prompt_ids), params, detok, loop=asyncio.get_running_loop(),
+                             seq=self._seq)
         self._processor.add(state)
-        self._loops[request_id] = asyncio.get_running_loop()
         self._core.add(Request(request_id, prompt_ids, params, eos_token_ids=self.eos_token_ids,
-                               max_model_len=self.max_model_len))
+                               max_model_len=self.max_model_len, seq=self._seq))
         finished = False
         try:
             while not finished:
@@ -152,19 +157,24 @@ class AsyncEngine:
                 self._abort_now([request_id])
             raise
         finally:
-            self._loops.pop(request_id, None)
-            if not finished:
+            if not finished and self._processor.states.get(request_id) is state:
                 self._processor.remove(request_id)
 
     async def abort(self, request_id: str) -> None:
-        """Stop a request; its slot is free at the next step. Unknown ids are ignored."""
-        self._abort_now([request_id])
+        """Stop a request; its slot is free at the next step. Unknown ids are ignored.
 
-    def _abort_now(self, request_ids: list[str]) -> None:
+        A consumer still iterating ``generate`` gets a final output with finish_reason ABORT.
+        """
+        self._abort_now([request_id], notify=True)
+
+    def _abort_now(self, request_ids: list[str], notify: bool = False) -> None:
         for request_id in request_ids:
             state = self._processor.remove(request_id)
-            if state is not None:
-                self._loops.pop(request_id, None)
+            if state is not None and notify:
+                state.queue.put_nowait(RequestOutput(
+                    request_id=request_id, text="", token_ids=(), num_prompt_tokens=state.num_prompt_tokens,
+                    num_generated_tokens=state.num_generated_tokens, finished=True,
+                    finish_reason=FinishReason.ABORT))
         self._core.abort(request_ids)
 
     def stats(self) -> EngineStats:
@@ -182,6 +192,8 @@ class AsyncEngine:
         if not self._closed:
             self._closed = True
             self._core.shutdown(timeout_s)
+            self._handoff.put(None)
+            self._handoff_thread.join(timeout_s)
 
     @property
     def is_running(self) -> bool:
@@ -196,19 +208,51 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine thread has stopped: {self._core.dead!r}")
 
     def _on_core_outputs(self, outputs: list[CoreOutput]) -> None:
-        """Core thread: hand a step's outputs to the loop(s) that own the requests."""
+        """Core thread: queue a step's outputs for the handoff thread.
+
+        NOTE(engine): waking an event loop (call_soon_threadsafe writes a socket) releases the GIL, and the
+        woken loop thread can then hold it while the core waits to start its next session.run. A
+        SimpleQueue.put does not release the GIL, so the core goes straight on into the next run (which
+        does), and the handoff thread and the loop do their work while ORT computes.
+        """
+        self._handoff.put(outputs)
+
+    def _deliver(self) -> None:
+        """Handoff thread: pass outputs to the loop(s) that own the requests, coalescing queued steps."""
+        while True:
+            batch = self._handoff.get()
+            if batch is None:
+                return
+            outputs, stop = list(batch), False
+            while not stop:
+                try:
+                    more = self._handoff.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                else:
+                    outputs.extend(more)
+            self._dispatch(outputs)
+            if stop:
+                return
+
+    def _dispatch(self, outputs: list[CoreOutput]) -> None:
+        # NOTE(engine): dict reads here race only with whole-item writes on the loop thread (GIL-atomic);
+        # a request removed meanwhile is skipped again on the loop side.
+        states = self._processor.states
         by_loop: dict[asyncio.AbstractEventLoop, list[CoreOutput]] = {}
         for out in outputs:
-            loop = self._loops.get(out.request_id)
-            if loop is not None:
-                by_loop.setdefault(loop, []).append(out)
+            state = states.get(out.request_id)
+            if state is not None and state.seq == out.seq and state.loop is not None:
+                by_loop.setdefault(state.loop, []).append(out)
         for loop, group in by_loop.items():
             try:
                 loop.call_soon_threadsafe(self._process, group)
             except RuntimeError:  # that loop is closed; its requests are gone
                 log.debug("dropping outputs for a closed event loop")
         if self._core.dead is not None:
-            for loop in set(self._loops.values()):
+            for loop in {st.loop for st in list(states.values()) if st.loop is not None}:
                 try:
                     loop.call_soon_threadsafe(self._processor.fail_all, EngineDeadError(repr(self._core.dead)))
                 except RuntimeError:

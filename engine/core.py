@@ -32,6 +32,7 @@ class CoreOutput:
     finish_reason: FinishReason | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
     error: str | None = None
+    seq: int = 0  # the Request's seq
 
 
 @dataclass(frozen=True)
@@ -122,12 +123,15 @@ class EngineCore:
 
     def _drain(self, block: bool) -> bool:
         """Apply everything in the inbox; False once shutdown was asked for."""
+        changed = False
         while True:
             try:
                 item = self._inbox.get(block=block)
             except queue.Empty:
+                if changed:
+                    self._publish(time.monotonic())
                 return True
-            block = False
+            block, changed = False, True
             if item is _SHUTDOWN:
                 return False
             if isinstance(item, _Abort):
@@ -142,7 +146,7 @@ class EngineCore:
         try:
             self.scheduler.add(request)
         except EngineOverloadedError as exc:
-            self.sink([CoreOutput(request.request_id, (), FinishReason.ERROR, error=str(exc))])
+            self.sink([CoreOutput(request.request_id, (), FinishReason.ERROR, error=str(exc), seq=request.seq)])
 
     def step(self) -> None:
         """One scheduler step: the decode batch (outputs sent at once), then one prefill chunk."""
@@ -196,7 +200,7 @@ class EngineCore:
             self._release(f.request)
         self._publish(time.monotonic())  # stats agree with the outputs by the time they are seen
         self.sink([CoreOutput(r.request_id, (res.token_id,), reasons.get(r.request_id),
-                              (res.logprob,) if res.logprob is not None else None)
+                              (res.logprob,) if res.logprob is not None else None, seq=r.seq)
                    for r, res in zip(batch, results)])
 
     def _fail(self, batch: Sequence[Request], exc: Exception) -> None:
@@ -204,8 +208,8 @@ class EngineCore:
         log.exception("engine step failed for %d request(s)", len(batch))
         for request in self.scheduler.abort([r.request_id for r in batch]):
             self._release(request)
-        self.sink([CoreOutput(r.request_id, (), FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
-                   for r in batch])
+        self.sink([CoreOutput(r.request_id, (), FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}",
+                              seq=r.seq) for r in batch])
 
     def _finish_all(self, reason: FinishReason, error: str | None) -> None:
         dropped = self.scheduler.abort_all()
@@ -220,7 +224,7 @@ class EngineCore:
             self._release(request)
         if dropped:
             try:
-                self.sink([CoreOutput(r.request_id, (), reason, error=error) for r in dropped])
+                self.sink([CoreOutput(r.request_id, (), reason, error=error, seq=r.seq) for r in dropped])
             except Exception:  # the loop may be gone at shutdown
                 log.debug("could not deliver final outputs", exc_info=True)
         self._publish(time.monotonic())

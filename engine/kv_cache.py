@@ -32,21 +32,28 @@ class HostKVAllocator:
 
 
 class DeviceKVAllocator:
-    """Device memory through ``ep.host_memory.alloc_device`` (opaque: no numpy view)."""
+    """Device memory through ``ep.host_memory.alloc_device`` (opaque: bound whole, never as row views).
 
-    def __init__(self, selected: Any) -> None:
+    Args:
+        selected: the ``ep.device.SelectedDevice``.
+        session: the session whose allocator is the fallback when the shared allocator can't serve.
+    """
+
+    def __init__(self, selected: Any, session: ort.InferenceSession | None = None) -> None:
         self.selected = selected
+        self.session = session
 
     def allocate(self, shape: tuple[int, ...], dtype: Any) -> tuple[ort.OrtValue, np.ndarray | None]:
         from ep import host_memory
 
-        value = host_memory.alloc_device(shape, dtype, self.selected)
-        array = None
-        if value.device_name().lower() == "cpu":  # a CPU "device": keep the zero-copy view path
-            array = value.numpy()
-            if array.ctypes.data != value.data_ptr():
-                array = None
-        return value, array
+        return host_memory.alloc_device(shape, dtype, self.selected, session=self.session, zero=True), None
+
+
+def make_kv_allocator(selected: Any, session: ort.InferenceSession | None = None) -> KVAllocator:
+    """Host memory for the plain CPU path and CPU-side EPs (no DEFAULT device memory), else the device."""
+    if selected is None or getattr(selected, "default_memory", None) is None:
+        return HostKVAllocator()
+    return DeviceKVAllocator(selected, session)
 
 
 @dataclass(frozen=True)

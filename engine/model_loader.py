@@ -246,36 +246,32 @@ def session_options(config: EngineConfig, base: ort.SessionOptions | None = None
 def create_session(folder: ModelFolder, config: EngineConfig) -> tuple[ort.InferenceSession, Any]:
     """Open the session on the configured provider.
 
+    ``provider="cpu"`` opens a plain CPU session here; any other provider goes through ``ep/`` (device
+    selection, plugin EP registration, provider options); ep's own errors (``ep.names.EpError``: unknown
+    provider, device not found, bad --ep-library) propagate unchanged.
+
     Returns:
-        (session, selected device or None for the plain CPU EP).
+        (session, ``ep.device.SelectedDevice`` or None for the plain CPU path).
+    Raises:
+        ModelLoadError: the graph is not servable or ONNX Runtime refuses it.
     """
     check_share_buffer(folder)
-    provider = config.provider.lower()
-    selected = None
-    try:
-        if provider == "cpu":
+    if config.provider.lower() == "cpu":
+        try:
             so = session_options(config)
-            session = ort.InferenceSession(str(folder.model_file), so, providers=["CPUExecutionProvider"])
-        else:
-            session, selected = _create_ep_session(folder, config)
-    except ModelLoadError:
-        raise
-    except Exception as exc:  # onnxruntime raises Fail/InvalidGraph/NoSuchFile/RuntimeError
-        raise ModelLoadError(f"ONNX Runtime cannot load {folder.model_file}: {exc}") from exc
-    return session, selected
+            return ort.InferenceSession(str(folder.model_file), so, providers=["CPUExecutionProvider"]), None
+        except Exception as exc:  # onnxruntime raises Fail/InvalidGraph/NoSuchFile/RuntimeError
+            raise ModelLoadError(f"ONNX Runtime cannot load {folder.model_file}: {exc}") from exc
+    from ep import device as ep_device
+    from ep import providers as ep_providers
+    from ep.names import SessionCreateError
 
-
-def _create_ep_session(folder: ModelFolder, config: EngineConfig) -> tuple[ort.InferenceSession, Any]:
-    """Provider sessions go through ep/ (device selection, plugin EPs, provider options)."""
-    try:
-        from ep import device as ep_device
-        from ep import providers as ep_providers
-    except ImportError as exc:
-        raise ModelLoadError(f"provider {config.provider!r} needs the ep package ({exc})") from exc
     selected = ep_device.select_device(config.provider, config.device, config.ep_library)
-    spec = folder.genai["model"]["decoder"]
-    so = ep_providers.make_session_options(
-        selected, folder.genai, model_inputs=spec.get("inputs", {}), model_outputs=spec.get("outputs", {}),
-        ep_options=dict(config.ep_options), intra_op_threads=config.intra_op_threads or physical_cores())
-    so = session_options(config, so)
-    return ep_providers.create_session(str(folder.model_file), selected, so), selected
+    base = ep_providers.make_session_options(
+        selected, folder.genai, ep_options=dict(config.ep_options),
+        intra_op_threads=config.intra_op_threads or physical_cores())
+    try:
+        session = ep_providers.create_session(folder.model_file, selected, session_options(config, base))
+    except SessionCreateError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    return session, selected

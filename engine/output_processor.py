@@ -22,6 +22,8 @@ class RequestState:
     num_prompt_tokens: int
     params: SamplingParams
     detokenizer: IncrementalDetokenizer
+    loop: asyncio.AbstractEventLoop | None = None  # the loop that consumes ``queue``
+    seq: int = 0  # matches CoreOutput.seq (a reused request_id's late outputs are dropped)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # RequestOutput | BaseException
     num_generated_tokens: int = 0
 
@@ -47,7 +49,7 @@ class OutputProcessor:
         to_abort: list[str] = []
         for out in outputs:
             state = self.states.get(out.request_id)
-            if state is None:  # finished or cancelled on this side already
+            if state is None or state.seq != out.seq:  # finished or cancelled on this side already
                 continue
             state.num_generated_tokens += len(out.token_ids)
             reason = out.finish_reason

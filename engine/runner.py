@@ -6,7 +6,7 @@ Owns the preallocated input/logits buffers and the per-slot KV lengths; only the
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,30 @@ from engine.kv_cache import KVCache
 from engine.model_loader import GraphIO
 
 log = logging.getLogger(__name__)
+
+# (shape, dtype) -> (numpy array, OrtValue over the same memory)
+InputAllocator = Callable[[tuple[int, ...], Any], tuple[np.ndarray, ort.OrtValue]]
+
+
+def host_input(shape: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, ort.OrtValue]:
+    """An ordinary numpy buffer and its zero-copy CPU OrtValue."""
+    array = np.zeros(shape, dtype=dtype)
+    return array, ort.OrtValue.ortvalue_from_numpy(array)
+
+
+def make_input_allocator(selected: Any) -> InputAllocator:
+    """Decode inputs in the device's HOST_ACCESSIBLE memory where ep/ offers it, else host memory."""
+    if selected is None or getattr(selected, "ep_device", None) is None:
+        return host_input
+    from ep import host_memory
+
+    def allocate(shape: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, ort.OrtValue]:
+        buf = host_memory.alloc_host_accessible(shape, dtype, selected)
+        if buf is None:
+            return host_input(shape, dtype)
+        return buf.array, buf.ortvalue
+
+    return allocate
 
 
 class Runner:
@@ -40,10 +64,12 @@ class Runner:
         prefill_chunk: the most tokens of one prefill run.
         max_position: positions fed to idle rows are clipped below this (the rotary cache length).
         whole_buffer: run all rows every step (forced when the KV cache is not CPU-addressable).
+        input_allocator: where input_ids/position_ids/attention_mask live (host-accessible on devices).
     """
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
-                 max_position: int, whole_buffer: bool = False) -> None:
+                 max_position: int, whole_buffer: bool = False,
+                 input_allocator: InputAllocator = host_input) -> None:
         self.session = session
         self.io = io
         self.kv = kv
@@ -55,11 +81,13 @@ class Runner:
         self.whole_buffer = whole_buffer or not kv.addressable
         n, chunk, vocab = self.num_slots, prefill_chunk, self.vocab_size
         # NOTE(engine): every buffer is allocated here once; steps write them in place.
-        self.mask = np.zeros((n, self.length), dtype=np.int64)  # ones are a prefix of each row
+        # The three decode inputs: whole-buffer bindings use their own OrtValues (host-accessible memory
+        # on devices: zero copy); row views wrap numpy views of the same memory.
+        self.mask, self._mask_value = input_allocator((n, self.length), np.int64)  # ones: a prefix per row
+        self.decode_ids, self._ids_value = input_allocator((n, 1), np.int64)
+        self.decode_pos, self._pos_value = input_allocator((n, 1), np.int64)
         self.mask_ones = np.zeros(n, dtype=np.int64)  # ones per row now
         self.slot_len = np.zeros(n, dtype=np.int64)  # valid KV positions per slot
-        self.decode_ids = np.zeros((n, 1), dtype=np.int64)
-        self.decode_pos = np.zeros((n, 1), dtype=np.int64)
         self.decode_logits = np.zeros((n, 1, vocab), dtype=np.float32)
         self.prefill_ids = np.zeros(chunk, dtype=np.int64)
         self.prefill_pos = np.zeros(chunk, dtype=np.int64)
@@ -161,10 +189,14 @@ class Runner:
 
     def _make_decode_binding(self, lo: int, hi: int) -> ort.IOBinding:
         binding = self.session.io_binding()
-        binding.bind_ortvalue_input(self.io.input_ids, _value(self.decode_ids[lo:hi]))
+        whole = lo == 0 and hi == self.num_slots
+        ids = self._ids_value if whole else _value(self.decode_ids[lo:hi])
+        pos = self._pos_value if whole else _value(self.decode_pos[lo:hi])
+        mask = self._mask_value if whole else _value(self.mask[lo:hi])
+        binding.bind_ortvalue_input(self.io.input_ids, ids)
         if self.io.position_ids:
-            binding.bind_ortvalue_input(self.io.position_ids, _value(self.decode_pos[lo:hi]))
-        binding.bind_ortvalue_input(self.io.attention_mask, _value(self.mask[lo:hi]))
+            binding.bind_ortvalue_input(self.io.position_ids, pos)
+        binding.bind_ortvalue_input(self.io.attention_mask, mask)
         binding.bind_ortvalue_output(self.io.logits, _value(self.decode_logits[:hi - lo]))
         self._bind_kv(binding, lo, hi)
         self._decode_bindings[(lo, hi)] = binding

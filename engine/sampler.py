@@ -83,8 +83,9 @@ def apply_min_p(logits: np.ndarray, p: float, min_tokens_to_keep: int = 1) -> np
     top = logits.max(axis=-1, keepdims=True)
     # prob_i / prob_max = exp(logit_i - logit_max) < p  <=>  logit_i < logit_max + log(p)
     out = np.where(logits < top + np.log(p), -np.inf, logits).astype(logits.dtype, copy=False)
-    if min_tokens_to_keep > 1:
-        kth = np.partition(logits, -min_tokens_to_keep, axis=-1)[..., -min_tokens_to_keep, None]
+    keep = min(min_tokens_to_keep, logits.shape[-1])
+    if keep > 1:
+        kth = np.partition(logits, -keep, axis=-1)[..., -keep, None]
         out = np.where(logits >= kth, logits, out)
     return out
 

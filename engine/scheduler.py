@@ -35,6 +35,7 @@ class Request:
     arrival_s: float = field(default_factory=time.monotonic)
     first_scheduled_s: float | None = None
     sampler_state: Any = None  # owned by the core (rng, penalty counts); opaque here
+    seq: int = 0  # unique per engine: tells a reused request_id's outputs apart
 
     def __post_init__(self) -> None:
         # Prompt + output never passes the context; max_tokens caps the output.
@@ -186,10 +187,8 @@ class Scheduler:
                 start = request.num_computed_tokens
                 prefill = PrefillChunk(request, start, min(len(request.prompt_ids) - start, budget))
                 break
-        now = time.monotonic()
-        for request in ((prefill.request,) if prefill else ()):
-            if request.first_scheduled_s is None:
-                request.first_scheduled_s = now
+        if prefill is not None and prefill.request.first_scheduled_s is None:
+            prefill.request.first_scheduled_s = time.monotonic()
         return SchedulerOutput(prefill, decode)
 
     def update_from_output(self, out: SchedulerOutput, sampled: Mapping[str, int]) -> list[Finished]:

@@ -123,7 +123,16 @@ def alloc_device(shape: Sequence[int], dtype: Any, selected: SelectedDevice, *,
             raise MemoryUnavailableError(f"{selected.ep_name}: cannot allocate {shape} {dtype}: shared allocator: "
                                          f"{e}; session allocator: {e2}") from e2
     if zero:
-        ort.copy_tensors([ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=dtype))], [value])
+        # NOTE(host_memory): on WebGPU (H200, ORT 1.31.1) both an upload with copy_tensors and
+        # update_inplace take the data at call time and are ordered before the next run.
+        zeros = np.zeros(shape, dtype=dtype)
+        try:
+            ort.copy_tensors([ort.OrtValue.ortvalue_from_numpy(zeros)], [value])
+        except Exception:  # noqa: BLE001 - no data transfer registered for this pair: the EP's own copy
+            try:
+                value.update_inplace(zeros)
+            except Exception as e:  # noqa: BLE001
+                raise MemoryUnavailableError(f"{selected.ep_name}: cannot zero {shape} {dtype}: {e}") from e
     return value
 
 

@@ -108,11 +108,6 @@ def load_engine(settings: Settings) -> EngineClient:
     return AsyncEngine.from_model_dir(model_dir, engine_config_from(settings))
 
 
-async def _maybe_await(value: Any) -> None:
-    if inspect.isawaitable(value):
-        await value
-
-
 def get_state(request: Request) -> ServerState:
     return request.app.state.ortserve
 
@@ -151,7 +146,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             await asyncio.wait({load_task}, timeout=None)  # a half-loaded session cannot be cancelled
         if state.owns_engine and state.engine is not None:
             logger.info("shutting the engine down")
-            await _maybe_await(state.engine.shutdown())
+            # NOTE(server): shutdown joins the engine thread (blocking), so it runs off the loop.
+            if inspect.iscoroutinefunction(state.engine.shutdown):
+                await state.engine.shutdown()
+            else:
+                await anyio.to_thread.run_sync(state.engine.shutdown)
 
 
 def create_app(settings: Settings, engine: EngineClient | None = None, *,

@@ -152,7 +152,8 @@ class _SamplingFields(OpenAIBaseModel):
             top_p=1.0 if self.top_p is None else float(self.top_p),
             top_k=0 if self.top_k is None else self.top_k,
             min_p=0.0 if self.min_p is None else float(self.min_p),
-            seed=self.seed,
+            # NOTE(server): OpenAI seeds are any int64; numpy wants >= 0, so map them onto [0, 2**64).
+            seed=None if self.seed is None else self.seed % 2**64,
             stop=self._stop_strings(),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,

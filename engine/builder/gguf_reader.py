@@ -1,24 +1,133 @@
 """Reads a GGUF file into ModelSpec + ModelWeights + tokenizer metadata, via an architecture table.
 
 Validates the header, the architecture and every tensor type up front; memory-maps the file, so only
-the repacked weights are held in memory. No onnx, no onnxruntime.
+the repacked weights are held in memory. Its own small parser (the gguf package's reader takes seconds on
+a 49k-token vocabulary); only gguf's type constants are used. No onnx, no onnxruntime.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFReader, ReaderTensor
 
 from engine.builder.errors import GGUFFormatError, UnsupportedArchitectureError, UnsupportedTensorTypeError
 from engine.builder.graph import LayerWeights, ModelSpec, ModelWeights
 from engine.builder.quant import BlockQuantMatrix, LinearWeight, from_q4_0, from_q4_1, from_q8_0
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
+
+GGUF_MAGIC = b"GGUF"
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
+          7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor: ``shape`` in ggml order (ne0 = contiguous row length first), ``data`` its raw bytes."""
+
+    name: str
+    tensor_type: T
+    shape: tuple[int, ...]
+    data: np.ndarray  # uint8 [n_bytes], a view into the memory-mapped file
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape))
+
+
+class GGUFFile:
+    """Parses a GGUF (v2/v3, little-endian) header: ``fields`` (key -> value) and ``tensors`` (name -> GGUFTensor).
+
+    Raises:
+        GGUFFormatError on a wrong magic/version, a truncated header or tensor data past the end.
+        UnsupportedTensorTypeError on a ggml type id this gguf package does not know.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.buf = np.memmap(path, mode="r", dtype=np.uint8)
+        except (OSError, ValueError) as e:
+            raise GGUFFormatError(f"{path}: cannot read ({e})") from e
+        self.mv = memoryview(self.buf)
+        try:
+            self._parse()
+        except (struct.error, IndexError, UnicodeDecodeError, ValueError) as e:
+            raise GGUFFormatError(f"{path}: truncated or corrupt GGUF header ({type(e).__name__}: {e})") from e
+
+    def _read(self, fmt: str):
+        (value,) = struct.unpack_from(fmt, self.mv, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def _string(self) -> str:
+        n = self._read("<Q")
+        if self.pos + n > len(self.mv):
+            raise ValueError("string runs past the end of the file")
+        s = bytes(self.mv[self.pos : self.pos + n]).decode("utf-8")
+        self.pos += n
+        return s
+
+    def _value(self, vtype: int) -> Any:
+        if vtype == _STRING:
+            return self._string()
+        if vtype == _ARRAY:
+            itype, count = self._read("<I"), self._read("<Q")
+            if itype == _STRING:
+                return [self._string() for _ in range(count)]
+            if itype in _NUMPY:
+                dt = np.dtype(_NUMPY[itype])
+                arr = np.frombuffer(self.mv, dtype=dt, count=count, offset=self.pos).copy()
+                self.pos += count * dt.itemsize
+                return arr.tolist()
+            return [self._value(itype) for _ in range(count)]
+        if vtype in _SCALARS:
+            return self._read(_SCALARS[vtype])
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+    def _parse(self) -> None:
+        self.pos = 0
+        if bytes(self.mv[:4]) != GGUF_MAGIC:
+            raise GGUFFormatError(f"{self.path}: not a GGUF file (magic {bytes(self.mv[:4])!r}, expected b'GGUF')")
+        self.pos = 4
+        version = self._read("<I")
+        if version not in (2, 3):
+            raise GGUFFormatError(f"{self.path}: GGUF version {version} is not supported (2 or 3)")
+        num_tensors, num_kv = self._read("<Q"), self._read("<Q")
+        self.fields: dict[str, Any] = {}
+        for _ in range(num_kv):
+            key = self._string()
+            self.fields[key] = self._value(self._read("<I"))
+        infos = []
+        for _ in range(num_tensors):
+            name = self._string()
+            n_dims = self._read("<I")
+            shape = tuple(self._read("<Q") for _ in range(n_dims))
+            infos.append((name, self._read("<I"), shape, self._read("<Q")))
+        align = int(self.fields.get("general.alignment", 32))
+        start = (self.pos + align - 1) // align * align
+        self.tensors: dict[str, GGUFTensor] = {}
+        for name, type_id, shape, offset in infos:
+            try:
+                ttype = T(type_id)
+            except ValueError:
+                raise UnsupportedTensorTypeError(name, f"id {type_id}", SUPPORTED_TYPES) from None
+            block, type_size = GGML_QUANT_SIZES[ttype]
+            n_bytes = int(np.prod(shape)) // block * type_size
+            begin = start + offset
+            if begin + n_bytes > len(self.buf):
+                raise GGUFFormatError(
+                    f"{self.path}: tensor {name!r} ends at byte {begin + n_bytes}, past the end of the file "
+                    f"({len(self.buf)} bytes): the file is truncated")
+            self.tensors[name] = GGUFTensor(name, ttype, shape, self.buf[begin : begin + n_bytes])
 
 
 @dataclass(frozen=True)
@@ -69,8 +178,7 @@ class GGUFModel:
     name: str
     spec: ModelSpec
     tokenizer: TokenizerMeta
-    reader: GGUFReader
-    tensors: dict[str, ReaderTensor]
+    tensors: dict[str, GGUFTensor]
 
     def load_weights(self, on_tensor: Callable[[str], None] | None = None) -> ModelWeights:
         """Converts every tensor exactly (see engine.builder.quant); calls ``on_tensor(name)`` after each."""
@@ -87,22 +195,17 @@ def open_gguf(path: str | Path, *, max_layers: int | None = None) -> GGUFModel:
         GGUFFormatError, UnsupportedArchitectureError, UnsupportedTensorTypeError.
     """
     path = Path(path)
-    try:
-        reader = GGUFReader(path)
-    except Exception as e:  # the gguf package raises ValueError/IndexError/struct errors on bad files
-        raise GGUFFormatError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
-    meta = _Metadata(reader, path)
+    gguf = GGUFFile(path)
+    meta = _Metadata(gguf.fields, path)
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"{path}: architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
     mapping = ARCHITECTURES[arch]
-    tensors = {t.name: t for t in reader.tensors}
-    for t in reader.tensors:
+    tensors = gguf.tensors
+    for t in tensors.values():
         if t.tensor_type.name not in SUPPORTED_TYPES:
             raise UnsupportedTensorTypeError(t.name, t.tensor_type.name, SUPPORTED_TYPES)
-        if t.data.nbytes != t.n_bytes:
-            raise GGUFFormatError(f"{path}: tensor {t.name!r} is truncated ({t.data.nbytes} of {t.n_bytes} bytes)")
 
     hidden = meta.int(f"{arch}.embedding_length")
     num_heads = meta.int(f"{arch}.attention.head_count")
@@ -134,28 +237,27 @@ def open_gguf(path: str | Path, *, max_layers: int | None = None) -> GGUFModel:
         model_type=mapping.model_type,
     )
     name = str(meta.get("general.name", path.stem))
-    return GGUFModel(path, arch, name, spec, tok, reader, tensors)
+    return GGUFModel(path, arch, name, spec, tok, tensors)
 
 
 class _Metadata:
     """Typed access to GGUF key/values with clear errors for missing keys."""
 
-    def __init__(self, reader: GGUFReader, path: Path) -> None:
-        self.reader, self.path = reader, path
+    def __init__(self, fields: dict[str, Any], path: Path) -> None:
+        self.fields, self.path = fields, path
 
     def get(self, key: str, default: Any = ...) -> Any:
-        field = self.reader.fields.get(key)
-        if field is None:
+        if key not in self.fields:
             if default is ...:
                 raise GGUFFormatError(f"{self.path}: missing metadata key {key!r}")
             return default
-        try:
-            return field.contents()
-        except Exception as e:
-            raise GGUFFormatError(f"{self.path}: unreadable metadata key {key!r} ({e})") from e
+        return self.fields[key]
 
     def int(self, key: str, default: Any = ...) -> int:
-        return int(self.get(key, default))
+        value = self.get(key, default)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise GGUFFormatError(f"{self.path}: metadata key {key!r} should be a number, got {value!r}")
+        return int(value)
 
 
 def _tokenizer_meta(meta: _Metadata) -> TokenizerMeta:
@@ -177,21 +279,18 @@ def _tokenizer_meta(meta: _Metadata) -> TokenizerMeta:
     )
 
 
-def convert_tensor(t: ReaderTensor, *, for_embedding: bool = False) -> LinearWeight:
+def convert_tensor(t: GGUFTensor, *, for_embedding: bool = False) -> LinearWeight:
     """One 2-D GGUF tensor [N rows, K] -> BlockQuantMatrix or float32 [N, K], exactly.
 
     ``for_embedding``: offset formats (Q4_1) are dequantized to float32, since GatherBlockQuantized
     has no per-block offset.
     """
+    if len(t.shape) != 2:
+        raise GGUFFormatError(f"tensor {t.name!r} should be 2-D, has shape {t.shape}")
     k, n = int(t.shape[0]), int(t.shape[1])  # ggml order: ne0 (contiguous) first
     tt = t.tensor_type
-    if tt == T.F32:
-        return np.asarray(t.data, np.float32).reshape(n, k)
-    if tt == T.F16:
-        return np.asarray(t.data, np.float16).reshape(n, k).astype(np.float32)
-    if tt == T.BF16:
-        raw = np.asarray(t.data).view(np.uint16).reshape(n, k).astype(np.uint32) << 16
-        return raw.view(np.float32)
+    if tt in (T.F32, T.F16, T.BF16):
+        return convert_vector(t).reshape(n, k)
     converters = {T.Q4_0: from_q4_0, T.Q4_1: from_q4_1, T.Q8_0: from_q8_0}
     if tt not in converters:
         raise UnsupportedTensorTypeError(t.name, tt.name, SUPPORTED_TYPES)
@@ -201,23 +300,21 @@ def convert_tensor(t: ReaderTensor, *, for_embedding: bool = False) -> LinearWei
     return w
 
 
-def _vector(t: ReaderTensor) -> np.ndarray:
-    if t.tensor_type not in (T.F32, T.F16, T.BF16):
-        raise UnsupportedTensorTypeError(t.name, t.tensor_type.name, ("F32", "F16", "BF16"))
-    return convert_tensor_1d(t)
-
-
-def convert_tensor_1d(t: ReaderTensor) -> np.ndarray:
-    """A 1-D float tensor (norm weights, biases, rope factors) -> float32 [n]."""
+def convert_vector(t: GGUFTensor) -> np.ndarray:
+    """A float tensor (F32/F16/BF16: norm weights, biases, rope factors) -> flat float32."""
+    if t.tensor_type == T.F32:
+        return t.data.view(np.float32).copy()
+    if t.tensor_type == T.F16:
+        return t.data.view(np.float16).astype(np.float32)
     if t.tensor_type == T.BF16:
-        return (np.asarray(t.data).view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1)
-    return np.asarray(t.data, np.float32).reshape(-1)
+        return (t.data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    raise UnsupportedTensorTypeError(t.name, t.tensor_type.name, ("F32", "F16", "BF16"))
 
 
 def _load_weights(model: GGUFModel, on_tensor: Callable[[str], None] | None) -> ModelWeights:
     tensors, spec = model.tensors, model.spec
 
-    def get(name: str, *, required: bool = True) -> ReaderTensor | None:
+    def get(name: str, *, required: bool = True) -> GGUFTensor | None:
         t = tensors.get(name)
         if t is None and required:
             raise GGUFFormatError(f"{model.path}: missing tensor {name!r}")
@@ -230,7 +327,7 @@ def _load_weights(model: GGUFModel, on_tensor: Callable[[str], None] | None) -> 
         return w
 
     def vector(name: str) -> np.ndarray:
-        v = _vector(get(name))
+        v = convert_vector(get(name))
         if on_tensor:
             on_tensor(name)
         return v

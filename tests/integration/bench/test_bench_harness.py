@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import statistics
 import time
 
 import httpx
@@ -52,12 +51,13 @@ def test_timing_and_token_counts_match_the_peer(peer, peer_stats):
         assert r.num_chunks == out and r.usage_completion_tokens == out and r.finish_reason == "length"
         assert len(r.itl_s) == out - 1
     # The peer sleeps ttft before the first token and itl between tokens; sleeps never end early, and
-    # loopback plus scheduling adds a few ms at most.
-    assert ttft_s * 1e3 <= s["ttft"]["p50_ms"] <= ttft_s * 1e3 + 40
-    assert 0.75 * itl_s * 1e3 <= s["itl"]["p50_ms"] <= itl_s * 1e3 + 10
-    assert itl_s * 1e3 <= s["tpot"]["mean_ms"] <= itl_s * 1e3 + 10
+    # loopback plus scheduling on a busy 2-core machine adds some ms (the upper bounds are loose but far
+    # below what a wrong measurement, e.g. a gap taken from the send time, would give).
+    assert ttft_s * 1e3 <= s["ttft"]["min_ms"] and s["ttft"]["p50_ms"] <= ttft_s * 1e3 + 50
+    assert 0.75 * itl_s * 1e3 <= s["itl"]["p50_ms"] <= itl_s * 1e3 + 15
+    assert itl_s * 1e3 <= s["tpot"]["mean_ms"] <= itl_s * 1e3 + 15
     expected_e2e_ms = (ttft_s + (out - 1) * itl_s) * 1e3
-    assert expected_e2e_ms <= s["e2e"]["p50_ms"] <= expected_e2e_ms + 60
+    assert expected_e2e_ms <= s["e2e"]["min_ms"] and s["e2e"]["p50_ms"] <= expected_e2e_ms + 80
     # What the server was asked: the prompt's word count is its token count, and the bench asks for
     # exactly `out` tokens with EOS ignored and usage in the stream.
     seen = peer_stats(name)["requests"]
@@ -69,11 +69,15 @@ def test_timing_and_token_counts_match_the_peer(peer, peer_stats):
 
 
 def test_agrees_with_a_simple_client(peer):
-    """The harness's TTFT and e2e match a bare httpx SSE reader hitting the same peer."""
+    """The harness's TTFT and e2e match a bare httpx SSE reader hitting the same peer.
+
+    Minima are compared: load from other processes only ever adds time, so the fastest of a few requests
+    is what both clients measure when undisturbed.
+    """
     name = model(ttft=0.06, itl=0.015)
     simple_ttft, simple_e2e = [], []
     with httpx.Client(timeout=30) as client:
-        for _ in range(3):
+        for _ in range(5):
             t0 = time.perf_counter()
             first = None
             body = {"model": name, "max_tokens": 8, "stream": True,
@@ -84,10 +88,10 @@ def test_agrees_with_a_simple_client(peer):
                         first = time.perf_counter() - t0
             simple_ttft.append(first)
             simple_e2e.append(time.perf_counter() - t0)
-    result = run(peer, name, n=3, concurrency=1, output_tokens=8, prompt_tokens=3)
+    result = run(peer, name, n=5, concurrency=1, output_tokens=8, prompt_tokens=3)
     s = summarize(result.records, result.duration_s)
-    assert abs(s["ttft"]["p50_ms"] - statistics.median(simple_ttft) * 1e3) < 15
-    assert abs(s["e2e"]["p50_ms"] - statistics.median(simple_e2e) * 1e3) < 20
+    assert abs(s["ttft"]["min_ms"] - min(simple_ttft) * 1e3) < 10
+    assert abs(s["e2e"]["min_ms"] - min(simple_e2e) * 1e3) < 10
 
 
 def test_closed_loop_holds_the_concurrency_and_throughput_follows(peer, peer_stats):
@@ -99,7 +103,7 @@ def test_closed_loop_holds_the_concurrency_and_throughput_follows(peer, peer_sta
     assert peer_stats(name)["max_in_flight"] == users
     # 4 users back to back, each request lasting ttft + (out-1)*itl: 3 rounds.
     ideal_tok_s = users * out / (ttft_s + (out - 1) * itl_s)
-    assert 0.6 * ideal_tok_s <= s["output_tokens_per_s"] <= 1.02 * ideal_tok_s
+    assert 0.5 * ideal_tok_s <= s["output_tokens_per_s"] <= 1.02 * ideal_tok_s
     assert s["num_output_tokens"] == 12 * out
 
 
@@ -152,7 +156,9 @@ def test_open_loop_sends_on_schedule(peer, peer_stats):
     result = run(peer, name, n=n, rate_per_s=rate, seed=5, output_tokens=10)
     offsets = poisson_offsets_s(rate, n, seed=5)
     starts = [r.start_s for r in result.records]
-    assert all(abs(a - b) < 0.03 for a, b in zip(starts, offsets)), list(zip(starts, offsets))
+    # A closed loop would space starts by a whole request (>= 0.23 s); timers may run late under load.
+    assert all(abs(a - b) < 0.1 for a, b in zip(starts, offsets)), list(zip(starts, offsets))
+    assert starts[-1] < 0.23 * (n - 1) / 2
     assert all(r.ok for r in result.records)
     assert peer_stats(name)["max_in_flight"] > 1
 

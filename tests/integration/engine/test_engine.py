@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
 from engine.types import (
-    EngineOverloadedError, FinishReason, InvalidRequestError, PromptTooLongError, SamplingParams,
+    EngineDeadError, EngineOverloadedError, FinishReason, InvalidRequestError, PromptTooLongError, SamplingParams,
 )
 
 
@@ -277,6 +279,64 @@ def test_duplicate_request_id_is_refused(engine):
         with pytest.raises(InvalidRequestError):
             await collect(engine, p, SamplingParams(max_tokens=1), "dup")
         await gen.aclose()
+        await wait_idle(engine)
+
+    run(main())
+
+
+@pytest.mark.parametrize("config", [dict(whole_buffer=True), dict(provider="auto")],
+                         ids=["whole_buffer", "provider_auto_via_ep"])
+def test_other_binding_paths_give_the_same_tokens(engine, tiny_model, config):
+    ps = prompts(engine, 3, length=20, seed=15)
+    params = SamplingParams(max_tokens=10, **GREEDY)
+    expected = [token_ids(run(collect(engine, p, params, f"ref{i}"))) for i, p in enumerate(ps)]
+    other = AsyncEngine.from_model_dir(tiny_model, EngineConfig(max_batch=4, prefill_chunk=16, **config))
+    try:
+        async def together():
+            return await asyncio.gather(*[collect(other, p, params, f"x{i}") for i, p in enumerate(ps)])
+
+        assert [token_ids(o) for o in run(together())] == expected
+    finally:
+        other.shutdown()
+
+
+def test_shutdown_ends_streams_and_refuses_new_work(tiny_model):
+    eng = AsyncEngine.from_model_dir(tiny_model, EngineConfig(max_batch=2, prefill_chunk=16))
+    p = list(range(5, 20))
+
+    async def main():
+        gen = eng.generate(p, SamplingParams(max_tokens=200, **GREEDY), "long")
+        first = await gen.__anext__()
+        assert not first.finished
+        await asyncio.get_running_loop().run_in_executor(None, eng.shutdown)
+        rest = [o async for o in gen]
+        assert rest and rest[-1].finished and rest[-1].finish_reason is FinishReason.ABORT
+        with pytest.raises(EngineDeadError):
+            await collect(eng, p, SamplingParams(), "after")
+
+    run(main())
+
+
+def test_abort_ends_a_consumer_with_abort_and_the_id_can_be_reused(engine):
+    p = prompts(engine, 1, seed=16)[0]
+    params = SamplingParams(max_tokens=200, **GREEDY)
+
+    async def main():
+        outs = []
+
+        async def consume():
+            async for out in engine.generate(p, params, "reuse"):
+                outs.append(out)
+                if len(outs) == 2:
+                    await engine.abort("reuse")
+
+        await asyncio.wait_for(consume(), 5)
+        assert outs[-1].finished and outs[-1].finish_reason is FinishReason.ABORT
+        assert [o.finished for o in outs].count(True) == 1
+        # the same id at once: the old request's late outputs must not leak into the new one
+        again = await collect(engine, p, SamplingParams(max_tokens=5, **GREEDY), "reuse")
+        assert token_ids(again) == token_ids(outs)[:5] or len(token_ids(outs)) < 5
+        assert len(token_ids(again)) == 5 and again[-1].finish_reason is FinishReason.LENGTH
         await wait_idle(engine)
 
     run(main())

@@ -73,3 +73,10 @@ def test_record_json_round_trip_in_ms():
     back = RequestRecord.from_json(d)
     assert back.ttft_s == pytest.approx(0.123457) and back.itl_s == pytest.approx([0.01, 0.02])
     assert back.index == 5 and back.num_chunks == 3 and back.e2e_s == pytest.approx(0.5)
+
+
+def test_goodput_without_an_slo_is_every_successful_request():
+    # A request whose only token decoded to no text has no TTFT but still succeeded.
+    records = [rec(0), rec(1, ttft=None, chunks=0, usage=1, itl=[]), rec(2, error="http_5xx")]
+    assert summarize(records, 1.0)["goodput"]["num_met"] == 2
+    assert summarize(records, 1.0, Slo(ttft_ms=1000))["goodput"]["num_met"] == 1

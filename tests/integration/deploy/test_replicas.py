@@ -1,0 +1,217 @@
+"""Two replicas behind a round-robin client: requests to either work, and /health and /metrics serve what
+the manifests reference (probe paths, the HPA's metric, the Docker HEALTHCHECK). Optionally nginx with
+deploy/nginx/ortserve.conf in front. The SIGTERM drain test runs last: it stops the container replica."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from deploy_tools import DEPLOY, K8S, by_kind, dockerfile_instructions, final_stage, kustomize, nginx_main_conf
+from replica_tools import SHUTDOWN_GRACE_S, Replica, free_port
+
+TTFT = "ortserve_time_to_first_token_seconds"
+MESSAGES = [{"role": "user", "content": "Say something."}]
+
+
+def _client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60.0)
+
+
+def _families(base_url: str) -> dict[str, Any]:
+    """/metrics parsed by prometheus_client's own parser: family name -> family."""
+    response = httpx.get(f"{base_url}/metrics", timeout=10.0)
+    assert response.status_code == 200
+    return {family.name: family for family in text_string_to_metric_families(response.text)}
+
+
+def _ttft_count(base_url: str) -> float:
+    family = _families(base_url)[TTFT]
+    return sum(s.value for s in family.samples if s.name == f"{TTFT}_count")
+
+
+def _model_id(base_url: str) -> str:
+    return _client(base_url).models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def gpu_manifests() -> list[dict[str, Any]]:
+    return kustomize(K8S / "overlays" / "amd-gpu")
+
+
+class RoundRobin:
+    """The smallest load balancer: each call goes to the next replica in turn."""
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        self._cycle = itertools.cycle(replicas)
+
+    def next(self) -> Replica:
+        return next(self._cycle)
+
+
+def test_round_robin_requests_work_on_both_replicas(replicas: dict[str, Replica]) -> None:
+    backends = list(replicas.values())
+    before = {r.name: _ttft_count(r.base_url) for r in backends}
+    balancer = RoundRobin(backends)
+    num_requests = 3 * len(backends)
+    for _ in range(num_requests):
+        replica = balancer.next()
+        reply = _client(replica.base_url).chat.completions.create(
+            model=_model_id(replica.base_url), messages=MESSAGES, max_tokens=4, temperature=0.0
+        )
+        assert reply.choices[0].finish_reason in ("stop", "length"), replica.name
+        assert reply.usage is not None and reply.usage.completion_tokens >= 1, replica.name
+    # Each replica counted exactly its share (its own TTFT histogram), so both really served.
+    for r in backends:
+        assert _ttft_count(r.base_url) - before[r.name] == num_requests // len(backends), r.name
+
+
+def test_both_replicas_give_the_same_greedy_answer(replicas: dict[str, Replica]) -> None:
+    """Same model, same settings: replicas are interchangeable behind a balancer."""
+    texts = {
+        r.name: _client(r.base_url).chat.completions.create(
+            model=_model_id(r.base_url), messages=MESSAGES, max_tokens=8, temperature=0.0
+        ).choices[0].message.content
+        for r in replicas.values()
+    }
+    assert len(set(texts.values())) == 1, texts
+
+
+def test_probe_paths_answer_200(replicas: dict[str, Replica], gpu_manifests: list[dict[str, Any]]) -> None:
+    deployment = by_kind(gpu_manifests, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    paths = {container[p]["httpGet"]["path"] for p in ("startupProbe", "readinessProbe", "livenessProbe")}
+    paths.add(deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"])
+    assert paths == {"/health", "/metrics"}
+    for replica in replicas.values():
+        for path in sorted(paths):
+            response = httpx.get(f"{replica.base_url}{path}", timeout=10.0)
+            assert response.status_code == 200, (replica.name, path)
+
+
+def test_metrics_serve_what_the_hpa_and_adapter_use(
+    replicas: dict[str, Replica], gpu_manifests: list[dict[str, Any]]
+) -> None:
+    hpa = by_kind(gpu_manifests, "HorizontalPodAutoscaler")
+    (pods_metric,) = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
+    configmap = yaml.safe_load((K8S / "prometheus-adapter" / "adapter-config.yaml").read_text())
+    (rule,) = yaml.safe_load(configmap["data"]["config.yaml"])["rules"]
+    series = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", rule["seriesQuery"]).group(0)
+    for replica in replicas.values():
+        families = _families(replica.base_url)
+        # The adapter queries the scraped series; the HPA asks for the name the rule exposes.
+        assert families[series].type == "gauge", replica.name
+        assert families[pods_metric].type == "gauge", replica.name
+        # Idle replica: nothing queued, nothing running, every KV slot free.
+        assert families["ortserve_requests_waiting"].samples[0].value == 0
+        assert families["ortserve_requests_running"].samples[0].value == 0
+        assert families["ortserve_kv_slots_free"].samples[0].value >= 1
+        assert families[TTFT].type == "histogram"
+
+
+def test_docker_healthcheck_command(replicas: dict[str, Replica]) -> None:
+    """The image's HEALTHCHECK command, run as Docker runs it, passes on a ready server, fails on none."""
+    stage = final_stage(dockerfile_instructions(DEPLOY / "docker" / "Dockerfile.cpu"))
+    (args,) = [a for k, a in stage if k == "HEALTHCHECK"]
+    argv = json.loads(args[args.index("CMD") + len("CMD"):])
+    assert argv[0] == "python"
+    argv[0] = sys.executable  # the image's python is its virtualenv's, as here
+
+    def run(port: int) -> int:
+        return subprocess.run(argv, env={"ORTSERVE_PORT": str(port)}, capture_output=True, timeout=30).returncode
+
+    assert run(replicas["container"].port) == 0
+    assert run(free_port()) != 0
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed (apt nginx-light)")
+def test_nginx_example_config_balances_streams(replicas: dict[str, Replica], tmp_path: Path) -> None:
+    """deploy/nginx/ortserve.conf with only its addresses changed: SSE streams through it to both replicas."""
+    listen = free_port()
+    upstreams = "".join(
+        f"    server 127.0.0.1:{r.port} max_fails=3 fail_timeout=10s;\n" for r in replicas.values()
+    )
+    text = (DEPLOY / "nginx" / "ortserve.conf").read_text()
+    text = re.sub(r"(?m)^\s*server 127\.0\.0\.1:\d+ .*\n", "", text)
+    text = text.replace("    keepalive 32;", upstreams + "    keepalive 32;")
+    text = text.replace("listen 8080;", f"listen 127.0.0.1:{listen};")
+    site = tmp_path / "ortserve.conf"
+    site.write_text(text)
+    main = nginx_main_conf(tmp_path / "nginx", site)
+    before = {r.name: _ttft_count(r.base_url) for r in replicas.values()}
+    proc = subprocess.Popen(["nginx", "-p", str(tmp_path / "nginx"), "-c", str(main)], stderr=subprocess.PIPE)
+    try:
+        base_url = f"http://127.0.0.1:{listen}"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        model = _model_id(base_url)
+        num_streams = 4
+        for _ in range(num_streams):
+            stream = _client(base_url).chat.completions.create(
+                model=model, messages=MESSAGES, max_tokens=6, temperature=0.0, stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = list(stream)
+            finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            assert finishes and finishes[-1] in ("stop", "length")
+            assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+        served = {r.name: _ttft_count(r.base_url) - before[r.name] for r in replicas.values()}
+        assert sum(served.values()) == num_streams
+        # least_conn with sequential requests (ties) falls back to round-robin: both replicas serve.
+        assert all(count >= 1 for count in served.values()), served
+    finally:
+        proc.send_signal(signal.SIGQUIT)  # nginx's graceful stop
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def test_sigterm_drains_a_running_stream_then_exits(replicas: dict[str, Replica]) -> None:
+    """SIGTERM to the container replica (the entry point exec'd the server, so it gets the signal): the
+    open stream still ends normally, the process exits cleanly within the drain, and the other replica
+    serves."""
+    replica = replicas["container"]
+    stream = _client(replica.base_url).chat.completions.create(
+        model=_model_id(replica.base_url), messages=MESSAGES, max_tokens=1500, temperature=0.0, stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    started = time.monotonic()
+    # The response head has arrived, so the request is generating: signal now, mid-stream.
+    replica.proc.send_signal(signal.SIGTERM)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"], "the stream was cut instead of drained"
+    stream_s = time.monotonic() - started
+    replica.proc.wait(timeout=SHUTDOWN_GRACE_S + 10)
+    # NOTE(deploy): uvicorn re-raises SIGTERM after its graceful shutdown, so "killed by SIGTERM" is a clean
+    # stop here; systemd, Docker and the kubelet count it as such when they sent the signal.
+    assert replica.proc.returncode in (0, -signal.SIGTERM), replica.log_tail()
+    # The test's premise: the stream outlasted uvicorn's 0.1 s exit poll, so the drain really ran.
+    assert stream_s > 0.3, f"the stream took only {stream_s:.2f} s; lengthen it"
+    other = replicas["systemd"]
+    reply = _client(other.base_url).chat.completions.create(
+        model=_model_id(other.base_url), messages=MESSAGES, max_tokens=2, temperature=0.0
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length")

@@ -1,0 +1,140 @@
+"""Fixtures for the API tests: real uvicorn servers on 127.0.0.1 (free ports) serving real models.
+
+`api_server` serves a small synthetic model (built from random weights, no download) loaded through the
+app's own lifespan; `serve_app` runs any app (e.g. one sharing that engine) in a background thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+
+from server.app import create_app
+from server.settings import Settings
+
+
+@dataclass
+class RunningServer:
+    base: str  # http://127.0.0.1:PORT
+    app: FastAPI
+
+    @property
+    def url(self) -> str:
+        return f"{self.base}/v1"
+
+    @property
+    def engine(self) -> Any:
+        return self.app.state.ortserve.engine
+
+    @property
+    def model(self) -> str:
+        return self.app.state.ortserve.served_model_name
+
+    def client(self, **kwargs: Any) -> openai.OpenAI:
+        kwargs.setdefault("api_key", "unused")
+        kwargs.setdefault("max_retries", 0)
+        kwargs.setdefault("timeout", 60)
+        return openai.OpenAI(base_url=self.url, **kwargs)
+
+    def async_client(self, **kwargs: Any) -> openai.AsyncOpenAI:
+        kwargs.setdefault("api_key", "unused")
+        kwargs.setdefault("max_retries", 0)
+        kwargs.setdefault("timeout", 60)
+        return openai.AsyncOpenAI(base_url=self.url, **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics as {'name{label="v"}': value} (labels sorted)."""
+        text = httpx.get(f"{self.base}/metrics", timeout=10).text
+        samples: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+                samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+        return samples
+
+    def wait_idle(self, timeout_s: float = 1.0) -> dict[str, float]:
+        """Poll /metrics until nothing runs or waits; returns the last sample (asserted by callers)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            m = self.metrics()
+            if (m["ortserve_requests_running"] == 0 and m["ortserve_requests_waiting"] == 0) \
+                    or time.monotonic() > deadline:
+                return m
+            time.sleep(0.02)
+
+
+def free_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@contextlib.contextmanager
+def serve_app(app: FastAPI, ready_timeout_s: float = 120.0) -> Iterator[RunningServer]:
+    """Run `app` under uvicorn in a thread until the block exits; waits for /health 200 first."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"uvicorn-{port}")
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + ready_timeout_s
+    try:
+        while True:
+            status = None
+            with contextlib.suppress(httpx.TransportError):
+                status = httpx.get(f"{base}/health", timeout=2).status_code
+            if status == 200:
+                break
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server did not become ready (health {status})")
+            time.sleep(0.05)
+        yield RunningServer(base=base, app=app)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+@pytest.fixture(scope="session")
+def api_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small synthetic model with a 2048-token context (long streams for disconnect/concurrency tests)."""
+    from engine.builder import SyntheticSpec, build_synthetic
+
+    return build_synthetic(tmp_path_factory.mktemp("api") / "model", SyntheticSpec(max_length=2048))
+
+
+def api_settings(model: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {"model": str(model), "served_model_name": "tiny", "max_batch": 8,
+                              "max_queue": 16, "shutdown_grace_s": 2.0, "log_level": "warning"}
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture(scope="session")
+def api_server(api_model: Path) -> Iterator[RunningServer]:
+    """The synthetic model served by an app that loads its own engine (lifespan loader, real sessions)."""
+    with serve_app(create_app(api_settings(api_model))) as running:
+        yield running
+
+
+def parse_chunks(events: list[str]) -> list[dict]:
+    """JSON chunks of an SSE stream that must end with exactly one [DONE]."""
+    assert events and events[-1] == "[DONE]", events[-3:]
+    assert events.count("[DONE]") == 1
+    return [json.loads(e) for e in events[:-1]]

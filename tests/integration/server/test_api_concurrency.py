@@ -1,0 +1,211 @@
+"""Many streams at once, new requests during a stream, disconnects, a full queue, engine faults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from engine.types import FinishReason, RequestOutput, SamplingParams
+from server.app import create_app
+from tests.integration.server.conftest import RunningServer, api_settings, serve_app
+
+HI = [{"role": "user", "content": "Tell me a long story"}]
+LONG = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+def _check_stream(chunks: list, max_tokens: int) -> str:
+    """Asserts one well-formed chat stream with include_usage; returns its text."""
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({(c.id, c.created, c.model) for c in chunks}) == 1
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == max_tokens
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_eight_concurrent_streams_complete(api_server: RunningServer) -> None:
+    async def one(client: openai.AsyncOpenAI, seed: int) -> tuple[str, str]:
+        stream = await client.chat.completions.create(
+            model="tiny", messages=HI, max_tokens=120, stream=True, stream_options={"include_usage": True},
+            seed=seed, extra_body={"ignore_eos": True})
+        chunks = [c async for c in stream]
+        return chunks[0].id, _check_stream(chunks, 120)
+
+    async def main() -> list[tuple[str, str]]:
+        async with api_server.async_client() as client:
+            return await asyncio.gather(*(one(client, seed) for seed in range(8)))
+
+    before = api_server.metrics()
+    results = asyncio.run(main())
+    assert len({rid for rid, _ in results}) == 8
+    m = api_server.wait_idle(2.0)
+    assert m["ortserve_requests_running"] == 0 and m["ortserve_requests_waiting"] == 0
+    assert m["ortserve_kv_slots_free"] == 8
+    key = 'ortserve_requests_total{status="length"}'
+    assert m[key] - before[key] == 8
+
+
+def test_new_requests_do_not_interrupt_a_running_stream(api_server: RunningServer) -> None:
+    async def main() -> tuple[list, Any, list]:
+        async with api_server.async_client() as client:
+            stream = await client.chat.completions.create(
+                model="tiny", messages=HI, max_tokens=1500, stream=True, stream_options={"include_usage": True},
+                **LONG)
+            chunks, others = [], None
+            async for chunk in stream:
+                chunks.append(chunk)
+                if len(chunks) == 3:  # mid-stream: a plain request and another stream arrive
+                    others = asyncio.gather(
+                        client.chat.completions.create(model="tiny", messages=HI, max_tokens=10, **LONG),
+                        client.chat.completions.create(model="tiny", messages=HI, max_tokens=10, stream=True,
+                                                       stream_options={"include_usage": True}, **LONG))
+            plain, second = await others
+            return chunks, plain, [c async for c in second]
+
+    chunks, plain, second = asyncio.run(main())
+    _check_stream(chunks, 1500)  # ran to the end: every token, one finish_reason, the usage chunk
+    assert plain.usage.completion_tokens == 10 and plain.choices[0].finish_reason == "length"
+    _check_stream(second, 10)
+
+
+def test_disconnect_after_three_chunks_frees_the_request(api_server: RunningServer) -> None:
+    before = api_server.metrics()
+    body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "stream": True, "temperature": 0,
+            "ignore_eos": True}
+    with httpx.Client(timeout=30) as http:
+        with http.stream("POST", f"{api_server.url}/chat/completions", json=body) as r:
+            seen = 0
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    seen += 1
+                    if seen == 3:
+                        assert api_server.metrics()["ortserve_requests_running"] == 1  # still generating
+                        break  # closing the line iterator closes the connection mid-stream
+    m = api_server.wait_idle(1.0)
+    assert m["ortserve_requests_running"] == 0 and m["ortserve_requests_waiting"] == 0
+    assert m["ortserve_kv_slots_free"] == 8
+    abort = 'ortserve_requests_total{status="abort"}'
+    assert m[abort] - before[abort] == 1
+    generated = m["ortserve_generation_tokens_total"] - before["ortserve_generation_tokens_total"]
+    assert generated < 1900 / 2  # cancelled at once, not run to max_tokens
+
+
+def test_disconnect_of_a_non_streaming_request_aborts_it(api_server: RunningServer) -> None:
+    before = api_server.metrics()
+    body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{api_server.url}/chat/completions", json=body, timeout=0.15)
+    m = api_server.wait_idle(1.0)
+    assert m["ortserve_requests_running"] == 0
+    abort = 'ortserve_requests_total{status="abort"}'
+    assert m[abort] - before[abort] == 1
+
+
+def test_full_queue_is_429_with_retry_after(api_model: Path) -> None:
+    settings = api_settings(api_model, max_batch=1, max_queue=0)
+    with serve_app(create_app(settings)) as running:
+        client = running.client()
+        body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "stream": True, "temperature": 0,
+                "ignore_eos": True}
+        with httpx.stream("POST", f"{running.url}/chat/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()  # NOTE: kept referenced; closing it would close the connection
+            while not next(lines).startswith("data: "):  # the first chunk: the only slot is taken
+                pass
+            for stream in (False, True):
+                with pytest.raises(openai.RateLimitError) as info:
+                    client.chat.completions.create(model="tiny", messages=HI, max_tokens=2, stream=stream)
+                assert int(info.value.response.headers["retry-after"]) >= 1
+                assert info.value.body["code"] == "server_overloaded"
+        m = running.wait_idle(2.0)
+        assert m['ortserve_requests_total{status="rejected"}'] == 2
+        # The slot is free again.
+        assert client.chat.completions.create(model="tiny", messages=HI, max_tokens=2).usage.completion_tokens == 2
+
+
+FAULT_MAX_TOKENS = 321  # requests asking for exactly this many tokens get the injected fault
+
+
+class FaultInjectingEngine:
+    """The real engine, except that requests with max_tokens == FAULT_MAX_TOKENS end, after three
+    outputs with text, the way a failed engine step ends them (finish_reason=ERROR with a message).
+
+    Fault injection only: every output before the fault comes from the real engine, and the real
+    request is aborted when the fault ends it (closing its generator).
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        count = 0
+        async for out in self._engine.generate(prompt_ids, params, request_id):
+            count += bool(out.text)
+            if params.max_tokens == FAULT_MAX_TOKENS and count == 4 and not out.finished:
+                yield RequestOutput(request_id, "", (), out.num_prompt_tokens, out.num_generated_tokens - 1,
+                                    finished=True, finish_reason=FinishReason.ERROR,
+                                    error="injected fault: the device went away")
+                return
+            yield out
+
+
+def test_engine_failure_mid_stream_ends_only_that_stream(api_server: RunningServer, api_model: Path) -> None:
+    app = create_app(api_settings(api_model), engine=FaultInjectingEngine(api_server.engine))
+    with serve_app(app) as running:
+        async def failing() -> list[str]:
+            body = {"model": "tiny", "messages": HI, "max_tokens": FAULT_MAX_TOKENS, "stream": True,
+                    "temperature": 0, "ignore_eos": True}
+            async with httpx.AsyncClient(timeout=30) as http:
+                async with http.stream("POST", f"{running.url}/chat/completions", json=body) as r:
+                    assert r.status_code == 200
+                    return [line[6:] async for line in r.aiter_lines() if line.startswith("data: ")]
+
+        async def healthy() -> list:
+            async with running.async_client() as client:
+                stream = await client.chat.completions.create(
+                    model="tiny", messages=HI, max_tokens=400, stream=True,
+                    stream_options={"include_usage": True}, **LONG)
+                return [c async for c in stream]
+
+        async def main() -> tuple[list[str], list]:
+            return await asyncio.gather(failing(), healthy())
+
+        events, good = asyncio.run(main())
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])
+        assert set(error) == {"error"} and "injected fault" in error["error"]["message"]
+        assert error["error"]["type"] == "internal_error"
+        chunks = [json.loads(e) for e in events[1:-2]]
+        assert len(chunks) == 3 and all(c["choices"][0]["finish_reason"] is None for c in chunks)
+        _check_stream(good, 400)
+
+        # The openai SDK raises on the error event; the server goes on serving.
+        client = running.client()
+        with pytest.raises(openai.APIError, match="injected fault"):
+            for _ in client.chat.completions.create(model="tiny", messages=HI, max_tokens=FAULT_MAX_TOKENS,
+                                                    stream=True, **LONG):
+                pass
+        assert client.chat.completions.create(model="tiny", messages=HI, max_tokens=5).usage.completion_tokens == 5
+        m = running.wait_idle(1.0)
+        assert m["ortserve_requests_running"] == 0
+        assert m['ortserve_requests_total{status="error"}'] == 2
+
+
+def test_two_apps_in_one_process_keep_separate_metrics(api_server: RunningServer, api_model: Path) -> None:
+    with serve_app(create_app(api_settings(api_model), engine=api_server.engine)) as other:
+        other.client().chat.completions.create(model="tiny", messages=HI, max_tokens=3)
+        m = other.metrics()
+        assert m['ortserve_requests_total{status="length"}'] == 1  # only its own request
+        assert m["ortserve_generation_tokens_total"] == 3
+    # The shared engine was not shut down by the second app.
+    assert api_server.client().chat.completions.create(model="tiny", messages=HI, max_tokens=2).usage

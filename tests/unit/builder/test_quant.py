@@ -1,0 +1,50 @@
+"""Exact ggml -> MatMulNBits repacking, checked against the gguf package's own dequantizer."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from engine.builder.quant import concat_rows, from_q4_0, from_q4_1, from_q8_0, pack, random_block_quant, unpack
+
+
+@pytest.mark.parametrize("qtype,convert", [(Q.Q4_0, from_q4_0), (Q.Q4_1, from_q4_1), (Q.Q8_0, from_q8_0)])
+def test_conversion_dequantizes_exactly_like_ggml(qtype, convert):
+    x = np.random.default_rng(0).normal(size=(48, 160)).astype(np.float32)
+    raw = gguf.quants.quantize(x, qtype)  # [48, bytes per row]
+    expected = gguf.quants.dequantize(raw, qtype).astype(np.float64)
+    w = convert(raw, 48, 160)
+    assert w.shape == (48, 160)
+    np.testing.assert_array_equal(w.dequantize(), expected)  # bit-exact in float64
+
+
+def test_q4_1_offsets_are_min_plus_8d():
+    x = np.random.default_rng(1).normal(size=(2, 64)).astype(np.float32)
+    raw = gguf.quants.quantize(x, Q.Q4_1).reshape(2, 2, 20)
+    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
+    m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    w = from_q4_1(raw, 2, 64)
+    np.testing.assert_array_equal(w.offsets, m + 8 * d)
+    np.testing.assert_array_equal(w.scales, d.astype(np.float32))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_pack_roundtrip_and_nibble_order(bits):
+    q = np.random.default_rng(2).integers(0, 2**bits, size=(3, 5, 32), dtype=np.uint8)
+    packed = pack(q, bits)
+    assert packed.shape == (3, 5, 32 * bits // 8)
+    np.testing.assert_array_equal(unpack(packed, bits), q)
+    if bits == 4:  # element 2i in the low nibble, 2i+1 in the high nibble (MatMulNBits layout)
+        assert packed[0, 0, 0] == q[0, 0, 0] | (q[0, 0, 1] << 4)
+
+
+def test_concat_rows_fuses_compatible_weights_only():
+    rng = np.random.default_rng(3)
+    a = random_block_quant(rng, 8, 64, fmt="q4_1", std=0.1)
+    b = random_block_quant(rng, 4, 64, fmt="q4_0", std=0.1)
+    fused = concat_rows([a, b])
+    np.testing.assert_array_equal(fused.dequantize(), np.concatenate([a.dequantize(), b.dequantize()]))
+    assert concat_rows([a, random_block_quant(rng, 4, 64, fmt="q8_0", std=0.1)]) is None
+    assert concat_rows([a, np.zeros((4, 64), np.float32)]) is None

@@ -1,0 +1,86 @@
+"""OutputProcessor: CoreOutputs -> RequestOutput deltas, stop strings -> aborts, stale outputs dropped."""
+
+from __future__ import annotations
+
+import asyncio
+
+from engine.core import CoreOutput
+from engine.detokenizer import IncrementalDetokenizer
+from engine.output_processor import OutputProcessor, RequestState, merge_outputs
+from engine.types import FinishReason, SamplingParams
+
+
+def make_state(tok, rid, stop=(), seq=1):
+    params = SamplingParams(stop=stop)
+    return RequestState(rid, 3, params, IncrementalDetokenizer(tok, [5, 6, 7], stop=stop), seq=seq)
+
+
+def drain(state):
+    out = []
+    while not state.queue.empty():
+        out.append(state.queue.get_nowait())
+    return out
+
+
+def test_stop_string_finishes_and_asks_the_core_to_abort(bpe_tokenizer):
+    async def main():
+        proc = OutputProcessor()
+        state = make_state(bpe_tokenizer, "a", stop=("lazy",))
+        proc.add(state)
+        ids = bpe_tokenizer.encode("the lazy dog").ids
+        aborts = []
+        for t in ids:
+            aborts += proc.process([CoreOutput("a", (t,), seq=1)])
+        outs = drain(state)
+        assert aborts == ["a"] and "a" not in proc.states
+        assert "".join(o.text for o in outs) == "the "
+        assert outs[-1].finished and outs[-1].finish_reason is FinishReason.STOP
+        assert [o.finished for o in outs].count(True) == 1
+        assert outs[-1].num_generated_tokens == len(outs)
+
+    asyncio.run(main())
+
+
+def test_eos_finish_flushes_held_text_and_does_not_decode_the_stop_token(bpe_tokenizer):
+    async def main():
+        proc = OutputProcessor()
+        state = make_state(bpe_tokenizer, "b", stop=("hello world",))
+        proc.add(state)
+        ids = bpe_tokenizer.encode("hello").ids
+        im_end = bpe_tokenizer.token_to_id("<|im_end|>")
+        aborts = proc.process([CoreOutput("b", (t,), seq=1) for t in ids])
+        aborts += proc.process([CoreOutput("b", (im_end,), FinishReason.STOP, seq=1)])
+        outs = drain(state)
+        assert not aborts
+        assert "".join(o.text for o in outs) == "hello"  # the held-back prefix of the stop string
+        assert outs[-1].finish_reason is FinishReason.STOP and outs[-1].token_ids == (im_end,)
+
+    asyncio.run(main())
+
+
+def test_outputs_of_an_older_request_with_the_same_id_are_dropped(bpe_tokenizer):
+    async def main():
+        proc = OutputProcessor()
+        state = make_state(bpe_tokenizer, "c", seq=2)
+        proc.add(state)
+        proc.process([CoreOutput("c", (40,), seq=1), CoreOutput("other", (41,), seq=2)])
+        assert drain(state) == []
+        proc.process([CoreOutput("c", (40,), seq=2)])
+        assert len(drain(state)) == 1
+
+    asyncio.run(main())
+
+
+def test_merge_outputs_concatenates_deltas(bpe_tokenizer):
+    async def main():
+        proc = OutputProcessor()
+        state = make_state(bpe_tokenizer, "d")
+        proc.add(state)
+        ids = bpe_tokenizer.encode("Hello world").ids
+        proc.process([CoreOutput("d", (t,), seq=1) for t in ids[:-1]])
+        proc.process([CoreOutput("d", (ids[-1],), FinishReason.LENGTH, seq=1)])
+        merged = merge_outputs(drain(state))
+        assert merged.text == "Hello world" and merged.token_ids == tuple(ids)
+        assert merged.finished and merged.finish_reason is FinishReason.LENGTH
+
+    asyncio.run(main())
