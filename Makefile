@@ -4,11 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
+MODEL ?=
 ARGS ?=
 
 .PHONY: serve test venv pull lint clean bench-cpu
 
 $(BIN)/activate:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ortserve needs Python 3.11+, found " + sys.version.split()[0] + " (set PYTHON=python3.12 or similar)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 
@@ -19,11 +21,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 
 venv: $(VENV)/.installed
 
+# Download and convert a known model into the cache (`serve` does this itself on first use).
 pull: venv
-	$(BIN)/ortserve pull
+	$(BIN)/ortserve pull $(MODEL)
 
-serve: pull
-	$(BIN)/ortserve serve --host $(HOST) --port $(PORT) $(ARGS)
+# `ortserve serve` resolves the model first: a known name is pulled and converted once, a GGUF converted.
+serve: venv
+	$(BIN)/ortserve serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 test: venv
 	$(BIN)/python -m pytest $(ARGS)

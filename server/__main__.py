@@ -95,11 +95,10 @@ def _serve(args: argparse.Namespace) -> int:
     from ep.names import EpError
 
     try:
-        report = flags.apply(settings.provider, settings.int4_gemv)
+        flags.apply(settings.provider, settings.int4_gemv)  # logs its own one-line report
     except EpError as exc:  # e.g. an unknown --provider
         print(f"ortserve serve: {exc}", file=sys.stderr)
         return 2
-    logger.info("backend flags: %s", report.summary())
 
     # 2. The model folder (pull and convert a known name or a GGUF on first use).
     from engine.builder import resolve_model

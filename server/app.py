@@ -195,7 +195,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["*"],  # SDKs send their own headers (x-stainless-*, openai-*)
         )
     return app
 

@@ -20,8 +20,6 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 DEFAULT_MODEL = "smollm2-135m-instruct"
 ENV_PREFIX = "ORTSERVE_"
 
-# Fields that only make sense on the command line of `serve` or that are handled outside the model.
-_CLI_SKIP: frozenset[str] = frozenset()
 
 
 class Settings(BaseSettings):
@@ -75,14 +73,14 @@ class Settings(BaseSettings):
         None, description="INT4 GEMV kernels for decode (default: on for AMD GPUs; --no-int4-gemv turns them off)."
     )
     intra_op_threads: int | None = Field(
-        None, ge=1, le=1024, description="ONNX Runtime intra-op threads (default: ONNX Runtime's choice)."
+        None, ge=1, le=1024, description="ONNX Runtime intra-op threads (default: the physical cores)."
     )
 
     # --- scheduling --------------------------------------------------------------------------------
     max_batch: int = Field(8, ge=1, le=256, description="Most requests decoded together (KV slots).")
     max_queue: int = Field(64, ge=0, le=100_000, description="Most requests waiting for a slot; more get 429.")
     prefill_chunk: int | None = Field(
-        None, ge=16, le=1_048_576, description="Prompt tokens prefilled per step (default: the engine's)."
+        None, ge=16, le=1_048_576, description="Token budget per engine step, > max_batch (default: the engine's, 256)."
     )
     default_max_tokens: int | None = Field(
         None, ge=1, description="max_tokens when a request gives none (default: the rest of the context)."
@@ -225,8 +223,6 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[B
     Booleans get `--x/--no-x`; list fields are repeatable; everything else is parsed by pydantic.
     """
     for name, field in settings_cls.model_fields.items():
-        if name in _CLI_SKIP:
-            continue
         inner, _ = _unwrap(field.annotation)
         help_text = field.description or ""
         env_name = f"{ENV_PREFIX}{name.upper()}"

@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -56,6 +56,10 @@ async def _race_disconnect(request: Request, awaitable: Any) -> Any:
         watcher.cancel()
         if not task.done():
             task.cancel()
+            # NOTE(server): wait for the cancelled work to unwind (the engine's generator aborts the
+            # request on cancellation) so that closing the generator afterwards cannot race it.
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait({task})
     if task.cancelled() or not task.done():
         raise ClientDisconnectedError("client disconnected")
     return task.result()
@@ -165,7 +169,6 @@ class StreamContext:
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
     text_offset: int = 0
-    logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def account(self, out: RequestOutput) -> None:
         self.num_prompt_tokens = out.num_prompt_tokens
@@ -197,6 +200,8 @@ async def _with_error_event(events: AsyncIterator[str], run: EngineRun) -> Async
         yield _dump(body)
         yield "[DONE]"
     finally:
+        with anyio.CancelScope(shield=True):
+            await events.aclose()  # type: ignore[attr-defined]
         await run.close()
 
 

@@ -175,12 +175,12 @@ def random_block_quant(
     if fmt == "q8_0":
         q = rng.integers(0, 256, size=(n, nb, QK), dtype=np.uint8)
         d = (std / 74.0) * rng.uniform(0.5, 1.5, size=(n, nb))
-        return BlockQuantMatrix(8, QK, pack(q, 8), d.astype(np.float16).astype(np.float32))
-    q = rng.integers(0, 16, size=(n, nb, QK), dtype=np.uint8)
+        return BlockQuantMatrix(8, QK, q, d.astype(np.float16).astype(np.float32))
+    packed = rng.integers(0, 256, size=(n, nb, QK // 2), dtype=np.uint8)  # both nibbles uniform in [0, 16)
     d = ((std / 4.6) * rng.uniform(0.5, 1.5, size=(n, nb))).astype(np.float16).astype(np.float32)
     if fmt == "q4_0":
-        return BlockQuantMatrix(4, QK, pack(q, 4), d)
+        return BlockQuantMatrix(4, QK, packed, d)
     if fmt == "q4_1":
         m = (-8.0 * d * rng.uniform(0.8, 1.2, size=(n, nb))).astype(np.float16).astype(np.float64)
-        return BlockQuantMatrix(4, QK, pack(q, 4), d, m + 8.0 * d.astype(np.float64))
+        return BlockQuantMatrix(4, QK, packed, d, m + 8.0 * d.astype(np.float64))
     raise ValueError(f"fmt must be q4_0, q4_1 or q8_0, got {fmt!r}")

@@ -27,7 +27,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     prompt_ids = await chat_prompt_ids(engine, body.template_messages())
     default_max_tokens = settings.default_max_tokens or remaining_context(engine, len(prompt_ids))
     params = checked_params(engine, prompt_ids,
-                            body.to_sampling_params(default_max_tokens, engine.max_model_len))
+                            body.to_sampling_params(default_max_tokens, engine.max_model_len), "messages")
 
     request_id = protocol.new_id("chatcmpl")
     run = EngineRun(engine, request_id, prompt_ids, params, tracker)

@@ -56,9 +56,19 @@ async def completion_prompt_ids(engine: EngineClient, prompt: str | list[int]) -
     return list(prompt)
 
 
-def checked_params(engine: EngineClient, prompt_ids: Sequence[int], params: SamplingParams) -> SamplingParams:
-    """Raise PromptTooLongError (400, naming both numbers) instead of ever truncating the prompt."""
-    engine.check_prompt(prompt_ids, params)
+def checked_params(engine: EngineClient, prompt_ids: Sequence[int], params: SamplingParams,
+                   prompt_param: str) -> SamplingParams:
+    """Raise PromptTooLongError (400, naming both numbers) instead of ever truncating the prompt.
+
+    Args:
+        prompt_param: the wire field the prompt came from ('messages' or 'prompt'), named in errors.
+    """
+    try:
+        engine.check_prompt(prompt_ids, params)
+    except InvalidRequestError as exc:
+        if exc.param in ("messages", "prompt"):
+            exc.param = prompt_param
+        raise
     return params
 
 

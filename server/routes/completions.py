@@ -27,7 +27,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     prompt_ids = await completion_prompt_ids(engine, body.prompt_text_or_ids())
     default_max_tokens = settings.default_max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
     params = checked_params(engine, prompt_ids,
-                            body.to_sampling_params(default_max_tokens, engine.max_model_len))
+                            body.to_sampling_params(default_max_tokens, engine.max_model_len), "prompt")
 
     request_id = protocol.new_id("cmpl")
     run = EngineRun(engine, request_id, prompt_ids, params, tracker)

@@ -21,7 +21,16 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy_tools import DEPLOY, K8S, by_kind, dockerfile_instructions, final_stage, kustomize, nginx_main_conf
+from deploy_tools import (
+    DEPLOY,
+    K8S,
+    by_kind,
+    dockerfile_instructions,
+    final_stage,
+    kustomize,
+    nginx_main_conf,
+    server_container,
+)
 from replica_tools import SHUTDOWN_GRACE_S, Replica, free_port
 
 TTFT = "ortserve_time_to_first_token_seconds"
@@ -93,7 +102,7 @@ def test_both_replicas_give_the_same_greedy_answer(replicas: dict[str, Replica])
 
 def test_probe_paths_answer_200(replicas: dict[str, Replica], gpu_manifests: list[dict[str, Any]]) -> None:
     deployment = by_kind(gpu_manifests, "Deployment")
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container = server_container(deployment)
     paths = {container[p]["httpGet"]["path"] for p in ("startupProbe", "readinessProbe", "livenessProbe")}
     paths.add(deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"])
     assert paths == {"/health", "/metrics"}

@@ -113,8 +113,13 @@ def test_prompt_too_long_is_400_naming_both_numbers(api_server: RunningServer) -
         message = info.value.body["message"]
         assert str(n) in message and str(api_server.engine.max_model_len) in message
         assert info.value.body["code"] == "context_length_exceeded"
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as info:
         api_server.client().completions.create(model="tiny", prompt=long_text, max_tokens=4)
+    assert info.value.body["param"] == "prompt" and info.value.body["code"] == "context_length_exceeded"
+    # Token-id prompts are checked against the vocabulary, never passed through blindly.
+    with pytest.raises(openai.BadRequestError) as info:
+        api_server.client().completions.create(model="tiny", prompt=[1, 2, 10**6], max_tokens=4)
+    assert info.value.body["param"] == "prompt"
 
 
 def test_out_of_range_values_are_400(api_server: RunningServer) -> None:

@@ -127,6 +127,8 @@ def test_cpu_overlay_asks_for_no_gpu(rendered: dict[str, list[dict[str, Any]]]) 
     server = server_container(by_kind(rendered["cpu"], "Deployment"))
     assert "amd.com/gpu" not in server["resources"].get("limits", {})
     assert env_of(server)["ORTSERVE_PROVIDER"] == "cpu"
+    # ONNX Runtime's threads match the cores the pod asked for, not the node's.
+    assert env_of(server)["ORTSERVE_INTRA_OP_THREADS"] == server["resources"]["requests"]["cpu"]
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
@@ -136,6 +138,8 @@ def test_pods_run_non_root_on_a_read_only_root(rendered: dict[str, list[dict[str
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 10001  # the uid the Dockerfiles create
     assert pod["automountServiceAccountToken"] is False
+    # Service links would put ORTSERVE_PORT=tcp://... (the Service `ortserve`) into the server's settings.
+    assert pod["enableServiceLinks"] is False
     mounts_needed = {"/tmp"}
     for container in pod["initContainers"] + pod["containers"]:
         context = container["securityContext"]

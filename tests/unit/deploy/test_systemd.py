@@ -74,12 +74,12 @@ def test_verify_reports_a_misspelt_directive(tmp_path: Path) -> None:
 @needs_systemd
 @pytest.mark.parametrize("unit", ["ortserve@0.service", "ortserve-pull.service"])
 def test_units_rate_ok_in_systemd_analyze_security(tmp_path: Path, unit: str) -> None:
-    """Exposure below 2.5 of 10 ("OK")."""
+    """Exposure below 2.0 of 10 (the units rate 1.7 and 1.5 with systemd 252)."""
     root = _scratch_root(tmp_path, _ours())
-    proc = _analyze(root, "security", "--offline=true", "--threshold=25", unit)
+    proc = _analyze(root, "security", "--offline=true", "--threshold=20", unit)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
     match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", proc.stdout)
-    assert match and float(match.group(1)) < 2.5, proc.stdout[-500:]
+    assert match and float(match.group(1)) < 2.0, proc.stdout[-500:]
 
 
 @needs_systemd
@@ -94,7 +94,7 @@ def test_security_check_fails_an_unhardened_unit(tmp_path: Path) -> None:
         )
     ]
     root = _scratch_root(tmp_path, {TEMPLATE.name: "\n".join(lines) + "\n", PULL.name: PULL.read_text()})
-    proc = _analyze(root, "security", "--offline=true", "--threshold=25", "ortserve@0.service")
+    proc = _analyze(root, "security", "--offline=true", "--threshold=20", "ortserve@0.service")
     assert proc.returncode != 0, proc.stdout[-500:]
 
 

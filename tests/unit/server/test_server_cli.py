@@ -61,3 +61,8 @@ def test_bench_is_delegated(capsys: pytest.CaptureFixture) -> None:
 def test_convert_reports_a_missing_file(tmp_path, capsys: pytest.CaptureFixture) -> None:
     assert main(["convert", str(tmp_path / "missing.gguf"), str(tmp_path / "out"), "--quiet"]) == 1
     assert "missing.gguf" in capsys.readouterr().err
+
+
+def test_unknown_provider_is_refused_before_anything_loads(capsys: pytest.CaptureFixture) -> None:
+    assert main(["serve", "--provider", "quantum"]) == 2
+    assert "quantum" in capsys.readouterr().err
