@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pull = sub.add_parser("pull", help="download and convert a known model into the cache")
     pull.add_argument("name", nargs="?", default=DEFAULT_MODEL, help=f"model name (default {DEFAULT_MODEL})")
-    pull.add_argument("--cache-dir", default=None, help="cache folder (default ORTSERVE_CACHE_DIR or ~/.cache/ortserve)")
+    pull.add_argument("--cache-dir", default=None,
+                      help="cache folder (default ORTSERVE_CACHE_DIR or ~/.cache/ortserve)")
     pull.add_argument("--quiet", action="store_true", help="no progress bars")
     pull.set_defaults(func=_pull)
 
@@ -101,11 +102,11 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
 
     # 2. The model folder (pull and convert a known name or a GGUF on first use).
-    from engine.builder import resolve_model
+    from engine.builder import BuildError, resolve_model
 
     try:
         model_dir = resolve_model(settings.model)
-    except Exception as exc:  # a bad name/path/download is the user's to fix: no traceback
+    except (BuildError, OSError) as exc:  # a bad name/path/download is the user's to fix: no traceback
         print(f"ortserve serve: cannot resolve model {settings.model!r}: {exc}", file=sys.stderr)
         return 1
     served_name = settings.served_model_name or (None if _looks_like_path(settings.model) else settings.model)
@@ -138,11 +139,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _pull(args: argparse.Namespace) -> int:
     _configure_logging("info")
-    from engine.builder import pull_model
+    from engine.builder import BuildError, pull_model
 
     try:
         path = pull_model(args.name, cache_dir=args.cache_dir, progress=not args.quiet)
-    except Exception as exc:
+    except (BuildError, OSError) as exc:
         print(f"ortserve pull: {exc}", file=sys.stderr)
         return 1
     print(path)
@@ -151,12 +152,12 @@ def _pull(args: argparse.Namespace) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     _configure_logging("info")
-    from engine.builder import convert_gguf
+    from engine.builder import BuildError, convert_gguf
 
     try:
         path = convert_gguf(args.gguf, args.out_dir, accuracy_level=args.accuracy_level, dtype=args.dtype,
                             overwrite=args.overwrite, progress=not args.quiet)
-    except Exception as exc:
+    except (BuildError, OSError) as exc:
         print(f"ortserve convert: {exc}", file=sys.stderr)
         return 1
     print(path)

@@ -31,6 +31,7 @@ class EngineClient(Protocol):
 
     model_name: str
     max_model_len: int
+    vocab_size: int
     tokenizer: TokenizerLike
     chat_template: ChatTemplateLike
 

@@ -139,7 +139,8 @@ class _SamplingFields(OpenAIBaseModel):
             try:
                 token_id = int(key)
             except ValueError:
-                raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+                raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}",
+                                          param="logit_bias") from None
             if token_id < 0:
                 raise InvalidRequestError(f"logit_bias keys must be >= 0, got {token_id}", param="logit_bias")
             pairs.append((token_id, float(bias)))

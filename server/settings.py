@@ -80,7 +80,8 @@ class Settings(BaseSettings):
     max_batch: int = Field(8, ge=1, le=256, description="Most requests decoded together (KV slots).")
     max_queue: int = Field(64, ge=0, le=100_000, description="Most requests waiting for a slot; more get 429.")
     prefill_chunk: int | None = Field(
-        None, ge=16, le=1_048_576, description="Token budget per engine step, > max_batch (default: the engine's, 256)."
+        None, ge=16, le=1_048_576,
+        description="Token budget per engine step, > max_batch (default: the engine's, 256).",
     )
     default_max_tokens: int | None = Field(
         None, ge=1, description="max_tokens when a request gives none (default: the rest of the context)."

@@ -1,7 +1,7 @@
 """engine.builder: GGUF -> ONNX Runtime GenAI model folders, synthetic models, and the model cache.
 
-Offline tooling: the server never imports it at request time; nothing here imports onnxruntime
-except the tests' reference loops.
+Offline tooling: the server never imports it at request time, and nothing here imports onnxruntime.
+The CLI calls pull_model / convert_gguf / resolve_model and maps BuildError subclasses by class.
 """
 
 from engine.builder.errors import (

@@ -69,6 +69,10 @@ def checked_params(engine: EngineClient, prompt_ids: Sequence[int], params: Samp
         if exc.param in ("messages", "prompt"):
             exc.param = prompt_param
         raise
+    for token_id, _ in params.logit_bias:
+        if token_id >= engine.vocab_size:
+            raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {engine.vocab_size}), got {token_id}",
+                                      param="logit_bias")
     return params
 
 

@@ -125,7 +125,8 @@ def test_prompt_too_long_is_400_naming_both_numbers(api_server: RunningServer) -
 def test_out_of_range_values_are_400(api_server: RunningServer) -> None:
     client = api_server.client()
     for bad, param in [({"temperature": 2.5}, "temperature"), ({"top_p": 1.5}, "top_p"),
-                       ({"max_tokens": 0}, "max_tokens"), ({"extra_body": {"top_k": -1}}, "top_k")]:
+                       ({"max_tokens": 0}, "max_tokens"), ({"extra_body": {"top_k": -1}}, "top_k"),
+                       ({"logit_bias": {"100000": 5}}, "logit_bias")]:
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(model="tiny", messages=HI, **bad)
         assert info.value.body["param"] == param and "got" in info.value.body["message"]

@@ -101,7 +101,7 @@ def test_disconnect_of_a_non_streaming_request_aborts_it(api_server: RunningServ
     before = api_server.metrics()
     body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "temperature": 0, "ignore_eos": True}
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{api_server.url}/chat/completions", json=body, timeout=0.15)
+        httpx.post(f"{api_server.url}/chat/completions", json=body, timeout=0.3)
     m = api_server.wait_idle(1.0)
     assert m["ortserve_requests_running"] == 0
     abort = 'ortserve_requests_total{status="abort"}'

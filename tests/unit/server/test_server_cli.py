@@ -66,3 +66,8 @@ def test_convert_reports_a_missing_file(tmp_path, capsys: pytest.CaptureFixture)
 def test_unknown_provider_is_refused_before_anything_loads(capsys: pytest.CaptureFixture) -> None:
     assert main(["serve", "--provider", "quantum"]) == 2
     assert "quantum" in capsys.readouterr().err
+
+
+def test_pull_of_an_unknown_name_exits_1(capsys: pytest.CaptureFixture) -> None:
+    assert main(["pull", "no-such-model", "--quiet"]) == 1
+    assert "no-such-model" in capsys.readouterr().err
