@@ -12,10 +12,16 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from engine.graph_capture import DeviceAllocator, DeviceDecodeIO
 from engine.kv_cache import KVCache
 from engine.model_loader import GraphIO
 
 log = logging.getLogger(__name__)
+
+# NOTE(engine): ortserve-built graphs have this optional int64 [1] input (an overridable initializer,
+# default 0 = every position): 1 makes a prefill chunk compute only its last position's logits. Folders from
+# other builders lack it and get all positions, of which the last is used.
+LOGITS_TO_KEEP = "logits_to_keep"
 
 # (shape, dtype) -> (numpy array, OrtValue over the same memory)
 InputAllocator = Callable[[tuple[int, ...], Any], tuple[np.ndarray, ort.OrtValue]]
@@ -28,13 +34,20 @@ def host_input(shape: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, ort.OrtV
 
 
 def make_input_allocator(selected: Any) -> InputAllocator:
-    """Decode inputs in the device's HOST_ACCESSIBLE memory where ep/ offers it, else host memory."""
-    if selected is None or getattr(selected, "ep_device", None) is None:
+    """Decode inputs in the device's HOST_ACCESSIBLE memory where ep/ offers it, else host memory.
+
+    The allocator's ``source`` attribute says which was taken last ("ep_host_accessible",
+    "hip_host_malloc" or "cpu": the fallback, ordinary inputs).
+    """
+    # NOTE(lead): keyed on what the device offers, not on whether it is a plugin EP: HOST_ACCESSIBLE memory
+    # (a plugin EP's, or a CPU allocator registered for it), or hip-python on AMD; ep/ decides, else fallback.
+    if selected is None or (selected.host_accessible_memory is None and selected.provider == "cpu"):
         return host_input
     from ep import host_memory
 
     def allocate(shape: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, ort.OrtValue]:
         buf = host_memory.alloc_host_accessible(shape, dtype, selected)
+        allocate.source = "cpu" if buf is None else buf.source  # type: ignore[attr-defined]
         if buf is None:
             return host_input(shape, dtype)
         return buf.array, buf.ortvalue
@@ -65,11 +78,14 @@ class Runner:
         max_position: positions fed to idle rows are clipped below this (the rotary cache length).
         whole_buffer: run all rows every step (forced when the KV cache is not CPU-addressable).
         input_allocator: where input_ids/position_ids/attention_mask live (host-accessible on devices).
+        device_alloc: whole buffer only: give the decode inputs and the logits fixed device buffers (what a
+            captured graph needs); the numpy buffers then stage the inputs, uploaded before each run.
     """
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
                  max_position: int, whole_buffer: bool = False,
-                 input_allocator: InputAllocator = host_input) -> None:
+                 input_allocator: InputAllocator = host_input,
+                 device_alloc: DeviceAllocator | None = None) -> None:
         self.session = session
         self.io = io
         self.kv = kv
@@ -91,9 +107,21 @@ class Runner:
         self.decode_logits = np.zeros((n, 1, vocab), dtype=np.float32)
         self.prefill_ids = np.zeros(chunk, dtype=np.int64)
         self.prefill_pos = np.zeros(chunk, dtype=np.int64)
-        self.prefill_logits = np.zeros(chunk * vocab, dtype=np.float32)
+        self.keep_last = LOGITS_TO_KEEP in {i.name for i in session.get_overridable_initializers()}
+        self.prefill_logits = np.zeros((1 if self.keep_last else chunk) * vocab, dtype=np.float32)
+        self._keep_one = ort.OrtValue.ortvalue_from_numpy(np.ones(1, dtype=np.int64))
         self._decode_bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._prefill_bindings: dict[int, ort.IOBinding] = {}
+        self.input_source = getattr(input_allocator, "source", "cpu")  # where the decode inputs live
+        self.device_io: DeviceDecodeIO | None = None
+        if device_alloc is not None:
+            if not self.whole_buffer:
+                raise ValueError("device decode buffers need whole-buffer mode")
+            staging = {io.input_ids: self.decode_ids, io.attention_mask: self.mask}
+            if io.position_ids:
+                staging[io.position_ids] = self.decode_pos
+            self.device_io = DeviceDecodeIO(session, staging, io.logits, (n, 1, vocab), device_alloc)
+            self.input_source = "cpu->device"
 
     # -- public ----------------------------------------------------------------------------------------
 
@@ -120,11 +148,23 @@ class Runner:
         self.decode_pos[rows, 0] = pos
         self._set_ones(rows, pos + 1)
         binding = self._decode_bindings.get((lo, hi)) or self._make_decode_binding(lo, hi)
-        self.session.run_with_iobinding(binding)
+        logits = self._run_decode(binding)  # [width, 1, V]
         self.slot_len[rows] = pos + 1
         if width > len(rows):
-            return self.decode_logits[rows - lo, 0]  # [n, V] (a gather copy)
-        return self.decode_logits[:width, 0]  # [n, V] view
+            return logits[rows - lo, 0]  # [n, V] (a gather copy)
+        return logits[:width, 0]  # [n, V] view
+
+    def warmup(self) -> None:
+        """One whole-buffer run with every row idle: compiles the kernels and, with graph capture, captures
+        the decode step, so the first request doesn't pay for it. Row KV stays garbage (no slot is live)."""
+        if not self.whole_buffer:
+            return
+        rows = np.arange(self.num_slots)
+        self.decode_ids[:, 0] = 0
+        self.decode_pos[:, 0] = np.minimum(self.slot_len, self.max_position - 1)
+        self._set_ones(rows, self.slot_len + 1)
+        binding = self._decode_bindings.get((0, self.num_slots)) or self._make_decode_binding(0, self.num_slots)
+        self._run_decode(binding)
 
     def prefill(self, slot: int, token_ids: Sequence[int], start: int) -> np.ndarray:
         """Prompt tokens ``[start, start + S)`` of the request in ``slot``.
@@ -141,16 +181,19 @@ class Runner:
         pos = self.prefill_pos[:num].reshape(1, num)
         ids[0] = token_ids
         pos[0] = np.arange(start, start + num)
-        logits = self.prefill_logits[:num * self.vocab_size].reshape(1, num, self.vocab_size)  # [1, S, V]
         self._set_ones(np.array([slot]), np.array([start + num]))
         binding = self._prefill_bindings.get(slot) or self._make_prefill_binding(slot)
         binding.bind_ortvalue_input(self.io.input_ids, ort.OrtValue.ortvalue_from_numpy(ids))
         if self.io.position_ids:
             binding.bind_ortvalue_input(self.io.position_ids, ort.OrtValue.ortvalue_from_numpy(pos))
-        binding.bind_ortvalue_output(self.io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
+        if self.keep_last:  # [1, 1, V], bound once in _make_prefill_binding
+            logits = self.prefill_logits.reshape(1, 1, self.vocab_size)
+        else:
+            logits = self.prefill_logits[:num * self.vocab_size].reshape(1, num, self.vocab_size)  # [1, S, V]
+            binding.bind_ortvalue_output(self.io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
         self.session.run_with_iobinding(binding)
         self.slot_len[slot] = start + num
-        return logits[0, num - 1]
+        return logits[0, -1]
 
     def release(self, slot: int) -> None:
         """The slot's request left: its KV is garbage from now on."""
@@ -167,6 +210,15 @@ class Runner:
             logits = self.decode([slot], [token_id], [start + i])
         assert logits is not None
         return logits[0]
+
+    def _run_decode(self, binding: ort.IOBinding) -> np.ndarray:
+        """Run a decode binding; returns its float32 ``[width, 1, V]`` logits."""
+        if self.device_io is None:
+            self.session.run_with_iobinding(binding)
+            return self.decode_logits
+        self.device_io.upload()
+        self.session.run_with_iobinding(binding)
+        return self.device_io.read_logits()
 
     def _set_ones(self, rows: np.ndarray, ones: np.ndarray) -> None:
         """Make row r of the mask hold ``ones[i]`` leading ones (touching only the changed span)."""
@@ -190,6 +242,11 @@ class Runner:
     def _make_decode_binding(self, lo: int, hi: int) -> ort.IOBinding:
         binding = self.session.io_binding()
         whole = lo == 0 and hi == self.num_slots
+        if whole and self.device_io is not None:
+            self.device_io.bind(binding)
+            self._bind_kv(binding, lo, hi)
+            self._decode_bindings[(lo, hi)] = binding
+            return binding
         ids = self._ids_value if whole else _value(self.decode_ids[lo:hi])
         pos = self._pos_value if whole else _value(self.decode_pos[lo:hi])
         mask = self._mask_value if whole else _value(self.mask[lo:hi])
@@ -205,6 +262,9 @@ class Runner:
     def _make_prefill_binding(self, slot: int) -> ort.IOBinding:
         binding = self.session.io_binding()
         binding.bind_ortvalue_input(self.io.attention_mask, _value(self.mask[slot:slot + 1]))
+        if self.keep_last:
+            binding.bind_ortvalue_input(LOGITS_TO_KEEP, self._keep_one)
+            binding.bind_ortvalue_output(self.io.logits, _value(self.prefill_logits.reshape(1, 1, self.vocab_size)))
         self._bind_kv(binding, slot, slot + 1)
         self._prefill_bindings[slot] = binding
         return binding
