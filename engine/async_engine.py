@@ -7,6 +7,7 @@ and receives outputs via loop.call_soon_threadsafe.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -18,15 +19,16 @@ from engine.chat_template import ChatTemplate
 from engine.config import EngineConfig
 from engine.core import CoreOutput, EngineCore
 from engine.detokenizer import IncrementalDetokenizer
+from engine.graph_capture import OpenedSession, open_session
 from engine.kv_cache import KVCache, KVShape, make_kv_allocator
-from engine.model_loader import ModelFolder, check_graph, create_session, read_model_folder, resolve_max_model_len
+from engine.model_loader import ModelFolder, check_graph, read_model_folder, resolve_max_model_len
 from engine.output_processor import OutputProcessor, RequestState, merge_outputs
 from engine.runner import Runner, make_input_allocator
 from engine.scheduler import Request, Scheduler
 from engine.tokenizer import Tokenizer
 from engine.types import (
-    EngineDeadError, EngineOverloadedError, EngineStats, FinishReason, InvalidRequestError, PromptTooLongError,
-    RequestOutput, SamplingParams,
+    DevicePlacement, EngineDeadError, EngineOverloadedError, EngineStats, FinishReason, InvalidRequestError,
+    ModelLoadError, PromptTooLongError, RequestOutput, SamplingParams,
 )
 
 log = logging.getLogger(__name__)
@@ -47,15 +49,14 @@ class AsyncEngine:
     def __init__(self, folder: ModelFolder, config: EngineConfig) -> None:
         self.config = config
         self.folder = folder
-        session, selected = create_session(folder, config)
-        io = check_graph(folder, session)
-        self.max_model_len = resolve_max_model_len(folder, config, io.kv_length)
-        self.vocab_size = io.vocab_size
-        kv_length = io.kv_length or self.max_model_len
-        kv = KVCache(KVShape(folder.num_layers, config.max_batch, folder.num_kv_heads, kv_length,
-                             folder.head_size, io.kv_dtype), make_kv_allocator(selected, session))
-        runner = Runner(session, io, kv, prefill_chunk=config.prefill_chunk, max_position=self.max_model_len,
-                        whole_buffer=bool(config.whole_buffer), input_allocator=make_input_allocator(selected))
+        planned_len = resolve_max_model_len(folder, config, None)
+        try:
+            runner = self._make_runner(open_session(folder, config, planned_len), planned_len)
+        except _WarmupError as exc:  # graph capture was auto-chosen and its first run failed: run without it
+            log.warning("graph capture failed at its first run (%s); running without it", exc)
+            self.config = config = dataclasses.replace(config, graph_capture=False)
+            runner = self._make_runner(open_session(folder, config, planned_len), planned_len)
+        kv = runner.kv
         scheduler = Scheduler(config.max_batch, config.max_queue + config.max_batch, config.prefill_chunk)
         self.kv_cache_bytes = kv.shape.nbytes
         self._processor = OutputProcessor()
@@ -63,11 +64,49 @@ class AsyncEngine:
         self._handoff: queue.SimpleQueue[list[CoreOutput] | None] = queue.SimpleQueue()
         self._handoff_thread = threading.Thread(target=self._deliver, name="ortserve-engine-outputs", daemon=True)
         self._handoff_thread.start()
-        self._core = EngineCore(runner, scheduler, self._on_core_outputs, seed=config.seed)
+        self._core = EngineCore(runner, scheduler, self._on_core_outputs, seed=config.seed,
+                                fault_injector=config.fault_injector)
         self._core.start()
         self._closed = False
         log.info("engine ready: %s, max_model_len %d, %d slots, KV %.1f MiB", folder.model_name,
                  self.max_model_len, config.max_batch, self.kv_cache_bytes / 2**20)
+
+    def _make_runner(self, opened: OpenedSession, planned_len: int) -> Runner:
+        """KV cache and runner over ``opened``; sets max_model_len, vocab_size and placement."""
+        session, selected, config = opened.session, opened.selected, self.config
+        io = check_graph(self.folder, session, packed_input=opened.packed_input)
+        self.max_model_len = resolve_max_model_len(self.folder, config, io.kv_length)
+        self.vocab_size = io.vocab_size
+        kv_length = io.kv_length or self.max_model_len
+        if opened.graph_capture and kv_length != planned_len:
+            raise ModelLoadError(f"graph capture was set up for KV length {planned_len}, the graph has {kv_length}")
+        kv = KVCache(KVShape(self.folder.num_layers, config.max_batch, self.folder.num_kv_heads, kv_length,
+                             self.folder.head_size, io.kv_dtype), make_kv_allocator(selected, session))
+        device_alloc = None
+        if opened.graph_capture:
+            from ep import host_memory
+
+            def device_alloc(shape: tuple[int, ...], dtype: Any) -> Any:
+                return host_memory.alloc_device(shape, dtype, selected, session=session, zero=True)
+        runner = Runner(session, io, kv, prefill_chunk=config.prefill_chunk, max_position=self.max_model_len,
+                        whole_buffer=bool(config.whole_buffer), input_allocator=make_input_allocator(selected),
+                        device_alloc=device_alloc, packed_input=opened.packed_input)
+        if selected is not None and runner.whole_buffer:
+            try:  # compile the kernels (and capture the decode step) before the first request
+                runner.warmup()
+            except Exception as exc:  # noqa: BLE001 - ORT raises several pybind classes
+                if opened.graph_capture and config.graph_capture is None:
+                    raise _WarmupError(f"{type(exc).__name__}: {exc}") from exc
+                raise ModelLoadError(f"the first run on {selected.ep_name} failed: {exc}") from exc
+        self.placement = DevicePlacement(
+            provider=selected.provider if selected is not None else "cpu",
+            ep_name=selected.ep_name if selected is not None else "CPUExecutionProvider",
+            device_id=selected.device_id if selected is not None else 0,
+            kv_cache="host" if kv.addressable else "device", decode_inputs=runner.input_source,
+            logits="device->cpu" if runner.device_io is not None else "cpu", whole_buffer=runner.whole_buffer,
+            graph_capture=opened.graph_capture, graph_capture_note=opened.note)
+        log.info("placement: %s", self.placement)
+        return runner
 
     @classmethod
     def from_model_dir(cls, path: str | Path, config: EngineConfig | None = None) -> AsyncEngine:
@@ -138,8 +177,12 @@ class AsyncEngine:
         state = RequestState(request_id, len(prompt_ids), params, detok, loop=asyncio.get_running_loop(),
                              seq=self._seq)
         self._processor.add(state)
-        self._core.add(Request(request_id, prompt_ids, params, eos_token_ids=self.eos_token_ids,
-                               max_model_len=self.max_model_len, seq=self._seq))
+        try:
+            self._core.add(Request(request_id, prompt_ids, params, eos_token_ids=self.eos_token_ids,
+                                   max_model_len=self.max_model_len, seq=self._seq))
+        except EngineDeadError:  # the core ended between the check above and now
+            self._processor.remove(request_id)
+            raise
         finished = False
         try:
             while not finished:
@@ -263,3 +306,7 @@ class AsyncEngine:
         to_abort = self._processor.process(outputs)
         if to_abort:
             self._core.abort(to_abort)
+
+
+class _WarmupError(Exception):
+    """The auto-chosen captured decode step failed at its first run."""

@@ -5,8 +5,12 @@ A frozen dataclass with validation next to each check; no onnxruntime import.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.core import StepInfo
 
 from engine.types import InvalidRequestError
 
@@ -30,7 +34,14 @@ class EngineConfig:
         allow_spinning: let ORT's intra-op threads spin between ops (lower latency, burns CPU).
         whole_buffer: always run every KV row (what opaque device buffers need); None -> only when the
             KV cache isn't CPU-addressable.
+        graph_capture: capture the whole-buffer decode step once and replay it (WebGPU's enableGraphCapture,
+            the analog of the AMDGPU EP's HIP graphs): fixed [max_batch, 1] shapes, every input and output
+            in a fixed device buffer. None -> on for WebGPU when the graph allows it (else off, the reason
+            logged); True -> required (a model or provider that can't is a ModelLoadError); False -> off.
         seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
+        fault_injector: TEST-ONLY hook, called on the core thread with a ``StepInfo`` just before each model
+            run; an exception it raises fails exactly that run's requests (finish_reason ERROR), as a device
+            error would, and the engine goes on. None (the default) costs nothing.
     """
 
     provider: str = "cpu"
@@ -44,7 +55,9 @@ class EngineConfig:
     intra_op_threads: int | None = None
     allow_spinning: bool = True
     whole_buffer: bool | None = None
+    graph_capture: bool | None = None
     seed: int | None = None
+    fault_injector: Callable[[StepInfo], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check(1 <= self.max_batch <= 256, "max_batch", "must be in [1, 256]", self.max_batch)

@@ -18,7 +18,7 @@ import numpy as np
 from engine.runner import Runner
 from engine.sampler import RequestSampler, sample_batch
 from engine.scheduler import Finished, Request, Scheduler, SchedulerOutput
-from engine.types import EngineOverloadedError, FinishReason, TokenLogprob
+from engine.types import EngineDeadError, EngineError, FinishReason, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,10 @@ class CoreOutput:
     logprobs: tuple[TokenLogprob, ...] | None = None
     error: str | None = None
     seq: int = 0  # the Request's seq
+    first_scheduled_s: float | None = None  # Request.first_scheduled_s (time.monotonic seconds)
+    # NOTE(engine): set when the request was refused before it ran (EngineOverloadedError from the
+    # scheduler, an invalid request); the async side raises it to the caller instead of an output.
+    exception: BaseException | None = None
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,19 @@ class CoreSnapshot:
     last_step_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class StepInfo:
+    """What a model run is about to compute; passed to the test-only fault injector."""
+
+    step: int  # steps_total before this step
+    kind: str  # "decode" or "prefill"
+    request_ids: tuple[str, ...]
+
+
 Sink = Callable[[list[CoreOutput]], None]
+# NOTE(engine): a test-only hook (EngineConfig.fault_injector): called on the core thread just before each
+# session.run; whatever it raises fails exactly the requests of that run, as a real device error would.
+FaultInjector = Callable[[StepInfo], None]
 _SHUTDOWN = object()
 
 
@@ -68,15 +84,22 @@ class EngineCore:
         scheduler: decides each step.
         sink: receives each step's outputs, called on the core thread (must only hand them over).
         seed: seeds the rng that unseeded requests draw from (None: fresh entropy).
+        fault_injector: test-only; called with a StepInfo before every model run (None: no call at all).
     """
 
-    def __init__(self, runner: Runner, scheduler: Scheduler, sink: Sink, seed: int | None = None) -> None:
+    def __init__(self, runner: Runner, scheduler: Scheduler, sink: Sink, seed: int | None = None,
+                 fault_injector: FaultInjector | None = None) -> None:
         self.runner = runner
+        self.fault_injector = fault_injector
         self.scheduler = scheduler
         self.sink = sink
         self.vocab_size = runner.vocab_size
         self._seeds = np.random.SeedSequence(seed)
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+        # NOTE(engine): once the loop has ended (shutdown or death) the inbox is closed under this lock, so
+        # an add can never land in an inbox nobody drains (its caller would wait forever).
+        self._inbox_lock = threading.Lock()
+        self._inbox_closed = False
         self._thread: threading.Thread | None = None
         self.snapshot = CoreSnapshot(num_slots_free=scheduler.num_slots)
         self.dead: BaseException | None = None
@@ -92,7 +115,11 @@ class EngineCore:
         self._thread.start()
 
     def add(self, request: Request) -> None:
-        self._inbox.put(request)
+        """Queue a request for the core thread; raises EngineDeadError once the loop has ended."""
+        with self._inbox_lock:
+            if self._inbox_closed:
+                raise EngineDeadError(f"the engine thread has stopped: {self.dead!r}")
+            self._inbox.put(request)
 
     def abort(self, request_ids: Sequence[str]) -> None:
         self._inbox.put(_Abort(request_ids))
@@ -117,7 +144,8 @@ class EngineCore:
         except BaseException as exc:  # a bug in the loop itself: everything in flight fails
             log.exception("engine core died")
             self.dead = exc
-            self._finish_all(FinishReason.ERROR, f"engine failed: {exc!r}")
+            self._finish_all(FinishReason.ERROR, f"engine failed: {exc!r}",
+                             EngineDeadError(f"the engine thread has stopped: {exc!r}"))
             return
         self._finish_all(FinishReason.ABORT, None)
 
@@ -141,12 +169,17 @@ class EngineCore:
                 self._add(item)
 
     def _add(self, request: Request) -> None:
-        rng = np.random.default_rng(self._seeds.spawn(1)[0]) if request.params.seed is None else None
-        request.sampler_state = RequestSampler(request.params, request.prompt_ids, self.vocab_size, rng)
+        """Queue one request; a problem with it (overload, bad params) fails only that request."""
         try:
+            rng = np.random.default_rng(self._seeds.spawn(1)[0]) if request.params.seed is None else None
+            request.sampler_state = RequestSampler(request.params, request.prompt_ids, self.vocab_size, rng)
             self.scheduler.add(request)
-        except EngineOverloadedError as exc:
-            self.sink([CoreOutput(request.request_id, (), FinishReason.ERROR, error=str(exc), seq=request.seq)])
+        except Exception as exc:  # NOTE(engine): never let one request's problem stop the core thread
+            refused = isinstance(exc, EngineError)  # overloaded, invalid: raised to the caller as is
+            if not refused:
+                log.exception("could not queue request %s", request.request_id)
+            self.sink([CoreOutput(request.request_id, (), FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}",
+                                  seq=request.seq, exception=exc if refused else None)])
 
     def step(self) -> None:
         """One scheduler step: the decode batch (outputs sent at once), then one prefill chunk."""
@@ -166,6 +199,8 @@ class EngineCore:
 
     def _run_decode(self, batch: tuple[Request, ...]) -> None:
         try:
+            if self.fault_injector is not None:
+                self.fault_injector(StepInfo(self._steps, "decode", tuple(r.request_id for r in batch)))
             logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
                                         [r.num_computed_tokens for r in batch])
             results = sample_batch(logits, [r.sampler_state for r in batch])
@@ -182,6 +217,8 @@ class EngineCore:
         assert chunk is not None
         request = chunk.request
         try:
+            if self.fault_injector is not None:
+                self.fault_injector(StepInfo(self._steps, "prefill", (request.request_id,)))
             logits = self.runner.prefill(request.slot, chunk.token_ids, chunk.start)
             results = sample_batch(logits[None], [request.sampler_state]) if chunk.is_last else []
         except Exception as exc:
@@ -200,7 +237,8 @@ class EngineCore:
             self._release(f.request)
         self._publish(time.monotonic())  # stats agree with the outputs by the time they are seen
         self.sink([CoreOutput(r.request_id, (res.token_id,), reasons.get(r.request_id),
-                              (res.logprob,) if res.logprob is not None else None, seq=r.seq)
+                              (res.logprob,) if res.logprob is not None else None, seq=r.seq,
+                              first_scheduled_s=r.first_scheduled_s)
                    for r, res in zip(batch, results)])
 
     def _fail(self, batch: Sequence[Request], exc: Exception) -> None:
@@ -211,7 +249,9 @@ class EngineCore:
         self.sink([CoreOutput(r.request_id, (), FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}",
                               seq=r.seq) for r in batch])
 
-    def _finish_all(self, reason: FinishReason, error: str | None) -> None:
+    def _finish_all(self, reason: FinishReason, error: str | None, exception: BaseException | None = None) -> None:
+        with self._inbox_lock:
+            self._inbox_closed = True
         dropped = self.scheduler.abort_all()
         while True:  # adds that never reached the scheduler
             try:
@@ -221,10 +261,14 @@ class EngineCore:
             if isinstance(item, Request):
                 dropped.append(item)
         for request in dropped:
-            self._release(request)
+            try:  # NOTE(engine): a broken runner must not keep the final outputs from their consumers
+                self._release(request)
+            except Exception:
+                log.exception("could not release the slot of %s", request.request_id)
         if dropped:
             try:
-                self.sink([CoreOutput(r.request_id, (), reason, error=error, seq=r.seq) for r in dropped])
+                self.sink([CoreOutput(r.request_id, (), reason, error=error, seq=r.seq, exception=exception)
+                           for r in dropped])
             except Exception:  # the loop may be gone at shutdown
                 log.debug("could not deliver final outputs", exc_info=True)
         self._publish(time.monotonic())

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 _KV_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 DEFAULT_MAX_LENGTH = 2048
+# where ORT finds external weights when the graph itself is passed as bytes
+EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 
 
 @dataclass(frozen=True)
@@ -151,8 +153,12 @@ def resolve_max_model_len(folder: ModelFolder, config: EngineConfig, kv_length: 
     return value
 
 
-def check_graph(folder: ModelFolder, session: ort.InferenceSession) -> GraphIO:
-    """Match the session's inputs/outputs with genai_config's names; anything unknown is an error."""
+def check_graph(folder: ModelFolder, session: ort.InferenceSession, *, packed_input: str | None = None) -> GraphIO:
+    """Match the session's inputs/outputs with genai_config's names; anything unknown is an error.
+
+    ``packed_input``: the session runs a graph rewritten by ``engine.graph_capture`` whose decode inputs are
+    packed into this one input (input_ids and attention_mask are then absent).
+    """
     spec = folder.genai["model"]["decoder"]
     names_in = spec.get("inputs", {})
     names_out = spec.get("outputs", {})
@@ -173,11 +179,12 @@ def check_graph(folder: ModelFolder, session: ort.InferenceSession) -> GraphIO:
     if io.past_keys[0] not in inputs:
         raise ModelLoadError(f"{where} has no KV-cache inputs ({io.past_keys[0]}); the engine needs a decoder "
                              f"with past/present KV (GroupQueryAttention, past_present_share_buffer)")
-    known = {io.input_ids, io.attention_mask, io.position_ids, *io.past_keys, *io.past_values}
+    known = {io.input_ids, io.attention_mask, io.position_ids, *io.past_keys, *io.past_values, packed_input}
     unknown = sorted(set(inputs) - known)
     if unknown:
         raise ModelLoadError(f"{where} has inputs the engine cannot feed: {unknown}")
-    for required in (io.input_ids, io.attention_mask, *io.past_keys, *io.past_values):
+    decode_inputs = (packed_input,) if packed_input else (io.input_ids, io.attention_mask)
+    for required in (*decode_inputs, *io.past_keys, *io.past_values):
         if required not in inputs:
             raise ModelLoadError(f"{where} lacks the input {required!r}")
     for required in (io.logits, *io.present_keys, *io.present_values):
@@ -243,35 +250,51 @@ def session_options(config: EngineConfig, base: ort.SessionOptions | None = None
     return so
 
 
-def create_session(folder: ModelFolder, config: EngineConfig) -> tuple[ort.InferenceSession, Any]:
+def create_session(folder: ModelFolder, config: EngineConfig, *, selected: Any = None,
+                   graph_capture: bool = False, model_bytes: bytes | None = None,
+                   ) -> tuple[ort.InferenceSession, Any]:
     """Open the session on the configured provider.
 
     ``provider="cpu"`` opens a plain CPU session here; any other provider goes through ``ep/`` (device
     selection, plugin EP registration, provider options); ep's own errors (``ep.names.EpError``: unknown
     provider, device not found, bad --ep-library) propagate unchanged.
 
+    Args:
+        folder, config: the model folder and the engine settings.
+        selected: an ``ep.device.SelectedDevice`` already chosen (None: select from ``config``).
+        graph_capture: ask the EP for graph capture (WebGPU; see ``engine.graph_capture``).
+        model_bytes: a rewritten graph to load instead of ``folder.model_file``; its external weights are
+            still read from the folder.
     Returns:
         (session, ``ep.device.SelectedDevice`` or None for the plain CPU path).
     Raises:
         ModelLoadError: the graph is not servable or ONNX Runtime refuses it.
     """
+    model: str | bytes = str(folder.model_file) if model_bytes is None else model_bytes
     check_share_buffer(folder)
     if config.provider.lower() == "cpu":
         try:
             so = session_options(config)
-            return ort.InferenceSession(str(folder.model_file), so, providers=["CPUExecutionProvider"]), None
+            if model_bytes is not None:
+                so.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(folder.path))
+            return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]), None
         except Exception as exc:  # onnxruntime raises Fail/InvalidGraph/NoSuchFile/RuntimeError
             raise ModelLoadError(f"ONNX Runtime cannot load {folder.model_file}: {exc}") from exc
     from ep import device as ep_device
     from ep import providers as ep_providers
     from ep.names import SessionCreateError
 
-    selected = ep_device.select_device(config.provider, config.device, config.ep_library)
+    if selected is None:
+        selected = ep_device.select_device(config.provider, config.device, config.ep_library)
     base = ep_providers.make_session_options(
         selected, folder.genai, ep_options=dict(config.ep_options),
-        intra_op_threads=config.intra_op_threads or physical_cores())
+        intra_op_threads=config.intra_op_threads or physical_cores(), graph_capture=graph_capture)
+    if model_bytes is not None:
+        base.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(folder.path))
+    if graph_capture:  # lets engine.graph_capture check that no node was left for the CPU EP
+        base.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     try:
-        session = ep_providers.create_session(folder.model_file, selected, session_options(config, base))
+        session = ep_providers.create_session(model, selected, session_options(config, base))
     except SessionCreateError as exc:
         raise ModelLoadError(str(exc)) from exc
     return session, selected

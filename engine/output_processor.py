@@ -51,6 +51,10 @@ class OutputProcessor:
             state = self.states.get(out.request_id)
             if state is None or state.seq != out.seq:  # finished or cancelled on this side already
                 continue
+            if out.exception is not None:  # refused in the core (e.g. overloaded): the caller gets it raised
+                state.queue.put_nowait(out.exception)
+                del self.states[out.request_id]
+                continue
             state.num_generated_tokens += len(out.token_ids)
             reason = out.finish_reason
             # NOTE(engine): STOP from the core means a stop token (eos, stop_token_ids); it is not text.
@@ -64,7 +68,7 @@ class OutputProcessor:
                 request_id=out.request_id, text=state.detokenizer.next_delta(finished=finished),
                 token_ids=out.token_ids, num_prompt_tokens=state.num_prompt_tokens,
                 num_generated_tokens=state.num_generated_tokens, finished=finished, finish_reason=reason,
-                logprobs=out.logprobs, error=out.error))
+                logprobs=out.logprobs, error=out.error, first_scheduled_s=out.first_scheduled_s))
             if finished:
                 del self.states[out.request_id]
         return to_abort
@@ -88,4 +92,5 @@ def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
         request_id=last.request_id, text="".join(o.text for o in outputs),
         token_ids=tuple(t for o in outputs for t in o.token_ids), num_prompt_tokens=last.num_prompt_tokens,
         num_generated_tokens=last.num_generated_tokens, finished=last.finished,
-        finish_reason=last.finish_reason, logprobs=logprobs, error=last.error)
+        finish_reason=last.finish_reason, logprobs=logprobs, error=last.error,
+        first_scheduled_s=next((o.first_scheduled_s for o in outputs if o.first_scheduled_s is not None), None))

@@ -21,6 +21,9 @@ class FinishReason(str, enum.Enum):
         return self.value
 
 
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request samples and when it stops.
@@ -59,12 +62,15 @@ class SamplingParams:
         _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]",
                self.repetition_penalty)
         _check(0 <= self.top_logprobs <= 20, "top_logprobs", "must be in [0, 20]", self.top_logprobs)
+        _check(self.seed is None or 0 <= self.seed < 2**64, "seed", "must be in [0, 2**64)", self.seed)
         for token_id, bias in self.logit_bias:
             _check(-100.0 <= bias <= 100.0, "logit_bias", f"values must be in [-100, 100] (token {token_id})", bias)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # NOTE(engine): temperatures below 1e-5 are greedy: dividing float32 logits by them overflows to inf
+        # (NaN probabilities). Found by tests/reliability/test_fuzz_chat.py (temperature=5e-324).
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
 
 def _check(ok: bool, param: str, rule: str, value: object) -> None:
@@ -98,6 +104,9 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
     error: str | None = None  # set with finish_reason=ERROR
+    # time.monotonic() seconds when the core first scheduled the request (left the waiting queue); set
+    # on its outputs once known, so the server can tell queue time from prefill time.
+    first_scheduled_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,21 @@ class EngineStats:
     generation_tokens_total: int = 0
     decode_tokens_per_s: float = 0.0  # recent, all streams together
     extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DevicePlacement:
+    """Where one engine's tensors live and how its decode step runs (startup log, tests, ``devices``)."""
+
+    provider: str  # "cpu", "webgpu", "amdgpu", ...
+    ep_name: str  # e.g. "WebGpuExecutionProvider"
+    device_id: int  # the DEFAULT memory info's id (0 on the plain CPU path)
+    kv_cache: str  # "host" (CPU-addressable, bound as row views) | "device" (opaque, bound whole)
+    decode_inputs: str  # "ep_host_accessible" | "hip_host_malloc" | "cpu" | "cpu->device" (uploaded per step)
+    logits: str  # "cpu" (bound to CPU memory) | "device->cpu" (read back after each step)
+    whole_buffer: bool  # every run covers all KV rows, shape [max_batch, 1]
+    graph_capture: bool
+    graph_capture_note: str = ""  # why capture is on or off
 
 
 # --- errors, mapped by class (never by message) to HTTP statuses in server/errors.py --------------

@@ -63,6 +63,7 @@ def alloc_host_accessible(shape: Sequence[int], dtype: Any, selected: SelectedDe
         try:
             ortvalue = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype.type, memory_info=mem)
             array = _shared_view(ortvalue, shape, dtype)
+            array[...] = 0  # NOTE(host_memory): allocators hand out recycled memory; callers expect zeros
         except Exception as e:  # noqa: BLE001 - ORT raises several pybind classes; fall back, say why
             logger.warning("%s: HOST_ACCESSIBLE memory %s could not be used (%s)", selected.ep_name, mem.name, e)
         else:

@@ -134,7 +134,10 @@ def _serve(args: argparse.Namespace) -> int:
     state.on_load_failed = stop_on_load_failure
     logger.info("serving %s on http://%s:%d/v1", model_dir, settings.host, settings.port)
     server.run()
-    return 1 if state.status == "failed" or state.load_error else 0
+    if state.status == "failed" or state.load_error:
+        print(f"ortserve serve: the model in {model_dir} cannot be served: {state.load_error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _pull(args: argparse.Namespace) -> int:

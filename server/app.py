@@ -125,8 +125,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             # keeps the loop serving /health (503 "loading") meanwhile.
             engine = await anyio.to_thread.run_sync(loader, state.settings)
         except Exception as exc:
+            from engine.types import EngineError
+
             state.status, state.load_error = "failed", f"{type(exc).__name__}: {exc}"
-            logger.error("loading the model failed: %s", state.load_error, exc_info=exc)
+            # NOTE(server): a ModelLoadError (corrupt or unservable folder) is the user's to fix: one clear
+            # line, no traceback; anything else is our bug and keeps its traceback.
+            logger.error("loading the model failed: %s", state.load_error,
+                         exc_info=None if isinstance(exc, EngineError) else exc)
             if state.on_load_failed is not None:
                 state.on_load_failed(state.load_error)
             return

@@ -43,7 +43,7 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS, registry=r)
         self.request_queue_time = Histogram(
             "ortserve_request_queue_time_seconds",
-            "Engine submission to the first engine output (waiting for a slot plus prefill), seconds.",
+            "Engine submission until the engine first scheduled the request (waiting for a slot), seconds.",
             buckets=_LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("ortserve_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
         self.generation_tokens = Counter("ortserve_generation_tokens", "Generated tokens.", registry=r)
@@ -70,6 +70,7 @@ class RequestTracker:
         self._m = metrics
         self.arrival_s = arrival_s  # perf_counter seconds
         self._submitted_s: float | None = None
+        self._submitted_monotonic_s: float | None = None  # the clock of RequestOutput.first_scheduled_s
         self._last_token_s: float | None = None
         self._num_generated = 0
         self._num_prompt = 0
@@ -78,6 +79,7 @@ class RequestTracker:
     def submitted(self) -> None:
         """The request was handed to the engine (after templating and tokenizing)."""
         self._submitted_s = time.perf_counter()
+        self._submitted_monotonic_s = time.monotonic()
 
     def on_output(self, out: RequestOutput) -> None:
         now = time.perf_counter()
@@ -87,7 +89,10 @@ class RequestTracker:
             return
         if self._last_token_s is None:
             self._m.time_to_first_token.observe(now - self.arrival_s)
-            if self._submitted_s is not None:
+            if out.first_scheduled_s is not None and self._submitted_monotonic_s is not None:
+                # NOTE(server): the engine's own timestamp, so prefill time is not counted as queue time.
+                self._m.request_queue_time.observe(max(0.0, out.first_scheduled_s - self._submitted_monotonic_s))
+            elif self._submitted_s is not None:  # an engine that does not report it: up to the first output
                 self._m.request_queue_time.observe(now - self._submitted_s)
             new_tokens -= 1  # the first token has no inter-token gap
         if new_tokens > 0 and self._last_token_s is not None:

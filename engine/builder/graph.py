@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from engine.builder.quant import BlockQuantMatrix, LinearWeight, concat_rows
 
 OPSET = 21
+LOGITS_TO_KEEP = "logits_to_keep"  # optional int64 [1] input: logits only for the last N positions (0: all)
 DTYPES = {"float32": (np.float32, TensorProto.FLOAT), "float16": (np.float16, TensorProto.FLOAT16)}
 
 
@@ -159,6 +160,21 @@ def rope_cache(spec: ModelSpec, freq_factors: np.ndarray | None) -> tuple[np.nda
     return np.cos(angles), np.sin(angles)
 
 
+def _keep_last_positions(g: _Graph, h: str) -> str:
+    """Slice the last ``logits_to_keep`` positions of ``h`` [B, S, H] before the LM head (0 keeps all).
+
+    A prefill chunk only needs its last position's logits; the LM head over every position is ~20% of a
+    prompt's work and a [S, vocab] float32 output. Rows are independent, so the kept logits are the same.
+    """
+    keep = g.const(LOGITS_TO_KEEP, np.array([0], np.int64))  # the default: all positions
+    (positive,) = g.node("Greater", [keep, g.const("zero_i64_1d", np.array([0], np.int64))], 1, "keep/positive")
+    (neg,) = g.node("Neg", [keep], 1, "keep/neg")
+    (start,) = g.node("Where", [positive, neg, "zero_i64_1d"], 1, "keep/start")  # [1]: -keep, or 0 for all
+    ends = g.const("keep/ends", np.array([np.iinfo(np.int64).max], np.int64))
+    (out,) = g.node("Slice", [h, start, ends, g.const("keep/axes", np.array([1], np.int64))], 1, "keep/slice")
+    return out
+
+
 def build_graph(
     spec: ModelSpec,
     weights: ModelWeights,
@@ -168,6 +184,9 @@ def build_graph(
     on_layer: Callable[[int], None] | None = None,
 ) -> onnx.ModelProto:
     """Builds the decoder graph (I/O names and shapes as in docs/ARCHITECTURE.md).
+
+    Beside those, the optional input ``logits_to_keep`` (int64 [1], default 0 = all) limits ``logits`` to
+    the last N positions, ``[B, N, vocab]``; the engine sets it to 1 for prefill chunks.
 
     Args:
         spec: model hyperparameters.
@@ -196,9 +215,12 @@ def build_graph(
                 f"present.{i}.{kind}", onnx_dtype, ["batch_size", kvh, "present_sequence_length", hd]))
 
     # 1. GQA's sequence lengths from the mask: seqlens_k = sum(mask) - 1, total = mask width (int32).
-    (mask_sum,) = g.node("ReduceSum", ["attention_mask", g.const("mask_axes", np.array([1], np.int64))], 1,
+    # NOTE(builder): the sum runs in float32 (exact for counts below 2**24): GPU EPs such as WebGPU have no
+    # int64 arithmetic, and one int64 node left on the CPU EP forbids graph capture.
+    (mask_f,) = g.node("Cast", ["attention_mask"], 1, "mask_to_float", to=TensorProto.FLOAT)  # [B, T]
+    (mask_sum,) = g.node("ReduceSum", [mask_f, g.const("mask_axes", np.array([1], np.int64))], 1,
                          "mask_reduce_sum", keepdims=0)  # [B]
-    (mask_sub,) = g.node("Sub", [mask_sum, g.const("one_i64", np.array(1, np.int64))], 1, "mask_sub_one")
+    (mask_sub,) = g.node("Sub", [mask_sum, g.const("one_f32", np.array(1.0, np.float32))], 1, "mask_sub_one")
     (seqlens_k,) = g.node("Cast", [mask_sub], 1, "seqlens_k", to=TensorProto.INT32)  # [B]
     (mask_shape,) = g.node("Shape", ["attention_mask"], 1, "mask_shape")
     (width,) = g.node("Gather", [mask_shape, g.const("one_idx", np.array(1, np.int64))], 1, "mask_width", axis=0)
@@ -270,6 +292,7 @@ def build_graph(
     h, _, _, _ = g.node(
         "SkipSimplifiedLayerNormalization", [pending, residual, g.act("final_norm", weights.output_norm)],
         ["final_norm/out0", "", "", ""], "final_norm", "com.microsoft", epsilon=eps)
+    h = _keep_last_positions(g, h)  # [B, S, H] -> [B, min(S, keep), H]
     logits = g.linear(h, weights.lm_head, "lm_head")
     if onnx_dtype == TensorProto.FLOAT:
         producer = next(n for n in reversed(g.nodes) if logits in n.output)
@@ -277,6 +300,9 @@ def build_graph(
     else:
         g.node("Cast", [logits], ["logits"], "logits", to=TensorProto.FLOAT)
 
+    # NOTE(builder): LOGITS_TO_KEEP is a graph input with a default (an overridable initializer): callers
+    # that don't know it (onnxruntime-genai, plain session.run) get every position's logits as before.
+    inputs.append(helper.make_tensor_value_info(LOGITS_TO_KEEP, TensorProto.INT64, [1]))
     graph = helper.make_graph(g.nodes, "ortserve_decoder", inputs, outputs, g.inits)
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],

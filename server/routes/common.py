@@ -36,9 +36,22 @@ def start_tracking(request: Request, state: ServerState) -> RequestTracker:
     return tracker
 
 
+def _encode(engine: EngineClient, text: str, param: str) -> list[int]:
+    """Tokenize `text`; a string that is not valid Unicode is the client's error (400), not ours."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # NOTE(server): JSON allows a lone "\ud800" escape; Python keeps it as a surrogate that no tokenizer
+        # (nor UTF-8) can take. Found by tests/reliability/test_fuzz_chat.py.
+        raise InvalidRequestError(f"{param} must be valid Unicode text, but it contains the lone surrogate "
+                                  f"{text[exc.start]!r} (an unpaired \\uD800-\\uDFFF escape)",
+                                  param=param, code="invalid_value") from None
+    return list(engine.tokenizer.encode(text))
+
+
 def _render_and_encode(engine: EngineClient, messages: list[dict[str, str]]) -> list[int]:
     text = engine.chat_template.render(messages, tools=None, add_generation_prompt=True)
-    return list(engine.tokenizer.encode(text))
+    return _encode(engine, text, "messages")
 
 
 async def chat_prompt_ids(engine: EngineClient, messages: list[dict[str, str]]) -> list[int]:
@@ -49,7 +62,7 @@ async def chat_prompt_ids(engine: EngineClient, messages: list[dict[str, str]]) 
 async def completion_prompt_ids(engine: EngineClient, prompt: str | list[int]) -> list[int]:
     """Tokenize a text prompt in a worker thread; token-id prompts are checked and passed through."""
     if isinstance(prompt, str):
-        return await anyio.to_thread.run_sync(lambda: list(engine.tokenizer.encode(prompt)))
+        return await anyio.to_thread.run_sync(_encode, engine, prompt, "prompt")
     for index, token_id in enumerate(prompt):
         if token_id < 0:
             raise InvalidRequestError(f"prompt token ids must be >= 0, got {token_id} at {index}", param="prompt")

@@ -17,8 +17,12 @@ router = APIRouter(tags=["service"])
 async def health(request: Request) -> JSONResponse:
     """200 {"status": "ok"} once the model is ready; 503 with "loading", "failed" or "stopping" before/after."""
     state = get_state(request)
-    if state.status == "ready":
+    # NOTE(server): an engine whose core thread died is not ready, whatever the load status says.
+    engine_alive = state.engine is not None and getattr(state.engine, "is_running", True)
+    if state.status == "ready" and engine_alive:
         return JSONResponse({"status": "ok", "model": state.served_model_name})
+    if state.status == "ready":
+        return JSONResponse({"status": "failed", "error": "the engine has stopped"}, status_code=503)
     body = {"status": state.status}
     if state.load_error:
         body["error"] = state.load_error

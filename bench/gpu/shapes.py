@@ -1,0 +1,25 @@
+"""The model shapes the GPU benchmark runs, the H200's bandwidth and the prototype's reference figures.
+
+Plain data; no engine, onnxruntime or torch import (both the engine bench and the PyTorch reference read it).
+"""
+
+from __future__ import annotations
+
+# Hugging Face config names; all three tie the LM head to the embedding, head size 64.
+SHAPES: dict[str, dict[str, int]] = {
+    "smollm2-135m": dict(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, intermediate_size=1536,
+                         vocab_size=49152),
+    "qwen2.5-0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
+                         vocab_size=151936),
+    "llama-3.2-1b": dict(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192,
+                         vocab_size=128256),
+}
+HF_ARCH = {"smollm2-135m": "llama", "qwen2.5-0.5b": "qwen2", "llama-3.2-1b": "llama"}
+
+HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e, vendor datasheet
+# A prototype loop (shared KV buffer, IOBinding, no graph capture, batch 1), tokens/s (issue 4).
+PROTOTYPE_WEBGPU = {"smollm2-135m": 100.0, "qwen2.5-0.5b": 125.0, "llama-3.2-1b": 158.0}
+PROTOTYPE_TORCH_EAGER = {"smollm2-135m": 43.0, "qwen2.5-0.5b": 57.0, "llama-3.2-1b": 71.0}
+
+PROMPT_TOKENS = 8
+OUTPUT_TOKENS = 128

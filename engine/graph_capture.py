@@ -1,0 +1,267 @@
+"""The captured decode step (WebGPU graph capture): the rewritten graph, the session choice, fixed device buffers.
+
+Imports onnxruntime (and onnx while rewriting); ep/ only through engine.model_loader.create_session. The
+runner owns the buffers' contents; this module owns where they live and how they cross to the device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from engine.config import EngineConfig
+from engine.model_loader import ModelFolder, create_session
+from engine.types import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+CAPTURE_PROVIDERS = ("webgpu",)  # EPs whose graph capture the engine drives (AMDGPU captures on its own)
+TOTAL_LEN_NAME = "ortserve/total_sequence_length"
+# The packed decode input: int32 [num_slots, 2] = (token id, seqlens_k = KV length after this token - 1) per row,
+# one upload per step instead of three (each host -> WebGPU copy is a queue submission, ~0.4 ms on an H200).
+PACKED_INPUT = "ortserve/step"
+
+# (shape, dtype) -> an OrtValue in device memory (zeroed)
+DeviceAllocator = Callable[[tuple[int, ...], Any], ort.OrtValue]
+
+
+@dataclass(frozen=True)
+class OpenedSession:
+    """The decoder session and how it runs the decode step."""
+
+    session: ort.InferenceSession
+    selected: Any  # ep.device.SelectedDevice, None on the plain CPU path
+    graph_capture: bool
+    note: str  # why capture is on or off (logged, and reported in DevicePlacement)
+    packed_input: str | None = None  # the graph's decode inputs are packed into this one (see capture_graph_bytes)
+
+
+def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = False,
+                        names: tuple[str, str, str] = ("input_ids", "position_ids", "attention_mask")) -> bytes:
+    """The decoder graph with nothing left for the CPU EP when every run is ``[num_slots, 1]`` wide.
+
+    Only the graph is rewritten (the weights stay in the folder's external data file):
+      1. overridable initializers (graph inputs with a default, e.g. ``logits_to_keep``) become constants, so
+         the optimizer folds the int64 arithmetic they feed;
+      2. every GroupQueryAttention's ``total_sequence_length`` (``Shape(attention_mask)[1]``: shape ops on
+         int64 that GPU EPs leave to the CPU) becomes the constant ``kv_length``, which is exactly the
+         width of the mask every captured run binds;
+      3. ``packed``: input_ids, position_ids and attention_mask give way to one int32 input ``PACKED_INPUT``
+         [num_slots, 2]: column 0 feeds the embedding, column 1 is GQA's seqlens_k (which GQA also takes the
+         rotary positions from when position_ids is absent, as it is for a one-token step);
+      4. nodes nobody consumes any more are dropped.
+
+    Args:
+        folder: the model folder.
+        kv_length: the KV buffers' length = the attention mask's width (positions).
+        packed: rewrite the three decode inputs into ``PACKED_INPUT``.
+        names: the graph's (input_ids, position_ids, attention_mask) names.
+    Returns:
+        The serialized model; load it with the external-data folder set to ``folder.path``.
+    Raises:
+        ModelLoadError: the graph cannot be read, has no GroupQueryAttention to rewrite, or (``packed``)
+            uses a decode input elsewhere than the embedding and GroupQueryAttention.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    try:
+        proto = onnx.load(str(folder.model_file), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError and others for corrupt files
+        raise ModelLoadError(f"{folder.model_file} is not a readable ONNX model: {exc}") from exc
+    graph = proto.graph
+    # 1. Defaults of optional inputs become plain constants.
+    init_names = {t.name for t in graph.initializer}
+    kept = [i for i in graph.input if i.name not in init_names]
+    del graph.input[:]
+    graph.input.extend(kept)
+    # 2. GQA's total length from a constant.
+    rewired = 0
+    for node in graph.node:
+        if node.op_type == "GroupQueryAttention" and len(node.input) > 6 and node.input[6]:
+            node.input[6] = TOTAL_LEN_NAME
+            rewired += 1
+    if not rewired:
+        raise ModelLoadError(f"{folder.model_file}: no GroupQueryAttention with a total_sequence_length input")
+    graph.initializer.append(numpy_helper.from_array(np.array(kv_length, dtype=np.int32), TOTAL_LEN_NAME))
+    if packed:
+        _pack_decode_inputs(graph, names)
+    # 4. Drop what fed only the old total length (Shape -> Gather -> Cast), iterating to a fixed point.
+    graph_outputs = {o.name for o in graph.output}
+    while True:
+        used = {name for node in graph.node for name in node.input} | graph_outputs
+        dead = [node for node in graph.node if not any(out in used for out in node.output if out)]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    used = {name for node in graph.node for name in node.input} | graph_outputs
+    live_inits = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(live_inits)
+    if packed:
+        left = sorted(set(names) & used)
+        if left:
+            raise ModelLoadError(f"{folder.model_file}: {left} feed more than the embedding and GroupQueryAttention; "
+                                 f"the decode inputs can't be packed")
+        kept = [i for i in graph.input if i.name not in names]
+        del graph.input[:]
+        graph.input.extend(kept)
+    return proto.SerializeToString()
+
+
+def _pack_decode_inputs(graph, names: tuple[str, str, str]) -> None:
+    """Step 3 of ``capture_graph_bytes``: feed the embedding and GQA from ``PACKED_INPUT``.
+
+    Gathers (not Slice/Squeeze) take the two columns apart, and the token ids go back to int64 for the
+    embedding, so every new node has a WebGPU kernel in onnxruntime-ep-webgpu 0.4.0.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    input_ids, position_ids, _ = names
+    graph.initializer.extend([numpy_helper.from_array(np.array([0], np.int64), "ortserve/col0"),
+                              numpy_helper.from_array(np.array(1, np.int64), "ortserve/col1")])
+    ids, seqlens = "ortserve/ids", "ortserve/seqlens_k"
+    new_nodes = [  # [n, 2] -> ids int64 [n, 1], seqlens_k int32 [n]
+        helper.make_node("Gather", [PACKED_INPUT, "ortserve/col0"], ["ortserve/ids_i32"], name="ortserve/ids_i32",
+                         axis=1),
+        helper.make_node("Cast", ["ortserve/ids_i32"], [ids], name="ortserve/ids", to=TensorProto.INT64),
+        helper.make_node("Gather", [PACKED_INPUT, "ortserve/col1"], [seqlens], name="ortserve/seqlens", axis=1),
+    ]
+    for node in graph.node:
+        if node.op_type == "GroupQueryAttention":
+            node.input[5] = seqlens
+            if len(node.input) > 9 and node.input[9] == position_ids:
+                node.input[9] = ""
+        for i, name in enumerate(node.input):
+            if name == input_ids:
+                node.input[i] = ids
+    for node in reversed(new_nodes):
+        graph.node.insert(0, node)
+    graph.input.append(helper.make_tensor_value_info(PACKED_INPUT, TensorProto.INT32, ["batch_size", 2]))
+
+
+def nodes_off_ep(session: ort.InferenceSession, ep_name: str) -> list[str]:
+    """``"EP:OpType"`` for every node not assigned to ``ep_name`` (needs the session config entry
+    ``session.record_ep_graph_assignment_info=1``); empty when all are on it or ORT can't tell."""
+    try:
+        groups = session.get_provider_graph_assignment_info()
+    except (AttributeError, RuntimeError):  # older ORT, or the entry was not set
+        return []
+    return [f"{g.ep_name}:{n.op_type}" for g in groups if g.ep_name != ep_name for n in g.get_nodes()]
+
+
+def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> OpenedSession:
+    """Open the decoder session, with graph capture where ``config.graph_capture`` asks for it and it works.
+
+    ``graph_capture``: None (auto) captures on WebGPU when the rewritten graph puts every node on the GPU
+    and falls back to a plain session otherwise (the reason logged); True requires it; False never. The
+    packed-input graph is tried first, then the one with the three ordinary decode inputs.
+
+    Raises:
+        ModelLoadError: the model can't be served, or ``graph_capture=True`` can't be honoured.
+    """
+    want = config.graph_capture
+    if config.provider.lower() == "cpu":
+        if want:
+            raise ModelLoadError("graph_capture=True needs the WebGPU EP; the provider is cpu")
+        session, selected = create_session(folder, config)
+        return OpenedSession(session, selected, False, "off: the CPU EP has no graph capture")
+    from ep import device as ep_device
+
+    selected = ep_device.select_device(config.provider, config.device, config.ep_library)
+    if selected.provider not in CAPTURE_PROVIDERS or want is False:
+        if want:
+            raise ModelLoadError(f"graph_capture=True needs the WebGPU EP; {selected.ep_name} was selected")
+        note = "off: graph_capture=False" if want is False else \
+            f"off: the engine drives graph capture on WebGPU only ({selected.ep_name})"
+        if selected.provider in CAPTURE_PROVIDERS:
+            log.warning("graph capture is off on %s; uncaptured WebGPU runs were seen computing wrong logits "
+                        "(onnxruntime 1.30, onnxruntime-ep-webgpu 0.4.0)", selected.ep_name)
+        session, _ = create_session(folder, config, selected=selected)
+        return OpenedSession(session, selected, False, note)
+    inputs = folder.genai["model"]["decoder"].get("inputs", {})
+    names = (inputs.get("input_ids", "input_ids"), inputs.get("position_ids", "position_ids"),
+             inputs.get("attention_mask", "attention_mask"))
+    errors = []
+    for packed in (True, False):  # one upload per step where the graph allows it, else three
+        try:
+            session, _ = create_session(folder, config, selected=selected, graph_capture=True,
+                                        model_bytes=capture_graph_bytes(folder, kv_length, packed=packed,
+                                                                        names=names))
+            off = nodes_off_ep(session, selected.ep_name)
+            if off:
+                raise ModelLoadError(f"nodes outside {selected.ep_name}: {', '.join(sorted(set(off)))}")
+        except ModelLoadError as exc:
+            errors.append(f"{'packed' if packed else 'plain'} inputs: {exc}")
+            continue
+        note = (f"on: decode step [{config.max_batch}, 1], KV length {kv_length}, every node on "
+                f"{selected.ep_name}, {'one packed input' if packed else 'three inputs'}")
+        log.info("graph capture %s", note)
+        return OpenedSession(session, selected, True, note, PACKED_INPUT if packed else None)
+    reason = "; ".join(errors)
+    if want:
+        raise ModelLoadError(f"graph capture on {selected.ep_name} is not possible: {reason}")
+    # NOTE(engine): with onnxruntime 1.30 and onnxruntime-ep-webgpu 0.4.0 (H200), an uncaptured run over a
+    # whole-buffer mask gave wrong logits (bench/gpu/probe_step.py); the captured step matched the CPU EP.
+    log.warning("graph capture is off on %s (%s); uncaptured WebGPU runs were seen computing wrong logits",
+                selected.ep_name, reason)
+    session, _ = create_session(folder, config, selected=selected)
+    return OpenedSession(session, selected, False, f"off: {reason}")
+
+
+class DeviceDecodeIO:
+    """Fixed device buffers for the decode inputs and the logits of a captured decode step.
+
+    A captured graph replays with the buffers it was captured with, and ORT skips its input/output
+    copies on replay, so every input and output must live in a fixed device buffer. The CPU keeps writing
+    its numpy staging buffers in place; ``upload`` copies them over before each run and ``read_logits``
+    brings the logits back after it.
+
+    NOTE(engine): on WebGPU (H200, ORT 1.31.1) uploads with ``onnxruntime.copy_tensors`` are ordered before
+    the next run, but a ``copy_tensors`` readback right after a run was seen returning stale data, so the
+    logits come back through an IOBinding's ``copy_outputs_to_cpu`` (the session's own data transfer).
+    The readback binding holds only the logits, never the KV buffers, and is never run.
+
+    Args:
+        session: the decoder session.
+        staging: input name -> the C-contiguous numpy array the CPU writes (shape fixed).
+        logits_name: the logits output's name.
+        logits_shape: ``[num_slots, 1, vocab]``.
+        allocate: device allocator (CPU OrtValues work too: tests).
+    """
+
+    def __init__(self, session: ort.InferenceSession, staging: Mapping[str, np.ndarray], logits_name: str,
+                 logits_shape: tuple[int, ...], allocate: DeviceAllocator) -> None:
+        self._names = list(staging)
+        self._staging = [staging[name] for name in self._names]
+        self._host = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._staging]  # zero copy
+        self._device = [allocate(tuple(a.shape), a.dtype) for a in self._staging]
+        self._on_cpu = any(v.device_name().lower() == "cpu" for v in self._device)
+        self._logits_name = logits_name
+        self.logits = allocate(tuple(logits_shape), np.float32)
+        self._readback = session.io_binding()
+        self._readback.bind_ortvalue_output(logits_name, self.logits)
+
+    def bind(self, binding: ort.IOBinding) -> None:
+        """Bind the device inputs and the device logits into the decode step's binding."""
+        for name, value in zip(self._names, self._device):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_ortvalue_output(self._logits_name, self.logits)
+
+    def upload(self) -> None:
+        """Copy every staging buffer to its device buffer (before a run)."""
+        if self._on_cpu:  # ORT has no CPU -> CPU data transfer for copy_tensors
+            for array, value in zip(self._staging, self._device):
+                value.update_inplace(array)
+            return
+        ort.copy_tensors(self._host, self._device)
+
+    def read_logits(self) -> np.ndarray:
+        """The last run's logits, float32 ``logits_shape`` (a fresh array)."""
+        return self._readback.copy_outputs_to_cpu()[0]

@@ -1,0 +1,223 @@
+"""Fixtures of the reliability tests: real servers on the tiny model, a fault plan, OpenAI error checks.
+
+`rel_server` is the server that gets abused (with a test-only fault injector in its engine); `fresh_server`
+serves the same model and is never abused, so it gives the reference output of a fresh server.
+`serve_process` runs `python -m server serve` as its own process (exit codes, RSS).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from engine.core import StepInfo
+from server.app import create_app, engine_config_from
+from server.settings import Settings
+from tests.integration.server.conftest import RunningServer, free_socket, serve_app
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT = [{"role": "user", "content": "Tell me a story about a robot"}]
+
+
+class InjectedFault(RuntimeError):
+    """What FaultPlan raises inside an engine step (stands for a device or runtime failure)."""
+
+
+class FaultPlan:
+    """A test-only `EngineConfig.fault_injector`: fails the next model runs that match what was armed.
+
+    Usage: `plan.arm("decode", request_id)` fails the next decode run containing that request;
+    `plan.arm("prefill")` fails the next prefill run of any request; `skip=n` lets n matching runs pass
+    first. Called on the engine core thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._armed: list[list] = []  # [kind, request_id or None, runs still to let pass]
+        self.fired: list[StepInfo] = []
+
+    def arm(self, kind: str, request_id: str | None = None, skip: int = 0) -> None:
+        with self._lock:
+            self._armed.append([kind, request_id, skip])
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._armed.clear()
+
+    def __call__(self, info: StepInfo) -> None:
+        with self._lock:
+            for index, (kind, request_id, skip) in enumerate(self._armed):
+                if info.kind == kind and (request_id is None or request_id in info.request_ids):
+                    if skip > 0:
+                        self._armed[index][2] -= 1
+                        return
+                    del self._armed[index]
+                    self.fired.append(info)
+                    raise InjectedFault(f"injected fault in {info.kind} step {info.step}")
+
+
+def rel_settings(model: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {"model": str(model), "served_model_name": "tiny", "max_batch": 8,
+                              "max_queue": 64, "shutdown_grace_s": 2.0, "log_level": "warning"}
+    values.update(overrides)
+    return Settings(**values)
+
+
+def fault_loader(plan: FaultPlan):
+    """An app loader that builds the real engine with `plan` as its fault injector."""
+
+    def load(settings: Settings):
+        from engine.async_engine import AsyncEngine
+
+        return AsyncEngine.from_model_dir(settings.model, replace(engine_config_from(settings), fault_injector=plan))
+
+    return load
+
+
+@dataclass
+class AbusedServer:
+    running: RunningServer
+    faults: FaultPlan = field(default_factory=FaultPlan)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.running, name)
+
+
+@pytest.fixture(scope="session")
+def rel_server(tiny_model: Path) -> Iterator[AbusedServer]:
+    """The tiny model behind a server whose engine carries a FaultPlan (disarmed after every use)."""
+    plan = FaultPlan()
+    with serve_app(create_app(rel_settings(tiny_model), loader=fault_loader(plan))) as running:
+        yield AbusedServer(running, plan)
+
+
+@pytest.fixture(autouse=True)
+def _disarm_faults(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "rel_server" in request.fixturenames:
+        faults = request.getfixturevalue("rel_server").faults
+        faults.disarm()
+        faults.fired.clear()
+
+
+@pytest.fixture(scope="session")
+def fresh_server(tiny_model: Path) -> Iterator[RunningServer]:
+    """The same model on a server nothing else touches: the reference for 'output of a fresh server'."""
+    with serve_app(create_app(rel_settings(tiny_model))) as running:
+        yield running
+
+
+def greedy_chat(base_url: str, messages: list[dict] | None = None, max_tokens: int = 24,
+                headers: dict[str, str] | None = None) -> tuple[str, int]:
+    """(text, completion_tokens) of one greedy, eos-ignoring chat completion."""
+    body = {"model": "tiny", "messages": messages or PROMPT, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True}
+    r = httpx.post(f"{base_url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    return data["choices"][0]["message"]["content"], data["usage"]["completion_tokens"]
+
+
+def assert_openai_error(status: int, body: bytes | str, *, expect_status: int | None = None) -> dict:
+    """Asserts an OpenAI-shaped error body without any trace of Python internals; returns `error`."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    assert status >= 400, (status, text[:300])
+    if expect_status is not None:
+        assert status == expect_status, (status, text[:300])
+    assert_no_internals(text)
+    data = json.loads(text)
+    assert set(data) == {"error"}, text[:300]
+    error = data["error"]
+    assert isinstance(error.get("message"), str) and error["message"], text[:300]
+    assert isinstance(error.get("type"), str) and error["type"], text[:300]
+    assert {"param", "code"} <= set(error), text[:300]
+    return error
+
+
+_INTERNALS = ("Traceback (most recent call last)", 'File "/', ".py\", line ", "site-packages")
+
+
+def assert_no_internals(text: str) -> None:
+    for marker in _INTERNALS:
+        assert marker not in text, f"response leaks {marker!r}: {text[:500]}"
+
+
+def wait_idle_engine(engine: Any, timeout_s: float = 10.0) -> Any:
+    """Poll engine.stats() until nothing runs or waits and every slot is free; returns the stats."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        s = engine.stats()
+        if (s.num_running == 0 and s.num_waiting == 0 and s.num_slots_free == s.num_slots_total) \
+                or time.monotonic() > deadline:
+            return s
+        time.sleep(0.02)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+@dataclass
+class ServeProcess:
+    base: str
+    proc: subprocess.Popen
+    log: Any  # the process's stderr, a temporary file
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+
+@contextlib.contextmanager
+def serve_process(model: Path, *args: str, ready_timeout_s: float = 120.0,
+                  env: dict[str, str] | None = None) -> Iterator[ServeProcess]:
+    """`python -m server serve --model MODEL ARGS` on a free 127.0.0.1 port until the block exits."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    cmd = [sys.executable, "-m", "server", "serve", "--model", str(model), "--host", "127.0.0.1",
+           "--port", str(port), "--log-level", "warning", *args]
+    # NOTE: stderr goes to a file, not a pipe: a full pipe nobody reads would block the server.
+    log = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=log, text=True)
+    served = ServeProcess(f"http://127.0.0.1:{port}", proc, log)
+    base = served.base
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            status = None
+            with contextlib.suppress(httpx.TransportError):
+                status = httpx.get(f"{base}/health", timeout=2).status_code
+            if status == 200:
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server did not become ready: {served.stderr()[-2000:]}")
+            time.sleep(0.1)
+        yield served
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()
