@@ -86,6 +86,7 @@ def engine_config_from(settings: Settings) -> Any:
         "max_queue": settings.max_queue,
         "max_model_len": settings.max_model_len,
         "intra_op_threads": settings.intra_op_threads,
+        "graph_capture": settings.graph_capture,
     }
     if settings.prefill_chunk is not None:
         kwargs["prefill_chunk"] = settings.prefill_chunk

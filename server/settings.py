@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     intra_op_threads: int | None = Field(
         None, ge=1, le=1024, description="ONNX Runtime intra-op threads (default: the physical cores)."
     )
+    graph_capture: bool | None = Field(
+        None, description="Capture the decode step as a device graph (WebGPU; default: on where the graph "
+        "allows it, with a logged fallback; --no-graph-capture turns it off, --graph-capture requires it)."
+    )
 
     # --- scheduling --------------------------------------------------------------------------------
     max_batch: int = Field(8, ge=1, le=256, description="Most requests decoded together (KV slots).")

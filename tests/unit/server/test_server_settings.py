@@ -107,3 +107,11 @@ def test_every_field_has_a_flag_and_a_description() -> None:
     for name, field in Settings.model_fields.items():
         assert "--" + name.replace("_", "-") in options, name
         assert field.description, name
+
+
+@pytest.mark.parametrize(("argv", "expected"), [([], None), (["--graph-capture"], True),
+                                                 (["--no-graph-capture"], False)])
+def test_graph_capture_flag_reaches_the_engine_config(argv: list[str], expected: bool | None) -> None:
+    from server.app import engine_config_from
+
+    assert engine_config_from(Settings(**_parse(argv))).graph_capture is expected
