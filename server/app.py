@@ -207,8 +207,9 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
 
 
 def _open_paths(settings: Settings) -> frozenset[str]:
-    """Paths that never need the API key: health, the API description, and /metrics unless asked."""
-    paths = {"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}
+    """Paths that never need the API key: /health, and /metrics unless asked (issue 8: the key covers
+    every other endpoint, the API description included)."""
+    paths = {"/health"}
     if not settings.metrics_require_key:
         paths.add("/metrics")
     return frozenset(paths)

@@ -18,8 +18,8 @@ from tests.integration.server.conftest import RunningServer, serve_app
 from tests.reliability.conftest import PROMPT, AbusedServer, assert_no_internals, assert_openai_error, rel_settings
 
 KEY = "s3cret-key-for-tests"
-# What may be reached without the key: liveness, the API description, and /metrics (unless configured).
-OPEN_PATHS = {"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}
+# What may be reached without the key: liveness and /metrics (unless configured); the docs need the key.
+OPEN_PATHS = {"/health", "/metrics"}
 CHAT = {"model": "tiny", "messages": PROMPT, "max_tokens": 2}
 
 
