@@ -88,7 +88,6 @@ class BodyLimitMiddleware:
             headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         received = 0
-        started = False
 
         async def limited_receive() -> Message:
             nonlocal received
@@ -99,14 +98,12 @@ class BodyLimitMiddleware:
                     raise _BodyTooLarge(self.max_body_bytes)
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        # NOTE(server): `send` goes to the app untouched (no wrapper on every streamed chunk). The limit
+        # is raised only while the body is read, and every route reads it whole before it answers
+        # (FastAPI parses the body before the endpoint runs); starlette's ExceptionMiddleware turns it into
+        # the 413 then. If it reaches here, no response has started: a handled exception after the start
+        # surfaces as starlette's RuntimeError instead.
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, limited_receive, send)
         except _BodyTooLarge:
-            if not started:
-                await _send_json(send, 413, self._too_large())
+            await _send_json(send, 413, self._too_large())

@@ -178,8 +178,37 @@ class StreamContext:
         return protocol.usage(self.num_prompt_tokens, self.num_generated_tokens)
 
 
-def _dump(obj: dict[str, Any]) -> str:
+def _dump(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+# NOTE(server): events are framed here, as bytes, exactly as sse-starlette would frame the same text with
+# sep="\n" ("data: " + line + "\n\n"): json.dumps escapes CR and LF inside strings, so the JSON is one
+# line. sse-starlette passes bytes through as they are, skipping its per-event ServerSentEvent encoding.
+_DONE = b"data: [DONE]\n\n"
+_SLOT = "\x00ortserve-slot\x00"  # a string no chunk contains; json.dumps writes its NULs as \u0000
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    """One framed SSE event carrying `obj` as compact JSON."""
+    return b"data: " + _dump(obj).encode("utf-8") + b"\n\n"
+
+
+class _ChunkTemplate:
+    """A chunk whose only varying part is one string field, serialized once around that field.
+
+    Built from the protocol's own dict (the field set to _SLOT), so render(text) is byte for byte
+    _event() of the same dict with the field set to text, at the cost of one json.dumps of a string.
+    """
+
+    def __init__(self, chunk: dict[str, Any]) -> None:
+        head, slot, tail = _event(chunk).partition(_dump(_SLOT).encode("utf-8"))
+        if not slot or _dump(_SLOT).encode("utf-8") in tail:
+            raise ValueError("a chunk template needs exactly one _SLOT field")
+        self._head, self._tail = head, tail
+
+    def render(self, text: str) -> bytes:
+        return self._head + _dump(text).encode("utf-8") + self._tail
 
 
 def _check_error(out: RequestOutput) -> None:
@@ -187,7 +216,7 @@ def _check_error(out: RequestOutput) -> None:
         raise EngineRequestError(out.error or "the engine failed while running this request")
 
 
-async def _with_error_event(events: AsyncIterator[str], run: EngineRun) -> AsyncIterator[str]:
+async def _with_error_event(events: AsyncIterator[bytes], run: EngineRun) -> AsyncIterator[bytes]:
     """End the stream with an OpenAI error event on failure (then [DONE]); always close the run."""
     try:
         async for event in events:
@@ -197,40 +226,46 @@ async def _with_error_event(events: AsyncIterator[str], run: EngineRun) -> Async
         status, body, _ = error_for(exc)
         if status >= 500:
             logger.error("stream %s failed: %s", run.request_id, exc)
-        yield _dump(body)
-        yield "[DONE]"
+        yield _event(body)
+        yield _DONE
     finally:
         with anyio.CancelScope(shield=True):
             await events.aclose()  # type: ignore[attr-defined]
         await run.close()
 
 
-def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[str]:
-    async def events() -> AsyncIterator[str]:
-        yield _dump(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model,
-                                        {"role": "assistant", "content": ""}, with_usage_field=ctx.include_usage))
+def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
+    async def events() -> AsyncIterator[bytes]:
+        yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model,
+                                         {"role": "assistant", "content": ""}, with_usage_field=ctx.include_usage))
+        content = _ChunkTemplate(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {"content": _SLOT},
+                                                     with_usage_field=ctx.include_usage))
         async for out in run.outputs():
             ctx.account(out)
             _check_error(out)
             logprobs = (protocol.chat_logprobs(out.logprobs, ctx.token_text)
                         if ctx.want_logprobs and out.logprobs else None)
-            if out.text or logprobs:
-                yield _dump(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {"content": out.text},
-                                                logprobs=logprobs, with_usage_field=ctx.include_usage))
+            if logprobs:
+                yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {"content": out.text},
+                                                 logprobs=logprobs, with_usage_field=ctx.include_usage))
+            elif out.text:
+                yield content.render(out.text)
             if out.finished:
                 # NOTE(server): exactly one chunk carries finish_reason, with an empty delta (as OpenAI).
-                yield _dump(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {},
-                                                finish_reason=protocol.finish_reason_str(out.finish_reason),
-                                                with_usage_field=ctx.include_usage))
+                yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {},
+                                                 finish_reason=protocol.finish_reason_str(out.finish_reason),
+                                                 with_usage_field=ctx.include_usage))
         if ctx.include_usage:
-            yield _dump(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, ctx.usage()))
-        yield "[DONE]"
+            yield _event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, ctx.usage()))
+        yield _DONE
 
     return _with_error_event(events(), run)
 
 
-def _completion_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[str]:
-    async def events() -> AsyncIterator[str]:
+def _completion_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
+    async def events() -> AsyncIterator[bytes]:
+        text = _ChunkTemplate(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, _SLOT,
+                                                        with_usage_field=ctx.include_usage))
         async for out in run.outputs():
             ctx.account(out)
             _check_error(out)
@@ -238,23 +273,25 @@ def _completion_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[str]
             if ctx.want_logprobs and out.logprobs:
                 logprobs = protocol.completion_logprobs(out.logprobs, ctx.token_text, ctx.text_offset)
             ctx.text_offset += len(out.text)
-            if out.text or logprobs:
-                yield _dump(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, out.text,
-                                                      logprobs=logprobs, with_usage_field=ctx.include_usage))
+            if logprobs:
+                yield _event(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, out.text,
+                                                       logprobs=logprobs, with_usage_field=ctx.include_usage))
+            elif out.text:
+                yield text.render(out.text)
             if out.finished:
-                yield _dump(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, "",
-                                                      finish_reason=protocol.finish_reason_str(out.finish_reason),
-                                                      with_usage_field=ctx.include_usage))
+                yield _event(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, "",
+                                                       finish_reason=protocol.finish_reason_str(out.finish_reason),
+                                                       with_usage_field=ctx.include_usage))
         if ctx.include_usage:
-            yield _dump(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, "",
-                                                  usage_dict=ctx.usage(), with_choice=False))
-        yield "[DONE]"
+            yield _event(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, "",
+                                                   usage_dict=ctx.usage(), with_choice=False))
+        yield _DONE
 
     return _with_error_event(events(), run)
 
 
-def event_source(events: AsyncIterator[str], ping_s: float, shutdown_grace_s: float) -> EventSourceResponse:
-    """SSE response: `data: ...` events separated by blank lines, keep-alive pings as comments.
+def event_source(events: AsyncIterator[bytes], ping_s: float, shutdown_grace_s: float) -> EventSourceResponse:
+    """SSE response: `data: ...` events (framed bytes) separated by blank lines, keep-alive pings as comments.
 
     On server shutdown sse-starlette waits `shutdown_grace_s` for the stream to end by itself, then
     cancels it, which aborts the engine request through EngineRun.close().
