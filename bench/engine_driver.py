@@ -54,7 +54,6 @@ class EngineBackend:
 
         request_id = f"bench-{spec.index}-{id(record)}"
         t_send = time.perf_counter()
-        t_last = t_send
         started = False
         try:
             prompt_ids = await asyncio.to_thread(self._prompt_ids, spec.prompt)
@@ -66,12 +65,7 @@ class EngineBackend:
                 record.usage_prompt_tokens = out.num_prompt_tokens
                 record.usage_completion_tokens = out.num_generated_tokens
                 if out.text:
-                    if record.ttft_s is None:
-                        record.ttft_s = now - t_send
-                    else:
-                        record.itl_s.append(now - t_last)
-                    t_last = now
-                    record.num_chunks += 1
+                    record.add_content_chunk(now - t_send)
                 if out.finished:
                     record.finish_reason = str(out.finish_reason) if out.finish_reason else None
                     if out.finish_reason is FinishReason.ERROR:

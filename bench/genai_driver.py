@@ -41,7 +41,6 @@ class GenaiRunner:
     def generate(self, prompt: str, max_tokens: int, record: RequestRecord) -> None:
         og = self.og
         t_send = time.perf_counter()
-        t_last = t_send
         try:
             if self.endpoint == "chat":
                 prompt = self.tokenizer.apply_chat_template(json.dumps([{"role": "user", "content": prompt}]),
@@ -61,12 +60,7 @@ class GenaiRunner:
                 now = time.perf_counter()
                 num_tokens += 1
                 if text:
-                    if record.ttft_s is None:
-                        record.ttft_s = now - t_send
-                    else:
-                        record.itl_s.append(now - t_last)
-                    t_last = now
-                    record.num_chunks += 1
+                    record.add_content_chunk(now - t_send)
             record.usage_completion_tokens = num_tokens
             record.finish_reason = "length"
         except Exception as exc:  # noqa: BLE001 - recorded like a server error

@@ -121,7 +121,6 @@ class HttpBackend:
         CancelledError (the run's --duration cap) marks the record "deadline" and propagates.
         """
         t_send = time.perf_counter()
-        t_last = t_send
         chat = self.settings.endpoint == "chat"
         mid_stream = False  # True once the response headers arrived (create() returned)
         try:
@@ -141,13 +140,7 @@ class HttpBackend:
                         for choice in chunk.choices:
                             text = choice.delta.content if chat else choice.text
                             if text:
-                                # 1. first content chunk: TTFT; later ones: one inter-token gap each.
-                                if record.ttft_s is None:
-                                    record.ttft_s = now - t_send
-                                else:
-                                    record.itl_s.append(now - t_last)
-                                t_last = now
-                                record.num_chunks += 1
+                                record.add_content_chunk(now - t_send)  # TTFT first, then one gap each
                             if choice.finish_reason is not None:
                                 record.finish_reason = choice.finish_reason
                 finally:

@@ -34,6 +34,7 @@ class RequestRecord:
         index: the RequestSpec index.
         start_s: when it was sent, seconds from the run start.
         ttft_s: time to the first chunk with content, or None if none came.
+        last_chunk_s: time to the latest chunk with content (from the send), or None.
         itl_s: gaps between consecutive content chunks (len = num_chunks - 1).
         e2e_s: send to the end of the stream (or the error), None if cut before starting.
         num_chunks: content chunks received (the stream's own token count).
@@ -49,6 +50,7 @@ class RequestRecord:
     num_prompt_tokens_target: int
     max_tokens: int
     ttft_s: float | None = None
+    last_chunk_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     e2e_s: float | None = None
     num_chunks: int = 0
@@ -74,10 +76,20 @@ class RequestRecord:
             return None
         return (self.e2e_s - self.ttft_s) / (self.num_output_tokens - 1)
 
+    def add_content_chunk(self, elapsed_s: float) -> None:
+        """Count one chunk with content that arrived ``elapsed_s`` after the send: the first sets TTFT,
+        each later one adds an inter-token gap."""
+        if self.last_chunk_s is None:
+            self.ttft_s = elapsed_s
+        else:
+            self.itl_s.append(elapsed_s - self.last_chunk_s)
+        self.last_chunk_s = elapsed_s
+        self.num_chunks += 1
+
     def to_json(self) -> dict:
         """A JSON-ready dict, times in milliseconds rounded to microseconds."""
         d = asdict(self)
-        for key in ("start_s", "ttft_s", "e2e_s"):
+        for key in ("start_s", "ttft_s", "last_chunk_s", "e2e_s"):
             v = d.pop(key)
             d[key[:-2] + "_ms"] = None if v is None else round(v * 1e3, 3)
         d["itl_ms"] = [round(x * 1e3, 3) for x in d.pop("itl_s")]
@@ -86,8 +98,8 @@ class RequestRecord:
     @classmethod
     def from_json(cls, d: dict) -> "RequestRecord":
         d = dict(d)
-        for key in ("start_ms", "ttft_ms", "e2e_ms"):
-            v = d.pop(key)
+        for key in ("start_ms", "ttft_ms", "last_chunk_ms", "e2e_ms"):
+            v = d.pop(key, None)
             d[key[:-3] + "_s"] = None if v is None else v / 1e3
         d["itl_s"] = [x / 1e3 for x in d.pop("itl_ms")]
         return cls(**d)

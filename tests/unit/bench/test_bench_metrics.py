@@ -80,3 +80,13 @@ def test_goodput_without_an_slo_is_every_successful_request():
     records = [rec(0), rec(1, ttft=None, chunks=0, usage=1, itl=[]), rec(2, error="http_5xx")]
     assert summarize(records, 1.0)["goodput"]["num_met"] == 2
     assert summarize(records, 1.0, Slo(ttft_ms=1000))["goodput"]["num_met"] == 1
+
+
+def test_content_chunks_give_ttft_then_one_gap_each_and_survive_json() -> None:
+    record = RequestRecord(index=0, start_s=0.0, num_prompt_tokens_target=4, max_tokens=3)
+    for elapsed_s in (0.25, 0.375, 0.5):
+        record.add_content_chunk(elapsed_s)
+    assert record.ttft_s == 0.25 and record.itl_s == [0.125, 0.125] and record.num_chunks == 3
+    assert record.last_chunk_s == 0.5
+    again = RequestRecord.from_json(record.to_json())
+    assert again.ttft_s == record.ttft_s and again.itl_s == record.itl_s and again.last_chunk_s == 0.5
