@@ -26,7 +26,7 @@ import pytest
 from engine.core import StepInfo
 from server.app import create_app, engine_config_from
 from server.settings import Settings
-from tests.integration.server.conftest import RunningServer, free_socket, serve_app
+from tests.integration.server.conftest import RunningServer, free_socket, serve_app, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [{"role": "user", "content": "Tell me a story about a robot"}]
@@ -202,16 +202,10 @@ def serve_process(model: Path, *args: str, ready_timeout_s: float = 120.0,
     served = ServeProcess(f"http://127.0.0.1:{port}", proc, log)
     base = served.base
     try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            status = None
-            with contextlib.suppress(httpx.TransportError):
-                status = httpx.get(f"{base}/health", timeout=2).status_code
-            if status == 200:
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not become ready: {served.stderr()[-2000:]}")
-            time.sleep(0.1)
+        try:
+            wait_healthy(base, lambda: proc.poll() is None, ready_timeout_s, poll_s=0.1)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {served.stderr()[-2000:]}") from None
         yield served
     finally:
         proc.terminate()

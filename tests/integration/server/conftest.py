@@ -11,7 +11,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,20 @@ def free_socket() -> socket.socket:
     return sock
 
 
+def wait_healthy(base: str, alive: Callable[[], bool], timeout_s: float, poll_s: float = 0.05) -> None:
+    """Poll GET {base}/health until it answers 200; RuntimeError once `alive()` is false or time is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = None
+        with contextlib.suppress(httpx.TransportError):
+            status = httpx.get(f"{base}/health", timeout=2).status_code
+        if status == 200:
+            return
+        if not alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"server did not become ready (health {status})")
+        time.sleep(poll_s)
+
+
 @contextlib.contextmanager
 def serve_app(app: FastAPI, ready_timeout_s: float = 120.0) -> Iterator[RunningServer]:
     """Run `app` under uvicorn in a thread until the block exits; waits for /health 200 first."""
@@ -93,17 +107,8 @@ def serve_app(app: FastAPI, ready_timeout_s: float = 120.0) -> Iterator[RunningS
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"uvicorn-{port}")
     thread.start()
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + ready_timeout_s
     try:
-        while True:
-            status = None
-            with contextlib.suppress(httpx.TransportError):
-                status = httpx.get(f"{base}/health", timeout=2).status_code
-            if status == 200:
-                break
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not become ready (health {status})")
-            time.sleep(0.05)
+        wait_healthy(base, thread.is_alive, ready_timeout_s)
         yield RunningServer(base=base, app=app)
     finally:
         server.should_exit = True
