@@ -43,7 +43,7 @@ class SamplingParams:
     ignore_eos: bool = False
     presence_penalty: float = 0.0  # [-2, 2]
     frequency_penalty: float = 0.0  # [-2, 2]
-    repetition_penalty: float = 1.0  # (0, 2]
+    repetition_penalty: float = 1.0  # [0.01, 2]
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token_id, bias in [-100, 100])
     logprobs: bool = False
     top_logprobs: int = 0  # [0, 20]
@@ -59,7 +59,9 @@ class SamplingParams:
                self.presence_penalty)
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]",
                self.frequency_penalty)
-        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]",
+        # NOTE(lead): not just > 0: the sampler divides float32 logits by it, and a penalty below float32's
+        # range (1e-46 passes "> 0") becomes 0 there, so the logits turn infinite and sampling NaN.
+        _check(0.01 <= self.repetition_penalty <= 2.0, "repetition_penalty", "must be in [0.01, 2]",
                self.repetition_penalty)
         _check(0 <= self.top_logprobs <= 20, "top_logprobs", "must be in [0, 20]", self.top_logprobs)
         _check(self.seed is None or 0 <= self.seed < 2**64, "seed", "must be in [0, 2**64)", self.seed)

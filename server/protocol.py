@@ -108,7 +108,7 @@ class _SamplingFields(OpenAIBaseModel):
     n: int = Field(1, description="Number of choices; only 1 is supported.")
     presence_penalty: float | None = Field(None, description="[-2, 2]; penalizes tokens already present.")
     frequency_penalty: float | None = Field(None, description="[-2, 2]; penalizes tokens by their count.")
-    repetition_penalty: float | None = Field(None, description="(0, 2]; 1 disables (multiplicative, as HF).")
+    repetition_penalty: float | None = Field(None, description="[0.01, 2]; 1 disables (multiplicative, as HF).")
     logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) to bias in [-100, 100].")
     stream: bool = Field(False, description="Stream chunks as server-sent events.")
     stream_options: StreamOptions | None = None

@@ -36,7 +36,9 @@ def ortserve(tiny_model: Path):
         deadline = time.monotonic() + 120
         while True:
             try:
-                if httpx.get(f"{url}/models", timeout=1).status_code == 200:
+                # NOTE(lead): /health, not /v1/models: the model list answers while the engine still loads
+                # (and requests then get 503), /health only once it serves.
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

@@ -195,3 +195,12 @@ def test_logprobs_are_raw_model_logprobs():
 def test_logit_bias_out_of_vocab_is_ignored():
     s = RequestSampler(SamplingParams(temperature=0.0, logit_bias=((99, 100.0), (1, 100.0))), [], 3)
     assert s.sample(np.array([5.0, 0.0, 0.0], np.float32)).token_id == 1
+
+
+@pytest.mark.parametrize("penalty", [1e-46, 0.0, 0.009, 2.5])
+def test_repetition_penalty_outside_its_range_is_refused_by_name(penalty: float) -> None:
+    from engine.types import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match=r"repetition_penalty must be in \[0.01, 2\]") as err:
+        SamplingParams(repetition_penalty=penalty)
+    assert err.value.param == "repetition_penalty"
