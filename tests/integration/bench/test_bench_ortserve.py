@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from bench.cli import main
 from bench.report import load_report
+from tests.integration.server.conftest import wait_healthy
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[3]
@@ -33,20 +32,11 @@ def ortserve(tiny_model: Path):
                             stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                # NOTE(lead): /health, not /v1/models: the model list answers while the engine still loads
-                # (and requests then get 503), /health only once it serves.
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None:
-                raise RuntimeError(f"ortserve exited ({proc.returncode}): {proc.stderr.read()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("ortserve did not become ready in 120 s")
-            time.sleep(0.2)
+        # NOTE(lead): /health, not /v1/models: the model list answers while the engine still loads.
+        try:
+            wait_healthy(f"http://127.0.0.1:{port}", lambda: proc.poll() is None, 120, poll_s=0.2)
+        except RuntimeError as exc:
+            raise RuntimeError(f"ortserve did not become ready ({exc}): {proc.stderr.read()[-2000:]}") from None
         yield url, proc.pid
     finally:
         proc.terminate()
