@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (the device tool runs it in the repo root; results go to $OUT):
-#   bash bench/gpu/run_device.sh [tests] [bench] [probe] [steps] [torch]     (default: tests bench)
+#   bash bench/gpu/run_device.sh [tests] [bench] [probe] [steps] [readback] [torch]   (default: tests bench)
 # tests: the WebGPU device and engine tests; bench: engine decode tokens/s (bench_gpu); probe: step-time and
-# correctness diagnostics (probe_step); steps: the 1B step breakdown only; torch: the PyTorch reference.
+# correctness diagnostics (probe_step); steps: the 1B step breakdown only; readback: the logits readback
+# variants (probe_readback); torch: the PyTorch reference.
 # Needs .device/ (../shared/device/prepare.sh) carried along.
 set -o pipefail
 steps=${*:-tests bench}
@@ -28,6 +29,9 @@ if [[ " $steps " == *" probe "* ]]; then
 fi
 if [[ " $steps " == *" steps "* ]]; then
   timeout 200 python3 -m bench.gpu.probe_step --out "$OUT" --only-steps 2>&1 | tee "$OUT/probe_log.txt"
+fi
+if [[ " $steps " == *" readback "* ]]; then
+  timeout 240 python3 -m bench.gpu.probe_readback --out "$OUT" 2>&1 | tee "$OUT/readback_log.txt"
 fi
 if [[ " $steps " == *" torch "* ]]; then
   timeout "${TORCH_TIMEOUT_S:-400}" python3 -m bench.gpu.torch_ref --out "$OUT/torch_ref.json" \
