@@ -6,7 +6,7 @@ queues, detokenizing or HTTP). Running it beside the engine, interleaved round b
 a figure is the engine's and how much ONNX Runtime's kernels leave for anyone: in particular the batch-8
 over batch-1 ratio of the bare loop is the most any scheduler can get from continuous batching here.
 
-    ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.ceiling --rounds 3 --json ceiling.json
+    ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.ceiling --rounds 5 --genai --json c.json --plot c.png
 
 Engine figures are steady-state: at batch B, tokens produced while all B requests were decoding, over that
 window (prefills excluded); at batch 1, tokens after the first over the time after it.
@@ -150,6 +150,9 @@ async def engine_decode(engine: Any, prompt: list[int], batch: int, steps: int) 
     if batch == 1:
         return (len(stamps[0]) - 1) / (stamps[0][-1] - stamps[0][0])
     tokens = sum(sum(1 for t in s if lo < t <= hi) for s in stamps)
+    if hi <= lo or tokens == 0:
+        raise ValueError(f"the {batch} requests never decoded together (a request ended before the last one "
+                         f"started): ask for more output tokens")
     return tokens / (hi - lo)
 
 
@@ -163,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--genai", action="store_true", help="also onnxruntime-genai's loop at batch 1")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot", type=Path, help="a PNG of the figures (bench.plots.plot_ceiling)")
     args = ap.parse_args(argv)
     from engine.async_engine import AsyncEngine
     from engine.builder.pull import DEFAULT_MODEL, resolve_model
@@ -216,10 +220,14 @@ def main(argv: list[str] | None = None) -> int:
                 scaling[b] = {kind: statistics.median(r[f"{kind}_b{b}"] / r[f"{kind}_b1"] for r in runs)
                               for kind in ("bare", "engine")}
                 print(f"batch {b} / batch 1: bare loop {scaling[b]['bare']:.2f}x, engine {scaling[b]['engine']:.2f}x")
+    data = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {
+        "model": str(model)}, "runs": runs, "median": med, "scaling": {str(k): v for k, v in scaling.items()}}
     if args.json:
-        args.json.write_text(json.dumps({"settings": vars(args) | {"model": str(model), "json": str(args.json)},
-                                         "runs": runs, "median": med,
-                                         "scaling": {str(k): v for k, v in scaling.items()}}, indent=2))
+        args.json.write_text(json.dumps(data, indent=2))
+    if args.plot:
+        from bench.plots import plot_ceiling
+
+        print(f"plot: {plot_ceiling(data, args.plot)}")
     return 0
 
 

@@ -24,10 +24,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bench.gpu.probe_step import make_runner
-from engine.config import EngineConfig
-from engine.graph_capture import PACKED_INPUT, capture_graph_bytes
-from engine.model_loader import read_model_folder
+from bench.gpu.probe_step import decode_ready_runner
+from engine.graph_capture import PACKED_INPUT
 
 
 def _step(runner, binding, i: int, batch: int) -> None:
@@ -42,15 +40,9 @@ def _step(runner, binding, i: int, batch: int) -> None:
     runner.session.run_with_iobinding(binding)
 
 
-def probe(model: Path, batch: int, kv_length: int, steps: int) -> dict[str, Any]:
-    folder = read_model_folder(model)
-    config = EngineConfig(provider="webgpu", max_batch=batch, prefill_chunk=max(64, batch + 1))
-    runner = make_runner(folder, config, kv_length=kv_length, packed=True, capture=True,
-                         model_bytes=capture_graph_bytes(folder, kv_length, packed=True))
-    runner.warmup()
-    for slot in range(batch):
-        runner.prefill(slot, [1, 2, 3, 4], 0)
-    binding = runner._decode_bindings[(0, batch)]
+def probe(model: Path, batch: int, kv_length: int, steps: int, provider: str = "webgpu") -> dict[str, Any]:
+    runner, binding = decode_ready_runner(model, {}, True, packed=True, batch=batch, kv_length=kv_length,
+                                          provider=provider)
     dio = runner.device_io
     host = np.empty(tuple(dio.logits.shape()), dtype=np.float32)
     host_value = ort.OrtValue.ortvalue_from_numpy(host)

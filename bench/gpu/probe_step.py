@@ -109,18 +109,26 @@ def correctness(model: Path) -> dict[str, Any]:
     return results
 
 
-def step_timing(model: Path, ep_options: dict[str, str], capture: bool, steps: int = 100, *,
-                packed: bool = False, batch: int = 1, kv_length: int = 512) -> dict[str, Any]:
-    """Per-step upload/run/readback(/argmax) times, and replays back to back (the GPU-bound floor)."""
+def decode_ready_runner(model: Path, ep_options: dict[str, str], capture: bool, *, packed: bool, batch: int,
+                        kv_length: int, provider: str = "webgpu") -> tuple[Runner, ort.IOBinding]:
+    """A whole-buffer Runner on the rewritten graph, warmed up, every slot holding a 4-token prompt; and its
+    whole-batch decode binding. ``provider="cpu"`` is a dry run of the scripts on this machine."""
     folder = read_model_folder(model)
-    config = EngineConfig(provider="webgpu", max_batch=batch, prefill_chunk=max(64, batch + 1),
+    config = EngineConfig(provider=provider, max_batch=batch, prefill_chunk=max(64, batch + 1),
                           ep_options=ep_options)
     runner = make_runner(folder, config, kv_length=kv_length, packed=packed, capture=capture,
                          model_bytes=capture_graph_bytes(folder, kv_length, packed=packed))
     runner.warmup()
     for slot in range(batch):
         runner.prefill(slot, [1, 2, 3, 4], 0)
-    binding = runner._decode_bindings[(0, batch)]
+    return runner, runner._decode_bindings[(0, batch)]
+
+
+def step_timing(model: Path, ep_options: dict[str, str], capture: bool, steps: int = 100, *,
+                packed: bool = False, batch: int = 1, kv_length: int = 512) -> dict[str, Any]:
+    """Per-step upload/run/readback(/argmax) times, and replays back to back (the GPU-bound floor)."""
+    runner, binding = decode_ready_runner(model, ep_options, capture, packed=packed, batch=batch,
+                                          kv_length=kv_length)
     rows = np.arange(batch)
     t_up, t_run, t_read, t_argmax = [], [], [], []
     for i in range(steps):

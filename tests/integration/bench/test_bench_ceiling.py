@@ -47,10 +47,12 @@ def test_bare_loop_generates_the_engines_greedy_tokens(tiny_model: Path) -> None
 
 
 def test_ceiling_cli_writes_its_figures(tiny_model: Path, tmp_path: Path) -> None:
-    out = tmp_path / "ceiling.json"
+    out, png = tmp_path / "ceiling.json", tmp_path / "ceiling.png"
     assert ceiling.main(["--model", str(tiny_model), "--batch", "1,2", "--threads", "1", "--rounds", "1",
-                         "--prompt-tokens", "8", "--output-tokens", "8", "--json", str(out)]) == 0
+                         "--prompt-tokens", "8", "--output-tokens", "48", "--json", str(out),
+                         "--plot", str(png)]) == 0
     data = json.loads(out.read_text())
     assert set(data["median"]) == {"bare_b1", "engine_b1", "bare_b2", "engine_b2"}
     assert all(v > 0 for v in data["median"].values())
     assert set(data["scaling"]["2"]) == {"bare", "engine"}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

@@ -33,6 +33,13 @@ def _duration_s(text: str) -> float:
     return int(hours or 0) * 3600 + int(minutes or 0) * 60 + float(seconds or 0)
 
 
+def _git_ignored(paths: list[Path]) -> set[Path]:
+    """The paths git ignores (artefacts of local runs, not sources); none where there is no git checkout."""
+    result = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--stdin"], capture_output=True, text=True,
+                            input="\n".join(str(p) for p in paths), timeout=30, check=False)
+    return {Path(line) for line in result.stdout.splitlines()} if result.returncode in (0, 1) else set()
+
+
 def _hadolint(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [str(tool("hadolint")), "--no-color", "--config", str(DOCKER / ".hadolint.yaml"), *args]
     return subprocess.run(cmd, capture_output=True, text=True, input=stdin, timeout=60, check=False)
@@ -83,6 +90,7 @@ def test_copy_sources_are_in_the_build_context(name: str) -> None:
         assert (ROOT / source).exists(), f"{name}: COPY source {source} is not in the repository"
         files = [p for p in (ROOT / source).rglob("*") if p.is_file()] if (ROOT / source).is_dir() else [ROOT / source]
         files = [p for p in files if "__pycache__" not in p.parts and p.suffix != ".pyc" and not p.name.endswith(".so")]
+        files = [p for p in files if p not in _git_ignored(files)]  # local artefacts, e.g. bench/results/
         missing = [str(p.relative_to(ROOT)) for p in files if str(p.relative_to(ROOT)) not in context]
         assert not missing, f"{name}: .dockerignore drops COPY inputs {missing[:5]}"
 
