@@ -12,9 +12,10 @@ from server.routes.common import (
     checked_params,
     engine_for,
     remaining_context,
+    start_run,
     start_tracking,
 )
-from server.streaming import EngineRun, StreamContext, collect, stream_chat
+from server.streaming import collect, stream_chat
 
 router = APIRouter(tags=["generation"])
 
@@ -29,20 +30,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     params = checked_params(engine, prompt_ids,
                             body.to_sampling_params(default_max_tokens, engine.max_model_len), "messages")
 
-    request_id = protocol.new_id("chatcmpl")
-    run = EngineRun(engine, request_id, prompt_ids, params, tracker)
-    await run.start(request)  # 429/503 still become HTTP statuses here
-    ctx = StreamContext(
-        request_id=request_id,
-        created=protocol.now_s(),
-        model=state.served_model_name,
-        include_usage=body.include_usage,
-        token_text=lambda token_id: engine.tokenizer.decode([token_id]),
-        want_logprobs=params.logprobs,
-    )
+    run, ctx = await start_run(request, state, engine, tracker, "chatcmpl", prompt_ids, params,
+                               body.include_usage)
     if body.stream:
         return stream_chat(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s)
     result = await collect(run, ctx, request)
     logprobs = protocol.chat_logprobs(result.logprobs, ctx.token_text) if params.logprobs else None
-    return JSONResponse(protocol.chat_completion(request_id, ctx.created, ctx.model, result.text,
+    return JSONResponse(protocol.chat_completion(ctx.request_id, ctx.created, ctx.model, result.text,
                                                  result.finish_reason, ctx.usage(), logprobs))

@@ -11,10 +11,12 @@ import anyio
 from starlette.requests import Request
 
 from engine.types import InvalidRequestError, SamplingParams
+from server import protocol
 from server.app import ServerState, get_state
 from server.engine_client import EngineClient
 from server.errors import ModelNotFoundError
 from server.metrics import RequestTracker
+from server.streaming import EngineRun, StreamContext
 
 # Completions give 16 tokens by default (OpenAI's documented default); chat runs to the context end.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -91,3 +93,22 @@ def checked_params(engine: EngineClient, prompt_ids: Sequence[int], params: Samp
 
 def remaining_context(engine: EngineClient, num_prompt_tokens: int) -> int:
     return max(1, engine.max_model_len - num_prompt_tokens)
+
+
+async def start_run(request: Request, state: ServerState, engine: EngineClient, tracker: RequestTracker,
+                    id_prefix: str, prompt_ids: list[int], params: SamplingParams,
+                    include_usage: bool) -> tuple[EngineRun, StreamContext]:
+    """Hand the request to the engine (429/503 still become HTTP statuses here) and build its response
+    context; the caller streams it or collects it."""
+    request_id = protocol.new_id(id_prefix)
+    run = EngineRun(engine, request_id, prompt_ids, params, tracker)
+    await run.start(request)
+    ctx = StreamContext(
+        request_id=request_id,
+        created=protocol.now_s(),
+        model=state.served_model_name,
+        include_usage=include_usage,
+        token_text=lambda token_id: engine.tokenizer.decode([token_id]),
+        want_logprobs=params.logprobs,
+    )
+    return run, ctx

@@ -12,9 +12,10 @@ from server.routes.common import (
     checked_params,
     completion_prompt_ids,
     engine_for,
+    start_run,
     start_tracking,
 )
-from server.streaming import EngineRun, StreamContext, collect, stream_completion
+from server.streaming import collect, stream_completion
 
 router = APIRouter(tags=["generation"])
 
@@ -29,21 +30,12 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     params = checked_params(engine, prompt_ids,
                             body.to_sampling_params(default_max_tokens, engine.max_model_len), "prompt")
 
-    request_id = protocol.new_id("cmpl")
-    run = EngineRun(engine, request_id, prompt_ids, params, tracker)
-    await run.start(request)
-    ctx = StreamContext(
-        request_id=request_id,
-        created=protocol.now_s(),
-        model=state.served_model_name,
-        include_usage=body.include_usage,
-        token_text=lambda token_id: engine.tokenizer.decode([token_id]),
-        want_logprobs=params.logprobs,
-    )
+    run, ctx = await start_run(request, state, engine, tracker, "cmpl", prompt_ids, params,
+                               body.include_usage)
     if body.stream:
         return stream_completion(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s)
     result = await collect(run, ctx, request)
     logprobs = protocol.completion_logprobs(result.logprobs, ctx.token_text, 0) if params.logprobs else None
-    return JSONResponse(protocol.completion_chunk(request_id, ctx.created, ctx.model, result.text,
+    return JSONResponse(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, result.text,
                                                   finish_reason=result.finish_reason, logprobs=logprobs,
                                                   usage_dict=ctx.usage()))
