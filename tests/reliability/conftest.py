@@ -26,7 +26,7 @@ import pytest
 from engine.core import StepInfo
 from server.app import create_app, engine_config_from
 from server.settings import Settings
-from tests.integration.server.conftest import RunningServer, free_socket, serve_app, wait_healthy
+from tests.integration.server.conftest import RunningServer, free_socket, serve_app, stop_process, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [{"role": "user", "content": "Tell me a story about a robot"}]
@@ -208,10 +208,5 @@ def serve_process(model: Path, *args: str, ready_timeout_s: float = 120.0,
             raise RuntimeError(f"{exc}: {served.stderr()[-2000:]}") from None
         yield served
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc, 30)
         log.close()

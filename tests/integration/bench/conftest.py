@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.integration.server.conftest import stop_process
+
 PEER = Path(__file__).with_name("peer.py")
 
 
@@ -47,11 +49,7 @@ def peer() -> Peer:
             time.sleep(0.1)
         yield Peer(url=url, pid=proc.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 10)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from bench.cli import main
 from bench.report import load_report
-from tests.integration.server.conftest import wait_healthy
+from tests.integration.server.conftest import stop_process, wait_healthy
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[3]
@@ -39,11 +39,7 @@ def ortserve(tiny_model: Path):
             raise RuntimeError(f"ortserve did not become ready ({exc}): {proc.stderr.read()[-2000:]}") from None
         yield url, proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 30)
 
 
 def _args(tmp_path: Path, name: str) -> list[str]:

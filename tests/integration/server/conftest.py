@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -96,6 +97,16 @@ def wait_healthy(base: str, alive: Callable[[], bool], timeout_s: float, poll_s:
         if not alive() or time.monotonic() > deadline:
             raise RuntimeError(f"server did not become ready (health {status})")
         time.sleep(poll_s)
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM a test server process and reap it; SIGKILL if it has not exited within `timeout_s`."""
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 @contextlib.contextmanager
