@@ -33,11 +33,12 @@ from deploy_tools import (  # noqa: E402
 )
 
 STARTUP_TIMEOUT_S = 120.0
-# Shorter drain than the manifests' 30 s, still well above the SIGTERM test's ~1 s stream.
-SHUTDOWN_GRACE_S = 10.0
-# NOTE(deploy): the synthetic model's defaults with a 4096-token context, so one stream can run ~1 s on a
-# CPU: long enough that SIGTERM surely lands mid-stream (uvicorn polls for exit every 0.1 s).
-MODEL_MAX_LENGTH = 4096
+# The manifests' drain; the SIGTERM test's stream ends as soon as the test has read it (a few seconds).
+SHUTDOWN_GRACE_S = 30.0
+# NOTE(deploy): the synthetic model's defaults with an 8192-token context, so that one stream with top-20
+# logprobs (~1.4 KB a token, ~11 MB in all) is more than twice what loopback socket buffers hold (the
+# default tcp_wmem maximum is 4 MiB): such a stream cannot end before its client reads it.
+MODEL_MAX_LENGTH = 8192
 
 
 @dataclass

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +15,10 @@ import httpx
 import openai
 import pytest
 
-from server.app import create_app
+from engine.async_engine import AsyncEngine
+from engine.core import StepInfo
+from server.app import create_app, engine_config_from
+from server.settings import Settings
 from tests.integration.server.conftest import RunningServer, api_settings, serve_app
 
 HI = [{"role": "user", "content": "Tell me a long story"}]
@@ -94,15 +102,59 @@ def test_disconnect_after_three_chunks_frees_the_request(api_server: RunningServ
     assert generated < 1900 / 2  # cancelled at once, not run to max_tokens
 
 
-def test_disconnect_of_a_non_streaming_request_aborts_it(api_server: RunningServer) -> None:
-    before = api_server.metrics()
-    body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "temperature": 0, "ignore_eos": True}
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{api_server.url}/chat/completions", json=body, timeout=0.3)
-    m = api_server.wait_idle(1.0)
-    assert m["ortserve_requests_running"] == 0
-    abort = 'ortserve_requests_total{status="abort"}'
-    assert m[abort] - before[abort] == 1
+class DecodeGate:
+    """A test-only fault injector that holds every decode run while the gate is shut (prefill runs pass).
+
+    With the gate shut a running request cannot finish, whatever the machine's speed: the test decides when
+    the engine may go on.
+    """
+
+    def __init__(self) -> None:
+        self._open = threading.Event()
+        self._open.set()
+        self.num_held = 0
+
+    def shut(self) -> None:
+        self._open.clear()
+
+    def open(self) -> None:
+        self._open.set()
+
+    def __call__(self, info: StepInfo) -> None:
+        if info.kind == "decode" and not self._open.is_set():
+            self.num_held += 1
+            self._open.wait(60)
+
+
+def test_disconnect_of_a_non_streaming_request_aborts_it(api_model: Path) -> None:
+    gate = DecodeGate()
+
+    def load(settings: Settings) -> AsyncEngine:
+        return AsyncEngine.from_model_dir(settings.model, replace(engine_config_from(settings), fault_injector=gate))
+
+    with serve_app(create_app(api_settings(api_model), loader=load)) as running:
+        before = running.metrics()
+        body = json.dumps({"model": "tiny", "messages": HI, "max_tokens": 1900, "temperature": 0,
+                           "ignore_eos": True}).encode()
+        host, port = running.base.removeprefix("http://").split(":")
+        gate.shut()  # the request prefills, then waits at its first decode step until the client has left
+        try:
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                deadline = time.monotonic() + 30
+                while gate.num_held == 0:  # the request is running, and no answer can have been sent
+                    assert time.monotonic() < deadline, "the request never reached a decode step"
+                    time.sleep(0.01)
+            # the client has closed its connection without reading an answer
+        finally:
+            gate.open()
+        m = running.wait_idle(5.0)
+        assert m["ortserve_requests_running"] == 0
+        abort = 'ortserve_requests_total{status="abort"}'
+        assert m[abort] - before[abort] == 1
+        generated = m["ortserve_generation_tokens_total"] - before["ortserve_generation_tokens_total"]
+        assert generated < 1900 / 2  # cancelled at once, not run to max_tokens
 
 
 def test_full_queue_is_429_with_retry_after(api_model: Path) -> None:

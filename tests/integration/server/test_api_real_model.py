@@ -25,8 +25,16 @@ def _ask(server: RunningServer, content: str, max_tokens: int, **extra) -> str:
     return r.choices[0].message.content
 
 
+# NOTE(tests): the INT4 model's MatMulNBits quantizes activations to int8 (accuracy level 4), and the kernels
+# (AVX2, AVX-512, VNNI) round differently, so greedy text may differ between CPUs wherever two tokens are
+# close. This prompt's answer leads its runner-up by > 1.5 nats at each of its first 8 tokens on AVX2 at
+# levels 4 and 0 (exact float); "What is the capital of France?" led by 0.08 and answered "L'Étoile..." on
+# AVX2 at level 4.
+CAPITAL = "Complete the sentence: The capital of France is"
+
+
 def test_real_answer(smol: RunningServer) -> None:
-    assert "Paris" in _ask(smol, "What is the capital of France?", 24)
+    assert "Paris" in _ask(smol, CAPITAL, 24)
 
 
 @pytest.mark.parametrize("prompt", ["Reply with three emoji.", "Translate 'thank you' into Japanese."])
@@ -48,10 +56,10 @@ def test_streamed_utf8_is_never_split(smol: RunningServer, prompt: str) -> None:
 
 
 def test_stop_string_in_real_text(smol: RunningServer) -> None:
-    full = _ask(smol, "What is the capital of France?", 24)
+    full = _ask(smol, CAPITAL, 24)
     cut = full.index("Paris")
     chunks = list(smol.client().chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
+        model="smollm2", messages=[{"role": "user", "content": CAPITAL}],
         max_tokens=24, temperature=0, stop=["Paris"], stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == full[:cut]
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["stop"]
