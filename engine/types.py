@@ -23,6 +23,32 @@ class FinishReason(str, enum.Enum):
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily
 
+# The kinds of output constraint a request can carry (see StructuredOutput).
+STRUCTURED_KINDS = ("json_schema", "json_object", "regex", "choice", "lark", "gbnf")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on one request's output, as plain data; the engine's grammar backend compiles it.
+
+    Attributes:
+        kind: one of STRUCTURED_KINDS.
+            "json_schema": ``spec`` is a JSON Schema as JSON text; "json_object": any JSON object (``spec``
+            unused); "regex": ``spec`` is a regular expression the whole output matches; "choice": ``spec``
+            is a JSON list of strings, the output is exactly one of them; "lark": ``spec`` is a grammar in
+            llguidance's Lark dialect (``%json {...}`` embeds a schema; tool calls are built this way);
+            "gbnf": ``spec`` is a llama.cpp GBNF grammar.
+        spec: the text described above.
+    """
+
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise InvalidRequestError(f"structured output kind must be one of {list(STRUCTURED_KINDS)}, "
+                                      f"got {self.kind!r}", param="response_format")
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -48,6 +74,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0  # [0, 20]
     include_stop_str_in_output: bool = False
+    structured: StructuredOutput | None = None  # constrained decoding; None = free text
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)
