@@ -7,12 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from engine.core import StepInfo
-
-from engine.types import InvalidRequestError
+from engine.types import InvalidRequestError, StepInfo
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import numpy as np
 from engine.runner import Runner
 from engine.sampler import RequestSampler, sample_batch
 from engine.scheduler import Finished, Request, Scheduler, SchedulerOutput
-from engine.types import EngineDeadError, EngineError, FinishReason, TokenLogprob
+from engine.types import EngineDeadError, EngineError, FinishReason, StepInfo, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +51,6 @@ class CoreSnapshot:
     decode_tokens_per_s: float = 0.0
     steps_total: int = 0
     last_step_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """What a model run is about to compute; passed to the test-only fault injector."""
-
-    step: int  # steps_total before this step
-    kind: str  # "decode" or "prefill"
-    request_ids: tuple[str, ...]
 
 
 Sink = Callable[[list[CoreOutput]], None]

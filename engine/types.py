@@ -153,6 +153,15 @@ class EngineStats:
 
 
 @dataclass(frozen=True)
+class StepInfo:
+    """What a model run is about to compute; passed to the test-only EngineConfig.fault_injector."""
+
+    step: int  # steps_total before this step
+    kind: str  # "decode" or "prefill"
+    request_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class DevicePlacement:
     """Where one engine's tensors live and how its decode step runs (startup log, tests, ``devices``)."""
 

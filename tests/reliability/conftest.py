@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.core import StepInfo
+from engine.types import StepInfo
 from server.app import create_app, engine_config_from
 from server.settings import Settings
 from tests.integration.server.conftest import RunningServer, free_socket, serve_app, stop_process, wait_healthy

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from engine.async_engine import AsyncEngine
-from engine.core import StepInfo
+from engine.types import StepInfo
 from server.app import create_app, engine_config_from
 from server.settings import Settings
 from tests.integration.server.conftest import RunningServer, api_settings, serve_app
