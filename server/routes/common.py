@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from engine.types import InvalidRequestError, SamplingParams
 from server import protocol
-from server.app import ServerState, get_state
+from server.state import ServerState, get_state
 from server.engine_client import EngineClient
 from server.errors import ModelNotFoundError
 from server.metrics import RequestTracker

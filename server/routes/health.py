@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from server import __version__
-from server.app import get_state
+from server.state import get_state
 
 router = APIRouter(tags=["service"])
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.app import get_state
+from server.state import get_state
 
 router = APIRouter(tags=["service"])
 

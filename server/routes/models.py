@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from server import protocol
-from server.app import get_state
+from server.state import get_state
 from server.errors import ModelNotFoundError
 
 router = APIRouter(tags=["models"])
