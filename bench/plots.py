@@ -83,7 +83,7 @@ def plot_report(report: dict, path: str | Path) -> Path:
     for ax in (ax_tput, ax_ttft, ax_itl, ax_e2e):
         ax.grid(True, alpha=0.3)
     fig.suptitle(_title(report))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_compare(reports: Sequence[dict], path: str | Path) -> Path:
@@ -118,7 +118,7 @@ def plot_compare(reports: Sequence[dict], path: str | Path) -> Path:
         ax.grid(True, alpha=0.3)
         _legend(ax)
     fig.suptitle("comparison: " + ", ".join(r.get("label", "?") for r in reports))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _level_axis(ax, xs: Sequence[float]) -> None:
@@ -149,36 +149,8 @@ def _title(report: dict) -> str:
             f"- {s.get('mode', 'http')} - {cpu}")
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return path
-
-
-def plot_ceiling(data: dict, path: str | Path) -> Path:
-    """bench.ceiling's figures: decode tokens/s of the bare loop, the engine (and onnxruntime-genai) per batch,
-    each round a dot, the median a bar."""
-    runs, med = data["runs"], data["median"]
-    batches = sorted({int(k.rsplit("_b", 1)[1]) for k in med})
-    kinds = [("bare", "bare ONNX Runtime loop"), ("engine", "ortserve engine"), ("genai", "onnxruntime-genai")]
-    fig = Figure(figsize=(7.5, 4.2))
-    ax = fig.subplots()
-    width = 0.27
-    for j, (kind, label) in enumerate(kinds):
-        xs = [i + (j - 1) * width for i, b in enumerate(batches) if f"{kind}_b{b}" in med]
-        keys = [f"{kind}_b{b}" for b in batches if f"{kind}_b{b}" in med]
-        if not keys:
-            continue
-        ax.bar(xs, [med[k] for k in keys], width, label=label)
-        for x, k in zip(xs, keys):
-            ax.plot([x] * len(runs), [r[k] for r in runs], "k.", ms=3)
-            ax.annotate(f"{med[k]:.0f}", (x, med[k]), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
-    ax.set_ylabel("decode tokens/s (all rows)")
-    s = data.get("settings", {})
-    ax.set_title(f"decode ceiling - {s.get('threads', '?')} threads, prompt {s.get('prompt_tokens', '?')}, "
-                 f"{s.get('output_tokens', '?')} out, {len(runs)} rounds (dots)", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return _save(fig, path)

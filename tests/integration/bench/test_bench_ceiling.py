@@ -1,4 +1,4 @@
-"""bench.ceiling: the bare ONNX Runtime loop does the engine's work (same greedy tokens) and reports figures."""
+"""bench.perf.ceiling: the bare ONNX Runtime loop does the engine's work (same greedy tokens) and reports figures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import ceiling
+from bench.perf import ceiling
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.types import SamplingParams
