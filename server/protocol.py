@@ -24,12 +24,35 @@ BEAM_SEARCH_MESSAGE = (
 )
 
 
+def _nullable_when_optional(schema: dict[str, Any]) -> None:
+    """JSON schema of a request model: every optional field also accepts null (see _null_means_absent)."""
+    required = set(schema.get("required", ()))
+    for name, prop in schema.get("properties", {}).items():
+        if name in required or any(v.get("type") == "null" for v in prop.get("anyOf", [prop])):
+            continue
+        meta = {key: prop.pop(key) for key in ("title", "description", "default") if key in prop}
+        schema["properties"][name] = {"anyOf": [prop, {"type": "null"}], **meta}
+
+
 class OpenAIBaseModel(BaseModel):
-    """Accepts unknown fields and logs them at debug level (clients send vendor extras freely)."""
+    """Accepts unknown fields and logs them at debug level (clients send vendor extras freely); null in an
+    optional field means the field is absent."""
 
     # NOTE(server): strict=True rejects "10" for an int and "true" for a bool, as OpenAI does;
     # ints are still accepted where floats are expected.
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_nullable_when_optional)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_absent(cls, data: Any) -> Any:
+        # NOTE(server): OpenAI's schema marks most optional request fields nullable (n, stream, stop, temperature,
+        # logprobs, stream_options, ...) and clients send null for "not set"; as vLLM and llama.cpp do, null
+        # takes the default. A required field (messages, prompt, role) stays required.
+        if not isinstance(data, dict):
+            return data
+        optional = {key for name, field in cls.model_fields.items() if not field.is_required()
+                    for key in (name, field.alias) if key}
+        return {key: value for key, value in data.items() if value is not None or key not in optional}
 
     @model_validator(mode="after")
     def _log_extra_fields(self) -> OpenAIBaseModel:
@@ -118,6 +141,9 @@ class _SamplingFields(OpenAIBaseModel):
 
     @model_validator(mode="after")
     def _check_supported(self) -> _SamplingFields:
+        if self.best_of is not None and self.best_of < 1:
+            raise InvalidRequestError(f"best_of must be >= 1, got {self.best_of}", param="best_of",
+                                      code="invalid_value")
         if self.n != 1:
             raise _unsupported("n", f"n must be 1 (several choices per request are not supported yet), got {self.n}")
         if self.use_beam_search or (self.best_of is not None and self.best_of != 1):
@@ -253,6 +279,11 @@ class CompletionRequest(_SamplingFields):
             raise _unsupported("echo", "echo is not supported")
         if self.suffix:
             raise _unsupported("suffix", "suffix is not supported")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            # NOTE(server): checked here, as `logprobs` (the completions name); SamplingParams would name it
+            # top_logprobs.
+            raise InvalidRequestError(f"logprobs must be in [0, 20], got {self.logprobs}", param="logprobs",
+                                      code="invalid_value")
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], (str, list)):
             if len(self.prompt) != 1:
                 raise _unsupported("prompt", f"one prompt per request is supported, got {len(self.prompt)}")

@@ -57,6 +57,7 @@ def test_out_of_range_names_param_and_value(fields: dict, param: str) -> None:
 @pytest.mark.parametrize("fields,param,needle", [
     ({"n": 2}, "n", "n must be 1"),
     ({"best_of": 3}, "best_of", "beam search"),
+    ({"best_of": 0}, "best_of", "best_of must be >= 1, got 0"),  # a bad value, not a beam search request
     ({"use_beam_search": True}, "use_beam_search", "shared max-length buffer"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tools"),
     ({"response_format": {"type": "json_object"}}, "response_format", "response_format"),
@@ -132,3 +133,51 @@ def test_completion_logprobs_and_default_max_tokens() -> None:
     assert (p.max_tokens, p.logprobs, p.top_logprobs) == (16, True, 2)
     p = CompletionRequest.model_validate({"prompt": "x"}).to_sampling_params(16, 2048)
     assert (p.logprobs, p.top_logprobs) == (False, 0)
+
+
+def test_completion_logprobs_out_of_range_names_logprobs() -> None:
+    """On /v1/completions the field is `logprobs` (chat's top_logprobs is its engine name)."""
+    for value in (21, -1):
+        with pytest.raises(ValidationError) as info:
+            CompletionRequest.model_validate({"prompt": "Hello", "logprobs": value})
+        cause = info.value.errors()[0]["ctx"]["error"]
+        assert isinstance(cause, InvalidRequestError) and cause.param == "logprobs"
+        assert f"logprobs must be in [0, 20], got {value}" == str(cause)
+
+
+@pytest.mark.parametrize("model,base", [(ChatCompletionRequest, {"messages": USER}),
+                                        (CompletionRequest, {"prompt": "hi"})])
+def test_null_is_absent_on_every_optional_field(model, base: dict) -> None:
+    """OpenAI marks its optional request fields nullable and SDKs send null for "not set": every optional
+    field, whatever it is, takes its default on null (the list comes from the model, so new fields are covered)."""
+    optional = [name for name, field in model.model_fields.items() if not field.is_required()]
+    assert {"n", "stream", "stop", "temperature", "top_p", "seed", "logprobs", "stream_options", "user",
+            "presence_penalty", "frequency_penalty", "logit_bias", "max_tokens"} <= set(optional)
+    absent = model.model_validate(base)
+    for name in optional:
+        nulled = model.model_validate({**base, name: None})
+        assert getattr(nulled, name) == getattr(absent, name), name
+        assert nulled.to_sampling_params(16, 2048) == absent.to_sampling_params(16, 2048), name
+    everything = model.model_validate({**base, **dict.fromkeys(optional)})
+    assert everything.to_sampling_params(16, 2048) == absent.to_sampling_params(16, 2048)
+    assert not everything.stream and not everything.include_usage
+
+
+def test_null_in_nested_optional_fields_and_required_fields() -> None:
+    req = chat(stream=True, stream_options={"include_usage": None},
+               messages=[{"role": "user", "content": "hi", "name": None}, {"role": "assistant", "content": None}])
+    assert not req.include_usage and req.messages[0].name is None
+    for required in ({"messages": None}, {"messages": [{"role": None, "content": "hi"}]},
+                     {"messages": [{"role": "user", "content": None}]}):
+        with pytest.raises(ValidationError):
+            ChatCompletionRequest.model_validate(required)
+    with pytest.raises(ValidationError):
+        CompletionRequest.model_validate({"prompt": None})
+
+
+def test_the_schema_says_optional_fields_take_null() -> None:
+    for model in (ChatCompletionRequest, CompletionRequest):
+        schema = model.model_json_schema()
+        for name, prop in schema["properties"].items():
+            nullable = any(v.get("type") == "null" for v in prop.get("anyOf", [prop]))
+            assert nullable == (name not in schema["required"]), (model.__name__, name)
