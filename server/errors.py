@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import sys
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -140,6 +141,23 @@ def validation_error_response(exc: RequestValidationError) -> tuple[int, dict[st
     return 400, error_body(message, "invalid_request_error", param, code)
 
 
+def _unparsable_body(exc: StarletteHTTPException) -> str | None:
+    """The message for a body FastAPI could not parse for a reason other than a JSON syntax error (its bare
+    400 "There was an error parsing the body"), or None when `exc` is something else."""
+    if exc.status_code != 400:
+        return None
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return (f"The request body is not valid JSON: it is not UTF-8 text (byte 0x{cause.object[cause.start]:02x} "
+                f"at offset {cause.start}).")
+    if isinstance(cause, RecursionError):
+        return "The request body cannot be parsed: its JSON is nested too deeply."
+    if isinstance(cause, ValueError):  # json.loads' only other ValueError: an integer past the digit limit
+        return (f"The request body cannot be parsed: a number in it has more than {sys.get_int_max_str_digits()} "
+                f"digits.")
+    return None
+
+
 def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
     """(status, OpenAI error body, extra headers) for any exception, by class.
 
@@ -160,6 +178,8 @@ def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
                                "engine_unavailable"), {}
     if isinstance(exc, EngineError):
         return 500, error_body(f"The engine failed: {exc}", "internal_error", None, "engine_error"), {}
+    if isinstance(exc, StarletteHTTPException) and (message := _unparsable_body(exc)) is not None:
+        return 400, error_body(message, "invalid_request_error", None, "invalid_json"), {}
     if isinstance(exc, StarletteHTTPException):
         code = {413: "request_too_large", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return exc.status_code, error_body(str(exc.detail), _HTTP_TYPES.get(exc.status_code, "server_error"),

@@ -52,6 +52,18 @@ def test_bad_json_is_400_not_422_or_500(client: TestClient, content: bytes, head
     assert err["code"] == "invalid_json"
 
 
+@pytest.mark.parametrize("content,needle", [
+    (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "not UTF-8"),
+    (b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "seed": ' + b"9" * 5000 + b"}", "digits"),
+])
+def test_bodies_json_cannot_parse_are_invalid_json_too(client: TestClient, content: bytes, needle: str) -> None:
+    """Invalid UTF-8, very deep nesting and integers past Python's digit limit fail inside the JSON parser, as a
+    syntax error does, and get the same code."""
+    err = _assert_error(client.post(CHAT, content=content, headers={"content-type": "application/json"}), 400)
+    assert err["code"] == "invalid_json" and needle in err["message"]
+
+
 def test_json_with_form_content_type_is_parsed(client: TestClient) -> None:
     # Valid JSON under a form content type reaches the engine check (503 loading), not a 400.
     import json
