@@ -30,8 +30,11 @@ class AuthMiddleware:
         self._open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (self._key is None or scope["type"] != "http" or scope["path"] in self._open_paths
-                or scope["method"] == "OPTIONS"):  # CORS preflight carries no credentials
+        # NOTE(server): OPTIONS needs the key like any other method, or its 405-versus-404 would tell a client
+        # without one which routes exist. CORS preflights (which carry no credentials) never get here: when
+        # CORS is on, its middleware runs first and answers them. "/health/" is "/health".
+        if (self._key is None or scope["type"] != "http"
+                or (scope["path"].rstrip("/") or "/") in self._open_paths):
             await self.app(scope, receive, send)
             return
         header = b""

@@ -12,6 +12,7 @@ router = APIRouter(tags=["service"])
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.head("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     state = get_state(request)
     stats = state.engine.stats() if state.engine is not None else None

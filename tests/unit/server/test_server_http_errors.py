@@ -165,6 +165,42 @@ def test_api_key_required_everywhere_except_health_and_metrics() -> None:
         assert c.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
+def test_options_needs_the_key_so_it_reveals_no_route() -> None:
+    """Without a key, OPTIONS on a real route and on an unknown one get the same 401 (not 405 against 404); with
+    CORS on, preflights still pass without a key, other OPTIONS requests do not."""
+    preflight = {"Origin": "http://ui.test", "Access-Control-Request-Method": "POST"}
+    for cors in ([], ["http://ui.test"]):
+        with _client(api_key="s3cret", cors_origins=cors) as c:
+            answers = {path: c.options(path) for path in (CHAT, "/v1/models", "/no/such/route")}
+            for path, r in answers.items():
+                assert _assert_error(r, 401)["code"] == "invalid_api_key", path
+            assert len({r.content for r in answers.values()}) == 1
+            ok = {"Authorization": "Bearer s3cret"}
+            assert c.options(CHAT, headers=ok).status_code == 405  # with the key the route is reached
+            assert c.options("/no/such/route", headers=ok).status_code == 404
+            r = c.options(CHAT, headers=preflight)
+            if cors:
+                assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ui.test"
+            else:
+                _assert_error(r, 401)
+
+
+def test_head_and_trailing_slash_on_the_service_routes() -> None:
+    """Load balancers check health with HEAD; `/health/` is /health (open, answered, not redirected)."""
+    with _client(api_key="s3cret") as c:
+        ok = {"Authorization": "Bearer s3cret"}
+        for path in ("/health", "/health/"):
+            for method in ("GET", "HEAD"):
+                r = c.request(method, path, follow_redirects=False)
+                assert r.status_code == 503, (method, path)  # open, and still loading
+                assert (r.content == b"") == (method == "HEAD")
+        for path in ("/v1/models", "/v1/models/smollm2-135m-instruct", "/version", "/metrics"):
+            get, head = c.get(path, headers=ok), c.head(path, headers=ok)
+            assert get.status_code == head.status_code == 200, path
+            assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"]
+        assert c.head("/v1/models").status_code == 401
+
+
 def test_cors_off_by_default_and_configurable() -> None:
     preflight = {"Origin": "http://ui.test", "Access-Control-Request-Method": "POST"}
     with _client() as c:
