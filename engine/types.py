@@ -195,11 +195,14 @@ class InvalidRequestError(EngineError, ValueError):
 class PromptTooLongError(InvalidRequestError):
     """Prompt plus at least one generated token exceeds the context (-> 400, names both numbers)."""
 
-    def __init__(self, num_prompt_tokens: int, max_model_len: int) -> None:
+    def __init__(self, num_prompt_tokens: int, max_model_len: int, *, lower_bound: bool = False,
+                 param: str = "messages") -> None:
+        # lower_bound: num_prompt_tokens is a bound from the prompt's length, the prompt was not tokenized.
         super().__init__(
             f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
-            f"{num_prompt_tokens} tokens (at least one token must be left for the completion).",
-            param="messages",
+            f"{'at least ' if lower_bound else ''}{num_prompt_tokens} tokens (at least one token must be left "
+            f"for the completion).",
+            param=param,
             code="context_length_exceeded",
         )
         self.num_prompt_tokens = num_prompt_tokens

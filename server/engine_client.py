@@ -16,6 +16,8 @@ class TokenizerLike(Protocol):
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
+    def min_num_tokens(self, text: str) -> int: ...
+
 
 class ChatTemplateLike(Protocol):
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,

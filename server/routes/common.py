@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import anyio
 from starlette.requests import Request
 
-from engine.types import InvalidRequestError, SamplingParams
+from engine.types import InvalidRequestError, PromptTooLongError, SamplingParams
 from server import protocol
 from server.state import ServerState, get_state
 from server.engine_client import EngineClient
@@ -39,7 +39,13 @@ def start_tracking(request: Request, state: ServerState) -> RequestTracker:
 
 
 def _encode(engine: EngineClient, text: str, param: str) -> list[int]:
-    """Tokenize `text`; a string that is not valid Unicode is the client's error (400), not ours."""
+    """Tokenize `text`; a string that is not valid Unicode is the client's error (400), not ours.
+
+    A text too long for the context by its length alone is refused before any of it is tokenized.
+    """
+    at_least = engine.tokenizer.min_num_tokens(text)
+    if at_least >= engine.max_model_len:
+        raise PromptTooLongError(at_least, engine.max_model_len, lower_bound=True, param=param)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
+from engine.tokenizer import Tokenizer
 from engine.types import FinishReason, SamplingParams
+from tests.unit.engine.test_tokenizer_bound import TEXTS
 
 pytestmark = pytest.mark.slow
 
@@ -77,3 +80,25 @@ def test_batched_greedy_equals_single_on_the_default_model(smol):
     results = asyncio.run(together())
     assert results[0][0] == alone
     assert len({tuple(r[0]) for r in results}) == len(prompts)  # really different streams
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer(default_model) -> Tokenizer:
+    return Tokenizer.from_file(default_model / "tokenizer.json")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(text=TEXTS)
+def test_the_prompt_length_bound_holds_on_the_real_tokenizer(smol_tokenizer: Tokenizer, text: str) -> None:
+    """The bound that refuses huge prompts untokenized never exceeds SmolLM2's real count (see
+    tests/unit/engine/test_tokenizer_bound.py)."""
+    assert smol_tokenizer.min_num_tokens(text) <= len(smol_tokenizer.encode(text))
+
+
+def test_the_prompt_length_bound_holds_on_runs_of_the_longest_tokens(smol_tokenizer: Tokenizer) -> None:
+    tok = smol_tokenizer
+    assert tok.max_chars_per_token is not None
+    longest = sorted(tok.hf.get_vocab(with_added_tokens=True), key=len)[-5:]
+    for token in longest:
+        run = tok.decode([tok.token_to_id(token)], skip_special_tokens=False) * 300
+        assert tok.min_num_tokens(run) <= len(tok.encode(run)), token
