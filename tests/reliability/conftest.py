@@ -2,17 +2,12 @@
 
 `rel_server` is the server that gets abused (with a test-only fault injector in its engine); `fresh_server`
 serves the same model and is never abused, so it gives the reference output of a fresh server.
-`serve_process` runs `python -m server serve` as its own process (exit codes, RSS).
+`serve_process` (from tests/integration/server/conftest.py) runs `python -m server serve` as its own process.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -26,9 +21,8 @@ import pytest
 from engine.types import StepInfo
 from server.app import create_app, engine_config_from
 from server.settings import Settings
-from tests.integration.server.conftest import RunningServer, free_socket, serve_app, stop_process, wait_healthy
+from tests.integration.server.conftest import RunningServer, serve_app, serve_process  # noqa: F401 (re-exported)
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [{"role": "user", "content": "Tell me a story about a robot"}]
 
 
@@ -175,38 +169,3 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-@dataclass
-class ServeProcess:
-    base: str
-    proc: subprocess.Popen
-    log: Any  # the process's stderr, a temporary file
-
-    def stderr(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-
-@contextlib.contextmanager
-def serve_process(model: Path, *args: str, ready_timeout_s: float = 120.0,
-                  env: dict[str, str] | None = None) -> Iterator[ServeProcess]:
-    """`python -m server serve --model MODEL ARGS` on a free 127.0.0.1 port until the block exits."""
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
-    cmd = [sys.executable, "-m", "server", "serve", "--model", str(model), "--host", "127.0.0.1",
-           "--port", str(port), "--log-level", "warning", *args]
-    # NOTE: stderr goes to a file, not a pipe: a full pipe nobody reads would block the server.
-    log = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=log, text=True)
-    served = ServeProcess(f"http://127.0.0.1:{port}", proc, log)
-    base = served.base
-    try:
-        try:
-            wait_healthy(base, lambda: proc.poll() is None, ready_timeout_s, poll_s=0.1)
-        except RuntimeError as exc:
-            raise RuntimeError(f"{exc}: {served.stderr()[-2000:]}") from None
-        yield served
-    finally:
-        stop_process(proc, 30)
-        log.close()
