@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -20,7 +20,7 @@ from starlette.requests import Request
 from engine.types import EngineError, FinishReason, RequestOutput, TokenLogprob
 from server import protocol
 from server.engine_client import EngineClient
-from server.errors import ServerError, error_for
+from server.errors import EngineNotReadyError, ServerError, error_for
 from server.metrics import REJECTED, RequestTracker
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,10 @@ class ClientDisconnectedError(ServerError):
 
 class EngineRequestError(EngineError):
     """The engine ended a request with finish_reason=ERROR (-> 500, or an error event in a stream)."""
+
+
+class CutAtShutdownError(EngineNotReadyError):
+    """The server's shutdown grace period ended before this request did (503, code shutting_down)."""
 
 
 async def _until_disconnected(request: Request) -> None:
@@ -67,7 +71,7 @@ async def _race_disconnect(request: Request, awaitable: Any) -> Any:
 
 def outcome_of(exc: BaseException) -> str:
     """The ortserve_requests_total status an exception stands for: abort, rejected or error."""
-    if not isinstance(exc, Exception):  # CancelledError, GeneratorExit: the client or the server left
+    if not isinstance(exc, Exception) or isinstance(exc, CutAtShutdownError):  # the client or the server left
         return str(FinishReason.ABORT)
     status = error_for(exc)[0]
     if status == ClientDisconnectedError.status_code:
@@ -95,6 +99,7 @@ class EngineRun:
         self._closed = False
         self._agen = engine.generate(prompt_ids, params, request_id)
         self._first: RequestOutput | None = None
+        self._cut: ServerError | None = None
         tracker.submitted()
 
     async def start(self, request: Request) -> None:
@@ -129,12 +134,24 @@ class EngineRun:
             if first.finished:
                 return
         async for out in self._agen:
+            if self._cut is not None and out.finished and out.finish_reason == FinishReason.ABORT:
+                if out.text or out.logprobs:  # what was generated before the cut still goes out
+                    yield replace(out, finished=False, finish_reason=None)
+                raise self._cut
             self._observe(out)
             yield out
             if out.finished:
                 return
         if not self.finished:
             raise EngineRequestError("the engine ended the request without a final output")
+
+    async def cut(self, exc: ServerError) -> None:
+        """End the request from outside (the shutdown grace is over): the engine aborts it, and `outputs()`
+        raises `exc` after the text generated so far, so a stream still ends with an error event and [DONE]."""
+        if self.finished or self._closed or self._cut is not None:
+            return
+        self._cut = exc
+        await self.engine.abort(self.request_id)  # the consumer gets a final ABORT output at once
 
     async def close(self) -> None:
         """Abort the request in the engine unless it finished; idempotent and safe under cancellation."""
@@ -224,7 +241,9 @@ async def _with_error_event(events: AsyncIterator[bytes], run: EngineRun) -> Asy
     except Exception as exc:
         run.tracker.finish(outcome_of(exc))
         status, body, _ = error_for(exc)
-        if status >= 500:
+        if isinstance(exc, CutAtShutdownError):
+            logger.warning("stream %s cut: %s", run.request_id, exc)
+        elif status >= 500:
             logger.error("stream %s failed: %s", run.request_id, exc)
         yield _event(body)
         yield _DONE
@@ -290,29 +309,45 @@ def _completion_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[byte
     return _with_error_event(events(), run)
 
 
-def event_source(events: AsyncIterator[bytes], ping_s: float, shutdown_grace_s: float) -> EventSourceResponse:
+# sse-starlette cancels a stream still open this long after the grace period: only one whose client has
+# stopped reading, so that its error event and [DONE] cannot be sent (uvicorn's own limit is later still).
+_FORCE_CANCEL_AFTER_GRACE_S = 1.0
+
+
+def event_source(events: AsyncIterator[bytes], run: EngineRun, ping_s: float,
+                 shutdown_grace_s: float) -> EventSourceResponse:
     """SSE response: `data: ...` events (framed bytes) separated by blank lines, keep-alive pings as comments.
 
-    On server shutdown sse-starlette waits `shutdown_grace_s` for the stream to end by itself, then
-    cancels it, which aborts the engine request through EngineRun.close().
+    On server shutdown (sse-starlette sees uvicorn's exit signal) the stream may finish during
+    `shutdown_grace_s`; one still running then is cut (EngineRun.cut): it ends with an OpenAI error event
+    (code shutting_down) and `data: [DONE]`, and the chunked body is terminated, so clients read it to the end.
     """
+    shutdown = anyio.Event()
+
+    async def cut_when_the_grace_ends() -> None:
+        await shutdown.wait()
+        await anyio.sleep(shutdown_grace_s)
+        await run.cut(CutAtShutdownError(f"The server is shutting down: this stream was ended after the "
+                                         f"{shutdown_grace_s:g} s shutdown grace period.", code="shutting_down"))
+
     return EventSourceResponse(
         events,
         sep="\n",
         ping=ping_s,
-        shutdown_event=anyio.Event(),
-        shutdown_grace_period=shutdown_grace_s,
+        shutdown_event=shutdown,
+        shutdown_grace_period=shutdown_grace_s + _FORCE_CANCEL_AFTER_GRACE_S,
+        data_sender_callable=cut_when_the_grace_ends,
         headers={"Cache-Control": "no-cache"},
     )
 
 
 def stream_chat(run: EngineRun, ctx: StreamContext, ping_s: float, shutdown_grace_s: float) -> EventSourceResponse:
-    return event_source(_chat_events(run, ctx), ping_s, shutdown_grace_s)
+    return event_source(_chat_events(run, ctx), run, ping_s, shutdown_grace_s)
 
 
 def stream_completion(run: EngineRun, ctx: StreamContext, ping_s: float,
                       shutdown_grace_s: float) -> EventSourceResponse:
-    return event_source(_completion_events(run, ctx), ping_s, shutdown_grace_s)
+    return event_source(_completion_events(run, ctx), run, ping_s, shutdown_grace_s)
 
 
 @dataclass
