@@ -117,6 +117,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.app import create_app
+    from server.http_timeouts import with_header_timeout
 
     app = create_app(settings)
     config = uvicorn.Config(
@@ -124,6 +125,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        http=with_header_timeout(settings.header_timeout_s),
         timeout_graceful_shutdown=settings.shutdown_grace_s + _UVICORN_SHUTDOWN_SLACK_S,
     )
     server = uvicorn.Server(config)

@@ -144,7 +144,8 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
         app.include_router(module.router)
 
     # Middleware: the last added runs first. Order seen by a request: CORS -> auth -> body limit.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
+                       body_timeout_s=settings.body_timeout_s)
     app.add_middleware(AuthMiddleware, api_key=settings.api_key_value(),
                        open_paths=_open_paths(settings))
     if settings.cors_origins:

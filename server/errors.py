@@ -76,6 +76,7 @@ _HTTP_TYPES = {
     403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",
@@ -181,7 +182,8 @@ def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
     if isinstance(exc, StarletteHTTPException) and (message := _unparsable_body(exc)) is not None:
         return 400, error_body(message, "invalid_request_error", None, "invalid_json"), {}
     if isinstance(exc, StarletteHTTPException):
-        code = {413: "request_too_large", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        code = {413: "request_too_large", 404: "not_found", 405: "method_not_allowed",
+                408: "request_timeout"}.get(exc.status_code)
         return exc.status_code, error_body(str(exc.detail), _HTTP_TYPES.get(exc.status_code, "server_error"),
                                            None, code), dict(exc.headers or {})
     # NOTE(server): anything else is our bug; the client gets no details, the log gets the traceback.

@@ -53,6 +53,16 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, le=1024**3, description="Largest accepted request body in bytes (413 above)."
     )
+    header_timeout_s: float = Field(
+        10.0, gt=0.0, le=3600.0,
+        description="Seconds a client has to send a request's headers, from its first byte (or from connecting); "
+        "a slower one gets 408 and is disconnected.",
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0.0, le=3600.0,
+        description="Seconds a client may pause while sending a request body (e.g. one shorter than its "
+        "Content-Length); a longer pause gets 408.",
+    )
 
     # --- device ------------------------------------------------------------------------------------
     provider: str = Field(
