@@ -187,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `ortserve` and `python -m server`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
+        from bench import INSTALL_HINT, missing_requirements
+
+        if missing := missing_requirements():
+            print(f"ortserve bench needs {', '.join(missing)}: {INSTALL_HINT}", file=sys.stderr)
+            return 2
         from bench.cli import main as bench_main
 
         return bench_main(argv[1:])
