@@ -1,7 +1,7 @@
 """create_app(settings, engine=None): the FastAPI app, its lifespan (engine loading and shutdown) and middleware.
 
-The engine lives on app.state.ortserve, a server.state.ServerState (no module globals). Imports the engine package only lazily,
-inside the loader, so importing the app never loads onnxruntime.
+The engine lives on app.state.ortserve, a server.state.ServerState (no module globals). Imports the engine
+package only lazily, inside the loader, so importing the app never loads onnxruntime.
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ from starlette.requests import Request
 
 from engine.types import InvalidRequestError, PromptTooLongError, SamplingParams
 from server import protocol
-from server.state import ServerState, get_state
 from server.engine_client import EngineClient
 from server.errors import ModelNotFoundError
 from server.metrics import RequestTracker
+from server.state import ServerState, get_state
 from server.streaming import EngineRun, StreamContext
 
 # Completions give 16 tokens by default (OpenAI's documented default); chat runs to the context end.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from server import protocol
-from server.state import get_state
 from server.errors import ModelNotFoundError
+from server.state import get_state
 
 router = APIRouter(tags=["models"])
 
