@@ -136,7 +136,9 @@ class EngineRun:
         async for out in self._agen:
             if self._cut is not None and out.finished and out.finish_reason == FinishReason.ABORT:
                 if out.text or out.logprobs:  # what was generated before the cut still goes out
-                    yield replace(out, finished=False, finish_reason=None)
+                    partial = replace(out, finished=False, finish_reason=None)
+                    self._observe(partial)
+                    yield partial
                 raise self._cut
             self._observe(out)
             yield out
