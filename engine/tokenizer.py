@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models
 
 from engine.types import ModelLoadError
 
@@ -132,7 +133,7 @@ def _vanishing_characters(hf: HFTokenizer, pre: dict[str, Any] | None, vocab: di
     model = hf.model
     if getattr(model, "byte_fallback", False):
         return ""
-    if type(model).__name__ != "BPE":  # Unigram fuses unknown runs; WordPiece/WordLevel map words to one
+    if not isinstance(model, models.BPE):  # Unigram fuses unknown runs; WordPiece/WordLevel map words to one
         return None
     if model.unk_token is not None:
         return None if model.fuse_unk else ""
