@@ -91,6 +91,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ortserve serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     _configure_logging(settings.log_level)
+    # 0. One malloc arena for the whole process, before any thread starts, so memory can be given back.
+    from server.memory import use_one_arena
+
+    use_one_arena()
 
     # 1. Backend env flags, before any library that reads them can load (ep.device, the first session).
     from ep import flags

@@ -6,18 +6,14 @@ Both answer in the OpenAI error shape before any route runs. No onnxruntime impo
 
 from __future__ import annotations
 
-import asyncio
-import ctypes
-import ctypes.util
-import functools
 import hmac
 import json
-from collections.abc import Callable
 
 import anyio
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.memory import MemoryReclaim
 from server.protocol import error_body
 
 
@@ -59,37 +55,8 @@ class AuthMiddleware:
                          [(b"www-authenticate", b"Bearer")])
 
 
-# NOTE(server): a large request (a prompt of megabytes) leaves several large copies behind (the body, the parsed
-# JSON, the rendered prompt, the tokenizer's encoding at ~100 bytes a token), many in worker threads' malloc
-# arenas. glibc keeps freed memory for reuse rather than return it, so a few such requests would leave the
-# process hundreds of MB larger for good (issue 17). Shortly after one has ended (when nothing refers to its
-# copies any more), malloc_trim(0) returns the free pages of every arena to the system.
+# Bodies at least this large make the server give memory back shortly after their request (server.memory).
 _LARGE_BODY_BYTES = 64 << 10
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None elsewhere (musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-
-
-class _MemoryReclaim:
-    """Runs malloc_trim(0) in a worker thread `delay_s` after `soon()` (one pending at a time)."""
-
-    def __init__(self, delay_s: float = 0.5) -> None:
-        self.delay_s = delay_s
-        self._pending = False
-
-    def soon(self) -> None:
-        if self._pending or _malloc_trim() is None:
-            return
-        self._pending = True
-        asyncio.get_running_loop().call_later(self.delay_s, self._run)
-
-    def _run(self) -> None:
-        self._pending = False
-        asyncio.get_running_loop().run_in_executor(None, _malloc_trim(), 0)  # a few ms; ctypes drops the GIL
 
 
 class _BodyTooLarge(HTTPException):
@@ -120,7 +87,7 @@ class BodyLimitMiddleware:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
-        self._reclaim = _MemoryReclaim()
+        self._reclaim = MemoryReclaim()
 
     def _too_large(self) -> dict:
         return error_body(f"The request body is larger than {self.max_body_bytes} bytes.",
