@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 import yaml
+from openai.types.chat import ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy_tools import (
@@ -51,6 +52,10 @@ def _families(base_url: str) -> dict[str, Any]:
 def _ttft_count(base_url: str) -> float:
     family = _families(base_url)[TTFT]
     return sum(s.value for s in family.samples if s.name == f"{TTFT}_count")
+
+
+def _gauge(base_url: str, name: str) -> float:
+    return _families(base_url)[name].samples[0].value
 
 
 def _model_id(base_url: str) -> str:
@@ -204,12 +209,18 @@ def test_sigterm_drains_a_running_stream_then_exits(replicas: dict[str, Replica]
     max_tokens = MODEL_MAX_LENGTH - 64
     # NOTE(deploy): the premise holds by construction, not by the machine's speed: this stream is larger
     # than the socket buffers (see MODEL_MAX_LENGTH), and the test reads nothing of it until the server is
-    # shutting down, so the response is still open then however fast the model ran.
+    # shutting down, so the response is still open then however fast the model ran. Nor may the machine's
+    # slowness decide: the signal waits until the engine has generated every token (the response, held back
+    # by the unread socket, is still open), and the test then reads the raw bytes at once and parses them
+    # afterwards, so nothing but sending the rest has to happen within the grace period.
     stream = _client(replica.base_url).chat.completions.create(
         model=_model_id(replica.base_url), messages=MESSAGES, max_tokens=max_tokens, temperature=0.0, stream=True,
         logprobs=True, top_logprobs=20, extra_body={"ignore_eos": True},
     )
-    # The response head has arrived, so the request is generating: signal now, mid-stream.
+    deadline = time.monotonic() + 600
+    while _gauge(replica.base_url, "ortserve_requests_running") > 0:
+        assert time.monotonic() < deadline, "the request never finished generating"
+        time.sleep(0.2)
     replica.proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 30
     while "Shutting down" not in replica.log_tail(100_000):
@@ -217,7 +228,10 @@ def test_sigterm_drains_a_running_stream_then_exits(replicas: dict[str, Replica]
         time.sleep(0.05)
     time.sleep(0.5)  # five of uvicorn's exit polls
     assert replica.proc.poll() is None, "the server exited with a stream still open:\n" + replica.log_tail()
-    chunks = list(stream)
+    raw = b"".join(stream.response.iter_bytes()).decode()  # read it all now (an incomplete body raises here)
+    events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", events[-2:]
+    chunks = [ChatCompletionChunk.model_validate(json.loads(e)) for e in events[:-1]]
     assert chunks[0].choices[0].delta.role == "assistant"
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == ["length"], "the stream was cut instead of drained"
