@@ -203,7 +203,7 @@ def plot(results: dict, path: str) -> None:
     ax_tpot.set_ylabel("time per output token (ms, median of rounds)")
     ax_tpot.set_title("plain / json_schema speed (median ratio of rounds)")
     ax_tpot.legend()
-    kinds = list(results["compile"])
+    kinds = [k for k in results["compile"] if isinstance(results["compile"][k], dict)]
     ax_compile.bar(kinds, [results["compile"][k]["compile_ms_median"] for k in kinds], color="tab:green")
     ax_compile.set_ylabel("compile time (ms, median of new grammars)")
     ax_compile.set_title("grammar compile, once per new schema (cached after)")
