@@ -232,11 +232,15 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads(Path(args.json).read_text())
     results.setdefault("settings", {})
     results["model"] = args.model
+    from bench.report import git_revision, machine_info
+
+    # NOTE(bench): each part records the revision and machine it was measured on (parts may come from two runs)
+    where = {"git": git_revision(), "machine": machine_info()}
     if "compile" in parts:
         from engine.builder import resolve_model
 
         results["compile"] = measure_compile(Path(resolve_model(args.model)), args)
-        results["settings"]["compile"] = {"compile_variants": args.compile_variants}
+        results["settings"]["compile"] = {"compile_variants": args.compile_variants, **where}
     if "tpot" in parts:
         server = None
         url = args.url
@@ -248,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             results["tpot"] = asyncio.run(measure_tpot(url, args))
             results["settings"]["tpot"] = {k: v for k, v in vars(args).items()
                                            if k in ("url", "threads", "rounds", "batches", "prompt_tokens",
-                                                    "output_tokens")}
+                                                    "output_tokens")} | where
         finally:
             if server is not None:
                 server.terminate()
