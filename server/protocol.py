@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.types import FinishReason, InvalidRequestError, SamplingParams, TokenLogprob
+from server.protocol_structured import StructuredOutputFields
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,9 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool = Field(False, description="Send a last chunk with `usage` and empty `choices`.")
 
 
-class _SamplingFields(OpenAIBaseModel):
-    """Fields shared by chat and completions; ranges are checked once, by SamplingParams."""
+class _SamplingFields(OpenAIBaseModel, StructuredOutputFields):
+    """Fields shared by chat and completions (structured outputs: StructuredOutputFields); ranges are checked
+    once, by SamplingParams."""
 
     model: str | None = Field(None, description="The served model name (see GET /v1/models).")
     max_tokens: int | None = Field(None, description="Most tokens to generate (>= 1).")
@@ -164,6 +166,7 @@ class _SamplingFields(OpenAIBaseModel):
             logit_bias=self._logit_bias(),
             logprobs=logprobs,
             top_logprobs=top_logprobs,
+            structured=self.structured_output(),
         )
 
     @property
@@ -187,7 +190,6 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(None, description="Alias of max_tokens (wins when both are set).")
     logprobs: bool = Field(False, description="Return the log-probability of each generated token.")
     top_logprobs: int | None = Field(None, description="Alternatives per token with logprobs=true, [0, 20].")
-    response_format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'} is supported.")
     tools: list[dict[str, Any]] | None = Field(None, description="Not supported yet.")
     tool_choice: str | dict[str, Any] | None = Field(None, description="Not supported yet ('none' is accepted).")
     functions: list[dict[str, Any]] | None = Field(None, description="Not supported.")
@@ -197,8 +199,6 @@ class ChatCompletionRequest(_SamplingFields):
         if not self.messages:
             raise InvalidRequestError("messages must contain at least one message", param="messages",
                                       code="invalid_value")
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise _unsupported("response_format", "response_format is not supported yet (only {'type': 'text'})")
         if self.tools:
             raise _unsupported("tools", "tools are not supported yet")
         if self.functions:

@@ -59,7 +59,8 @@ def test_out_of_range_names_param_and_value(fields: dict, param: str) -> None:
     ({"best_of": 3}, "best_of", "beam search"),
     ({"use_beam_search": True}, "use_beam_search", "shared max-length buffer"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format", "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format", "response_format.type"),
+    ({"guided_regex": "a+", "grammar": "root ::= \"a\""}, "grammar", "one output constraint"),
     ({"tool_choice": "auto"}, "tool_choice", "tool_choice"),
     ({"top_logprobs": 2}, "top_logprobs", "requires logprobs"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "stream=true"),
@@ -106,9 +107,9 @@ def test_strict_types() -> None:
 
 def test_unknown_fields_are_ignored_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="server.protocol"):
-        req = chat(frobnicate=True, guided_json={"a": 1})
+        req = chat(frobnicate=True, guided_decoding_backend="xgrammar")
     assert req.to_sampling_params(3, 64).max_tokens == 3
-    assert "frobnicate" in caplog.text and "guided_json" in caplog.text
+    assert "frobnicate" in caplog.text and "guided_decoding_backend" in caplog.text
 
 
 def test_include_usage_only_when_streaming() -> None:
