@@ -166,8 +166,10 @@ class AsyncEngine:
         # NOTE(engine): in flight = running + waiting; the waiting part is bounded by max_queue.
         if len(states) >= self.config.max_batch + self.config.max_queue:
             raise EngineOverloadedError()
+        preserved = [i for i in map(self.tokenizer.token_to_id, params.preserved_tokens) if i is not None]
         detok = IncrementalDetokenizer(self.tokenizer.hf, prompt_ids, stop=params.stop,
-                                       include_stop_str_in_output=params.include_stop_str_in_output)
+                                       include_stop_str_in_output=params.include_stop_str_in_output,
+                                       preserved_token_ids=preserved)
         self._seq += 1
         state = RequestState(request_id, len(prompt_ids), params, detok, loop=asyncio.get_running_loop(),
                              seq=self._seq)
