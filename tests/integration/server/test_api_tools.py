@@ -85,13 +85,6 @@ def test_named_function_is_the_one_called(smol: RunningServer, seed: int) -> Non
     _check_calls(choice.message.tool_calls, names=("get_time",))
 
 
-def test_parallel_tool_calls_false_gives_one_call(smol: RunningServer) -> None:
-    for seed in (10, 11):
-        r = _ask(smol, tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=seed)
-        assert len(r.choices[0].message.tool_calls) == 1
-        _check_calls(r.choices[0].message.tool_calls)
-
-
 @pytest.mark.parametrize("seed", range(3))
 def test_auto_is_text_or_valid_calls(smol: RunningServer, seed: int) -> None:
     r = _ask(smol, tool_choice="auto", temperature=1.0, seed=seed, max_tokens=64)
