@@ -124,9 +124,10 @@ def test_auto_lazy_trigger_enforces_the_call_once_the_tag_is_written(hermes: Run
 def test_auto_without_the_trigger_is_free_text(hermes: RunningServer) -> None:
     tag = hermes.engine.tokenizer.token_to_id("<tool_call>")
     for seed in range(2):
-        # ignore_eos: 24 tokens of text by construction (an early eos would prove nothing here)
-        r = _ask(hermes, tool_choice="auto", temperature=1.0, seed=seed, max_tokens=24, logit_bias={str(tag): -100},
-                 extra_body={"ignore_eos": True})
+        # eos banned too: 24 tokens of text by construction (an early eos would prove nothing here)
+        eos = hermes.engine.tokenizer.token_to_id("<|im_end|>")
+        r = _ask(hermes, tool_choice="auto", temperature=1.0, seed=seed, max_tokens=24,
+                 logit_bias={str(tag): -100, str(eos): -100})
         choice = r.choices[0]
         assert choice.message.tool_calls is None and choice.finish_reason == "length"
         assert choice.message.content and "<tool_call>" not in choice.message.content
