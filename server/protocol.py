@@ -115,6 +115,19 @@ class ChatMessage(OpenAIBaseModel):
 
 
 _FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+# Deeper parameter schemas are refused before anything walks them recursively (the schema check, the grammar).
+MAX_SCHEMA_DEPTH = 64
+
+
+def _nesting_depth(value: Any) -> int:
+    """How deep JSON containers nest in ``value`` (iterative: a hostile depth cannot overflow the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 class FunctionDefinition(OpenAIBaseModel):
@@ -136,8 +149,14 @@ class FunctionDefinition(OpenAIBaseModel):
     def _check_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is None:
             return value
+        depth = _nesting_depth(value)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise InvalidRequestError(f"parameters nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are "
+                                      "supported", code="invalid_value")
         try:
             jsonschema.validators.validator_for(value).check_schema(value)
+        except RecursionError:
+            raise InvalidRequestError("parameters nests too deeply to be checked", code="invalid_value") from None
         except jsonschema.SchemaError as exc:
             where = "/".join(str(p) for p in exc.path)
             raise InvalidRequestError(f"parameters is not a valid JSON Schema: {exc.message}"

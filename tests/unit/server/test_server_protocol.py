@@ -139,6 +139,13 @@ def test_completion_logprobs_and_default_max_tokens() -> None:
 
 # --- tools -------------------------------------------------------------------------------------------
 
+def _deep(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "d",
                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
                                          "strict": True}}
@@ -163,6 +170,8 @@ def test_tool_request_defaults_and_choices() -> None:
      None, "not a valid JSON Schema"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
      None, "must describe an object"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": _deep(300)}}]}, None,
+     "at most 64"),  # refused before the recursive schema check could overflow the stack
     ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "not in tools"),
     ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "response_format", "response_format"),
