@@ -18,6 +18,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.types import FinishReason, InvalidRequestError, SamplingParams, TokenLogprob
+from server.protocol_structured import StructuredOutputFields
 from server.tools.plan import ToolRequest
 
 logger = logging.getLogger(__name__)
@@ -184,8 +185,9 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool = Field(False, description="Send a last chunk with `usage` and empty `choices`.")
 
 
-class _SamplingFields(OpenAIBaseModel):
-    """Fields shared by chat and completions; ranges are checked once, by SamplingParams."""
+class _SamplingFields(OpenAIBaseModel, StructuredOutputFields):
+    """Fields shared by chat and completions (structured outputs: StructuredOutputFields); ranges are checked
+    once, by SamplingParams."""
 
     model: str | None = Field(None, description="The served model name (see GET /v1/models).")
     max_tokens: int | None = Field(None, description="Most tokens to generate (>= 1).")
@@ -256,6 +258,7 @@ class _SamplingFields(OpenAIBaseModel):
             logit_bias=self._logit_bias(),
             logprobs=logprobs,
             top_logprobs=top_logprobs,
+            structured=self.structured_output(),
         )
 
     @property
@@ -283,7 +286,6 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(None, description="Alias of max_tokens (wins when both are set).")
     logprobs: bool = Field(False, description="Return the log-probability of each generated token.")
     top_logprobs: int | None = Field(None, description="Alternatives per token with logprobs=true, [0, 20].")
-    response_format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'} is supported.")
     tools: list[ToolDefinition] | None = Field(None, description="Functions the model may call.")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="'auto' (the default with tools), 'none', 'required', or {'type': 'function', "
@@ -298,8 +300,6 @@ class ChatCompletionRequest(_SamplingFields):
         if not self.messages:
             raise InvalidRequestError("messages must contain at least one message", param="messages",
                                       code="invalid_value")
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise _unsupported("response_format", "response_format is not supported yet (only {'type': 'text'})")
         if self.functions:
             raise _unsupported("functions", "functions (deprecated) is not supported; use tools")
         if self.function_call is not None:
@@ -322,12 +322,11 @@ class ChatCompletionRequest(_SamplingFields):
         if choice == "required" and not names:
             raise InvalidRequestError("tool_choice 'required' needs tools", param="tool_choice",
                                       code="invalid_value")
-        if self.tool_request().calls_possible:
-            kind = (self.response_format or {}).get("type", "text")
-            if kind != "text":
-                raise _unsupported("response_format", f"response_format {kind!r} cannot be combined with tools "
-                                   "(tool calls are constrained by their own grammar); send tool_choice 'none' "
-                                   "or leave out one of them")
+        structured = self.structured_output()
+        if structured is not None and self.tool_request().calls_possible:
+            raise _unsupported(structured.param, f"{structured.param} cannot be combined with tools that may be "
+                               "called (tool calls are constrained by their own grammar); send tool_choice 'none' "
+                               "or leave out one of them")
         return self
 
     def tool_request(self) -> ToolRequest:

@@ -90,6 +90,10 @@ class Settings(BaseSettings):
     default_max_tokens: int | None = Field(
         None, ge=1, description="max_tokens when a request gives none (default: the rest of the context)."
     )
+    grammar_compile_timeout_s: float = Field(
+        10.0, gt=0.0, le=3600.0,
+        description="Seconds a structured-output schema or grammar may take to compile; longer is a 400.",
+    )
 
     sse_ping_s: float = Field(
         15.0, ge=0.0, le=3600.0, description="Seconds between SSE keep-alive comments on a stream (0 disables)."
