@@ -181,8 +181,10 @@ class AsyncEngine:
             self._check_alive()
             if request_id in states:
                 raise InvalidRequestError(f"request_id {request_id!r} is already running", param="request_id")
+        preserved = [i for i in map(self.tokenizer.token_to_id, params.preserved_tokens) if i is not None]
         detok = IncrementalDetokenizer(self.tokenizer.hf, prompt_ids, stop=params.stop,
-                                       include_stop_str_in_output=params.include_stop_str_in_output)
+                                       include_stop_str_in_output=params.include_stop_str_in_output,
+                                       preserved_token_ids=preserved)
         self._seq += 1
         state = RequestState(request_id, len(prompt_ids), params, detok, loop=asyncio.get_running_loop(),
                              seq=self._seq)

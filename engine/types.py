@@ -78,6 +78,9 @@ class SamplingParams:
     top_logprobs: int = 0  # [0, 20]
     include_stop_str_in_output: bool = False
     structured: StructuredOutput | None = None  # constrained decoding; None = free text
+    # Special tokens kept in the output text (tool-call markup such as "[TOOL_CALLS]" or "<|python_tag|>");
+    # every other special token is still skipped. Names the tokenizer does not know are ignored.
+    preserved_tokens: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)

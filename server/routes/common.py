@@ -6,6 +6,7 @@ No onnxruntime import; tokenizing and templating run in a worker thread, never o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 from starlette.requests import Request
@@ -17,6 +18,7 @@ from server.engine_client import EngineClient
 from server.errors import ModelNotFoundError
 from server.metrics import RequestTracker
 from server.streaming import EngineRun, StreamContext
+from server.tools.plan import ToolPlan, ToolRequest, plan_tools
 
 # Completions give 16 tokens by default (OpenAI's documented default); chat runs to the context end.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -51,14 +53,28 @@ def _encode(engine: EngineClient, text: str, param: str) -> list[int]:
     return list(engine.tokenizer.encode(text))
 
 
-def _render_and_encode(engine: EngineClient, messages: list[dict[str, str]]) -> list[int]:
-    text = engine.chat_template.render(messages, tools=None, add_generation_prompt=True)
+def _render_and_encode(engine: EngineClient, messages: list[dict[str, Any]],
+                       tools: list[dict[str, Any]] | None = None) -> list[int]:
+    text = engine.chat_template.render(messages, tools=tools, add_generation_prompt=True)
     return _encode(engine, text, "messages")
 
 
-async def chat_prompt_ids(engine: EngineClient, messages: list[dict[str, str]]) -> list[int]:
+async def chat_prompt_ids(engine: EngineClient, messages: list[dict[str, Any]],
+                          tools: list[dict[str, Any]] | None = None) -> list[int]:
     """Render the chat template and tokenize, in a worker thread (long prompts take milliseconds)."""
-    return await anyio.to_thread.run_sync(_render_and_encode, engine, messages)
+    return await anyio.to_thread.run_sync(_render_and_encode, engine, messages, tools)
+
+
+def _plan_and_encode(engine: EngineClient, messages: list[dict[str, Any]],
+                     tools: ToolRequest) -> tuple[ToolPlan, list[int]]:
+    plan = plan_tools(messages, tools, engine.chat_template, engine.tokenizer)
+    return plan, _render_and_encode(engine, plan.messages, plan.template_tools)
+
+
+async def chat_prompt(engine: EngineClient, messages: list[dict[str, Any]],
+                      tools: ToolRequest) -> tuple[ToolPlan, list[int]]:
+    """The tool plan (format, grammar, parser) and the prompt ids, in a worker thread."""
+    return await anyio.to_thread.run_sync(_plan_and_encode, engine, messages, tools)
 
 
 async def completion_prompt_ids(engine: EngineClient, prompt: str | list[int]) -> list[int]:
