@@ -7,14 +7,7 @@ from fastapi.responses import JSONResponse, Response
 
 from server import protocol
 from server.protocol import ChatCompletionRequest
-from server.routes.common import (
-    chat_prompt_ids,
-    checked_params,
-    engine_for,
-    remaining_context,
-    start_run,
-    start_tracking,
-)
+from server.routes.common import engine_for, prepare_chat, start_run, start_tracking
 from server.streaming import collect, stream_chat
 
 router = APIRouter(tags=["generation"])
@@ -25,12 +18,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state, engine = engine_for(request, body.model)
     settings = state.settings
     tracker = start_tracking(request, state)
-    prompt_ids = await chat_prompt_ids(engine, body.template_messages())
-    default_max_tokens = settings.default_max_tokens or remaining_context(engine, len(prompt_ids))
-    params = checked_params(engine, prompt_ids,
-                            body.to_sampling_params(default_max_tokens, engine.max_model_len), "messages")
+    prepared = await prepare_chat(engine, settings, body)
+    params = prepared.params
 
-    run, ctx = await start_run(request, state, engine, tracker, "chatcmpl", prompt_ids, params,
+    run, ctx = await start_run(request, state, engine, tracker, "chatcmpl", prepared.prompt_ids, params,
                                body.include_usage)
     if body.stream:
         return stream_chat(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s)

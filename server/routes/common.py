@@ -6,6 +6,7 @@ No onnxruntime import; tokenizing and templating run in a worker thread, never o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import anyio
 from starlette.requests import Request
@@ -16,6 +17,7 @@ from server.app import ServerState, get_state
 from server.engine_client import EngineClient
 from server.errors import ModelNotFoundError
 from server.metrics import RequestTracker
+from server.settings import Settings
 from server.streaming import EngineRun, StreamContext
 
 # Completions give 16 tokens by default (OpenAI's documented default); chat runs to the context end.
@@ -95,12 +97,29 @@ def remaining_context(engine: EngineClient, num_prompt_tokens: int) -> int:
     return max(1, engine.max_model_len - num_prompt_tokens)
 
 
+@dataclass(frozen=True)
+class PreparedChat:
+    """A chat request made ready for the engine: its prompt and sampling parameters."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.ChatCompletionRequest) -> PreparedChat:
+    """Template + tokenize (in a thread) and build the checked SamplingParams; shared by chat and Responses."""
+    prompt_ids = await chat_prompt_ids(engine, body.template_messages())
+    default_max_tokens = settings.default_max_tokens or remaining_context(engine, len(prompt_ids))
+    params = checked_params(engine, prompt_ids,
+                            body.to_sampling_params(default_max_tokens, engine.max_model_len), "messages")
+    return PreparedChat(prompt_ids, params)
+
+
 async def start_run(request: Request, state: ServerState, engine: EngineClient, tracker: RequestTracker,
                     id_prefix: str, prompt_ids: list[int], params: SamplingParams,
-                    include_usage: bool) -> tuple[EngineRun, StreamContext]:
+                    include_usage: bool, request_id: str | None = None) -> tuple[EngineRun, StreamContext]:
     """Hand the request to the engine (429/503 still become HTTP statuses here) and build its response
-    context; the caller streams it or collects it."""
-    request_id = protocol.new_id(id_prefix)
+    context; the caller streams it or collects it. `request_id` defaults to a new `<id_prefix>-<hex>`."""
+    request_id = request_id or protocol.new_id(id_prefix)
     run = EngineRun(engine, request_id, prompt_ids, params, tracker)
     await run.start(request)
     ctx = StreamContext(
