@@ -58,3 +58,11 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.hf.id_to_token(token_id)
+
+    def special_token_id(self, token: str) -> int | None:
+        """The id of ``token`` if the tokenizer has it as a special token (e.g. ``[TOOL_CALLS]``), else None."""
+        token_id = self.hf.token_to_id(token)
+        if token_id is None:
+            return None
+        added = self.hf.get_added_tokens_decoder().get(token_id)
+        return token_id if added is not None and added.special else None

@@ -346,7 +346,7 @@ class ResponsesRequest(OpenAIBaseModel):
                            "prompt", "unsupported_parameter")
         if self.input == "" or self.input == []:
             raise _invalid("input must not be empty", "input")
-        ignored = sorted(k for k in (self.model_extra or {}) if k in IGNORED_FIELDS)
+        ignored = sorted(k for k, v in (self.model_extra or {}).items() if k in IGNORED_FIELDS and v)
         if ignored:
             logger.info("responses: ignoring fields that do not apply to this server: %s", ignored)
         self._check_metadata()

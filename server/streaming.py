@@ -24,6 +24,7 @@ from server.response_events import Event, ResponseAssembler
 from server.engine_client import EngineClient
 from server.errors import ServerError, error_for
 from server.metrics import REJECTED, RequestTracker
+from server.tools.stream import ToolCallStream
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -243,6 +244,43 @@ async def _with_error_event(events: AsyncIterator[bytes], run: EngineRun,
         await run.close()
 
 
+def tool_finish_reason(reason: str | None, calls: ToolCallStream) -> str | None:
+    """OpenAI's finish_reason for an answer read by a tool-call parser: 'tool_calls' when it made calls and
+    ended by itself ('length' stays 'length': the last call may be cut)."""
+    return "tool_calls" if calls.has_calls and reason == str(FinishReason.STOP) else reason
+
+
+def _tool_chat_events(run: EngineRun, ctx: StreamContext, calls: ToolCallStream) -> AsyncIterator[bytes]:
+    """As _chat_events, with the text read by a tool-call parser: content deltas and delta.tool_calls."""
+
+    def chunk(delta: dict[str, Any], **extra: Any) -> bytes:
+        return _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, delta,
+                                          with_usage_field=ctx.include_usage, **extra))
+
+    async def events() -> AsyncIterator[bytes]:
+        yield chunk({"role": "assistant", "content": ""})
+        async for out in run.outputs():
+            ctx.account(out)
+            _check_error(out)
+            deltas = calls.feed(out.text, final=out.finished)
+            if ctx.want_logprobs and out.logprobs:
+                # NOTE(tools): a parser holds text back, so a step's logprobs ride on its first delta (or on an
+                # empty content delta when the step's text is still held).
+                logprobs = protocol.chat_logprobs(out.logprobs, ctx.token_text)
+                first, deltas = (deltas[0], deltas[1:]) if deltas else ({"content": ""}, [])
+                yield chunk(first, logprobs=logprobs)
+            for delta in deltas:
+                yield chunk(delta)
+            if out.finished:
+                reason = tool_finish_reason(protocol.finish_reason_str(out.finish_reason), calls)
+                yield chunk({}, finish_reason=reason)
+        if ctx.include_usage:
+            yield _event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, ctx.usage()))
+        yield _DONE
+
+    return _with_error_event(events(), run)
+
+
 def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
     async def events() -> AsyncIterator[bytes]:
         yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model,
@@ -315,8 +353,11 @@ def event_source(events: AsyncIterator[bytes], ping_s: float, shutdown_grace_s: 
     )
 
 
-def stream_chat(run: EngineRun, ctx: StreamContext, ping_s: float, shutdown_grace_s: float) -> EventSourceResponse:
-    return event_source(_chat_events(run, ctx), ping_s, shutdown_grace_s)
+def stream_chat(run: EngineRun, ctx: StreamContext, ping_s: float, shutdown_grace_s: float,
+                tool_calls: ToolCallStream | None = None) -> EventSourceResponse:
+    """The chat stream; with ``tool_calls`` (the request can make calls) the text goes through its parser."""
+    events = _chat_events(run, ctx) if tool_calls is None else _tool_chat_events(run, ctx, tool_calls)
+    return event_source(events, ping_s, shutdown_grace_s)
 
 
 def stream_completion(run: EngineRun, ctx: StreamContext, ping_s: float,

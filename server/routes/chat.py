@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse, Response
 from server import protocol
 from server.protocol import ChatCompletionRequest
 from server.routes.common import engine_for, prepare_chat, start_run, start_tracking
-from server.streaming import collect, stream_chat
+from server.streaming import collect, stream_chat, tool_finish_reason
 
 router = APIRouter(tags=["generation"])
 
@@ -23,9 +23,16 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 
     run, ctx = await start_run(request, state, engine, tracker, "chatcmpl", prepared.prompt_ids, params,
                                body.include_usage)
+    calls = prepared.tool_calls()
     if body.stream:
-        return stream_chat(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s)
+        return stream_chat(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s, tool_calls=calls)
     result = await collect(run, ctx, request)
     logprobs = protocol.chat_logprobs(result.logprobs, ctx.token_text) if params.logprobs else None
-    return JSONResponse(protocol.chat_completion(ctx.request_id, ctx.created, ctx.model, result.text,
-                                                 result.finish_reason, ctx.usage(), logprobs))
+    if calls is None:
+        return JSONResponse(protocol.chat_completion(ctx.request_id, ctx.created, ctx.model, result.text,
+                                                     result.finish_reason, ctx.usage(), logprobs))
+    calls.feed(result.text, final=True)
+    message = calls.message()
+    return JSONResponse(protocol.chat_completion(
+        ctx.request_id, ctx.created, ctx.model, message["content"],
+        tool_finish_reason(result.finish_reason, calls), ctx.usage(), logprobs, tool_calls=message["tool_calls"]))

@@ -60,7 +60,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         conversation = [*history, *wire.chat_messages(input_items), *wire.chat_messages(output_items)]
         state.responses.put(response_id, make_stored(response, conversation, wire.input_item_objects(input_items)))
 
-    deltas = TextDeltas()
+    deltas = prepared.tool_calls() or TextDeltas()
     if body.stream:
         return stream_response(run, ctx, assembler, deltas, store, settings.sse_ping_s, settings.shutdown_grace_s)
     return JSONResponse(await collect_response(run, ctx, request, assembler, deltas, store))
