@@ -400,9 +400,14 @@ class ResponsesRequest(OpenAIBaseModel):
                 body[name] = self.model_extra[name]  # type: ignore[index]
         if self.max_output_tokens is not None:
             body["max_completion_tokens"] = self.max_output_tokens
-        if self.text is not None and (response_format := self.text.chat_response_format()) is not None:
-            body["response_format"] = response_format
         self._add_tools(body)
+        if self.text is not None and (response_format := self.text.chat_response_format()) is not None:
+            # NOTE(server): text.format shapes the message text; when tool_choice forces a call there is no
+            # message text (the call's own grammar decides the output), so the format is left out. The
+            # openai-agents SDK sends both on every turn of an agent with tools and an output_type.
+            choice = body.get("tool_choice")
+            if not (choice == "required" or isinstance(choice, dict)):
+                body["response_format"] = response_format
         try:
             return ChatCompletionRequest.model_validate(body)
         except ValidationError as exc:
