@@ -60,9 +60,16 @@ class Tokenizer:
         return self.hf.id_to_token(token_id)
 
     def special_token_id(self, token: str) -> int | None:
-        """The id of ``token`` if the tokenizer has it as a special token (e.g. ``[TOOL_CALLS]``), else None."""
+        """The id of ``token`` if a grammar must name it as a token rather than spell it, else None.
+
+        That is a special added token (``[TOOL_CALLS]``), and also any added token written ``<...>`` (Qwen's
+        ``<tool_call>`` is added but not special): NOTE(tools): llguidance treats those as special too, so
+        their bytes never match grammar text.
+        """
         token_id = self.hf.token_to_id(token)
         if token_id is None:
             return None
         added = self.hf.get_added_tokens_decoder().get(token_id)
-        return token_id if added is not None and added.special else None
+        if added is None:
+            return None
+        return token_id if added.special or (token.startswith("<") and token.endswith(">")) else None

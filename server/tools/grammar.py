@@ -142,10 +142,11 @@ def _tagged_start(trigger: Trigger, call_rule: str, *, required: bool, repeat: b
             f"lead[lazy]: /(?s:.*){escaped}/"]
 
 
-def hermes_grammar(tools: Sequence[dict[str, Any]], *, trigger: Trigger, required: bool, parallel: bool) -> str:
+def hermes_grammar(tools: Sequence[dict[str, Any]], *, trigger: Trigger, close: Trigger, required: bool,
+                   parallel: bool) -> str:
     """Hermes / Qwen: ``<tool_call>\\n{"name", "arguments"}\\n</tool_call>``, calls separated by a newline."""
     lines = _tagged_start(trigger, "call", required=required, repeat=parallel, separator="\n")
-    lines += ['call: "\\n" body "\\n</tool_call>"', f"body: {_json(call_schema(tools))}"]
+    lines += [f'call: "\\n" body "\\n" {close.lark()}', f"body: {_json(call_schema(tools))}"]
     return "\n".join(lines) + "\n"
 
 

@@ -109,6 +109,7 @@ class HermesParser(ToolParser):
 
     name = "hermes"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    preserved_tokens = (OPEN, CLOSE)  # some models have them as special tokens
 
     def parse(self, text: str, final: bool) -> ParsedMessage:
         content, calls, pos = "", [], 0

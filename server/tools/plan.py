@@ -120,7 +120,8 @@ def _grammar(fmt: str, tools: list[dict[str, Any]], *, required: bool, parallel:
         return Trigger(text, tokenizer.special_token_id(text))
 
     if fmt == "hermes":
-        return grammar.hermes_grammar(tools, trigger=trigger("<tool_call>"), required=required, parallel=parallel)
+        return grammar.hermes_grammar(tools, trigger=trigger("<tool_call>"), close=trigger("</tool_call>"),
+                                      required=required, parallel=parallel)
     if fmt == "mistral":
         args = trigger("[ARGS]") if "[ARGS]" in template.tool_source else None
         return grammar.mistral_grammar(tools, trigger=trigger("[TOOL_CALLS]"), required=required, parallel=parallel,

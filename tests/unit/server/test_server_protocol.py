@@ -135,3 +135,66 @@ def test_completion_logprobs_and_default_max_tokens() -> None:
     assert (p.max_tokens, p.logprobs, p.top_logprobs) == (16, True, 2)
     p = CompletionRequest.model_validate({"prompt": "x"}).to_sampling_params(16, 2048)
     assert (p.logprobs, p.top_logprobs) == (False, 0)
+
+
+# --- tools -------------------------------------------------------------------------------------------
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "d",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                                         "strict": True}}
+
+
+def test_tool_request_defaults_and_choices() -> None:
+    assert chat().tool_request().choice == "none" and not chat().tool_request().calls_possible
+    auto = chat(tools=[TOOL]).tool_request()
+    assert (auto.choice, auto.function, auto.parallel, auto.calls_possible) == ("auto", None, True, True)
+    assert auto.tools[0]["function"]["parameters"]["properties"] == {"city": {"type": "string"}}
+    named = chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                 parallel_tool_calls=False).tool_request()
+    assert (named.choice, named.function, named.parallel) == ("function", "get_weather", False)
+    assert not chat(tools=[TOOL], tool_choice="none").tool_request().calls_possible
+
+
+@pytest.mark.parametrize("fields,param,needle", [
+    ({"tools": [{**TOOL, "type": "retrieval"}]}, None, "function"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, None, "1-64 characters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                             "properties": 3}}}]},
+     None, "not a valid JSON Schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+     None, "must describe an object"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "not in tools"),
+    ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "response_format", "response_format"),
+])
+def test_bad_tools_are_refused(fields: dict, param: str | None, needle: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        chat(**fields)
+    assert needle in str(info.value)
+    if param is not None:
+        cause = info.value.errors()[0]["ctx"]["error"]
+        assert isinstance(cause, InvalidRequestError) and cause.param == param
+
+
+def test_tool_history_messages() -> None:
+    req = ChatCompletionRequest.model_validate({"messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "cold"},
+        {"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": [{"type": "text", "text": "warm"}]},
+    ]})
+    messages = req.template_messages()
+    assert messages[0] == {"role": "user", "content": "weather?"}  # plain messages stay as they were
+    assert messages[1]["content"] == "" and [c["function"]["arguments"] for c in messages[1]["tool_calls"]] == \
+        ['{"city": "Oslo"}', '{"city": "Rome"}']
+    assert messages[2] == {"role": "tool", "content": "cold", "tool_call_id": "call_1"}
+    assert messages[3] == {"role": "tool", "content": "warm", "tool_call_id": "call_2", "name": "get_weather"}
+    with pytest.raises(ValidationError, match="tool_call_id"):
+        ChatCompletionRequest.model_validate({"messages": [{"role": "tool", "content": "x"}]})
+    with pytest.raises(ValidationError, match="only assistant messages carry tool_calls"):
+        ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]})
+    with pytest.raises(ValidationError, match="deprecated"):
+        ChatCompletionRequest.model_validate({"messages": [{"role": "function", "name": "f", "content": "x"}]})

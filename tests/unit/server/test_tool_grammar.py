@@ -39,6 +39,12 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
+def qwen_like():
+    hf, _ = synthetic_tokenizer(512, added_tokens=("<tool_call>", "</tool_call>"))  # added, not special, as Qwen
+    return hf, llguidance.LLTokenizer(hf.to_str(), eos_token=2)
+
+
+@pytest.fixture(scope="module")
 def lltok(tokenizer):
     return llguidance.LLTokenizer(tokenizer.to_str(), eos_token=2)
 
@@ -90,7 +96,8 @@ def test_no_parameters_means_empty_arguments_and_refs_resolve(lltok, tokenizer) 
 
 
 def test_hermes_auto_is_free_text_until_the_tag_then_a_call(lltok, tokenizer) -> None:
-    g = grammar.hermes_grammar([WEATHER], trigger=Trigger("<tool_call>"), required=False, parallel=True)
+    g = grammar.hermes_grammar([WEATHER], trigger=Trigger("<tool_call>"), close=Trigger("</tool_call>"),
+                               required=False, parallel=True)
     assert accepts(lltok, tokenizer, g, "Just text, with <b>tags</b> and {braces}.")
     assert accepts(lltok, tokenizer, g, "")
     assert accepts(lltok, tokenizer, g, f"Checking.\n<tool_call>\n{W}\n</tool_call>")
@@ -101,10 +108,28 @@ def test_hermes_auto_is_free_text_until_the_tag_then_a_call(lltok, tokenizer) ->
 
 
 def test_hermes_required_single_call(lltok, tokenizer) -> None:
-    g = grammar.hermes_grammar([WEATHER, TIME], trigger=Trigger("<tool_call>"), required=True, parallel=False)
+    g = grammar.hermes_grammar([WEATHER, TIME], trigger=Trigger("<tool_call>"), close=Trigger("</tool_call>"),
+                               required=True, parallel=False)
     assert accepts(lltok, tokenizer, g, f"<tool_call>\n{T}\n</tool_call>")
     assert not accepts(lltok, tokenizer, g, "Hi")
     assert not accepts(lltok, tokenizer, g, f"<tool_call>\n{T}\n</tool_call>\n<tool_call>\n{W}\n</tool_call>")
+
+
+def test_hermes_tags_as_added_tokens(qwen_like, tokenizer) -> None:
+    """Qwen has <tool_call> as an added (not special) token; llguidance matches such tokens only by id."""
+    from engine.tokenizer import Tokenizer
+
+    assert Tokenizer(tokenizer).special_token_id("[TOOL_CALLS]") is not None
+    tokenizer, lltok = qwen_like
+    tc, end = tokenizer.token_to_id("<tool_call>"), tokenizer.token_to_id("</tool_call>")
+    assert Tokenizer(tokenizer).special_token_id("<tool_call>") == tc and lltok.is_special_token(tc)
+    assert Tokenizer(tokenizer).special_token_id("hello") is None
+    g = grammar.hermes_grammar([WEATHER], trigger=Trigger("<tool_call>", tc), close=Trigger("</tool_call>", end),
+                               required=False, parallel=False)
+    assert accepts(lltok, tokenizer, g, "Sure. ", tc, f"\n{W}\n", end)
+    assert accepts(lltok, tokenizer, g, "Plain <b>text</b>")
+    assert not accepts(lltok, tokenizer, g, "Sure. ", tc, "\nnot json")
+    assert not accepts(lltok, tokenizer, g, "Sure. ", tc, f"\n{W}\n", end, tc)  # one call only
 
 
 def test_mistral_with_special_tokens(lltok, tokenizer) -> None:
@@ -169,5 +194,5 @@ def test_choose_format_and_plans() -> None:
     assert native.messages[2] == history[2]
     single = plan_tools(history[:1], ToolRequest((WEATHER,), "required", parallel=False), _Template(True, "<tool_call>"),
                         _NoSpecials())
-    assert single.max_calls == 1 and single.preserved_tokens == ()
+    assert single.max_calls == 1 and single.preserved_tokens == ("<tool_call>", "</tool_call>")
     assert "Call a tool" in generic_instructions(ToolRequest((WEATHER,), "required"))
