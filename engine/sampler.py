@@ -31,7 +31,7 @@ def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> np.ndarray:
     # NOTE(engine): viewing int32 words as bytes is little-endian on every platform onnxruntime ships for, so
     # byte k // 8, bit k % 8 (bitorder="little") is token k; this is what llguidance's own numpy kernel does.
     allowed = np.unpackbits(bitmask.view(np.uint8), axis=-1, count=logits.shape[-1], bitorder="little")
-    return np.where(allowed.astype(bool), logits, np.float32(-np.inf)).astype(logits.dtype, copy=False)
+    return np.where(allowed.view(np.bool_), logits, np.array(-np.inf, dtype=logits.dtype))
 
 
 def apply_logit_bias(logits: np.ndarray, token_ids: np.ndarray, bias: np.ndarray) -> np.ndarray:

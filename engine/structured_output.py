@@ -16,6 +16,7 @@ import collections
 import concurrent.futures
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -184,7 +185,11 @@ class StructuredOutputBackend:
         # (kind, spec) -> Future[template LLMatcher] (never advanced; each request gets a deep copy)
         self._cache: collections.OrderedDict[tuple[str, str], concurrent.futures.Future] = \
             collections.OrderedDict()
-        self._executor: Any = None  # llguidance.LLExecutor, made on the first batched fill
+        self._executor: Any = None  # llguidance.LLExecutor, made on the first parallel fill
+        # NOTE(engine): measured on 2 shared cores (docs/perf/structured.md): LLExecutor's threads gain nothing
+        # over filling row by row there (8 JSON rows: ~140 us either way) and add scheduling outliers beside
+        # ORT's own threads, so rows are filled in parallel only with cores to spare.
+        self.parallel_min_rows = 4 if (os.cpu_count() or 1) >= 8 else 1 << 30
         self.limits = llguidance.LLParserLimits(verbose_errors=False)
 
     # -- compiling (event loop and worker threads) ------------------------------------------------------
@@ -284,8 +289,9 @@ class StructuredOutputBackend:
             rows: the constrained rows of this step.
             bitmask: int32 ``[n, words]``, C-contiguous; rows not named are left as they are.
         """
-        if len(rows) == 1:
-            rows[0][0].fill(bitmask, rows[0][1])
+        if len(rows) < self.parallel_min_rows:
+            for constraint, row in rows:
+                constraint.fill(bitmask, row)
             return
         if self._executor is None:
             self._executor = llguidance.LLExecutor()

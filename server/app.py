@@ -93,6 +93,7 @@ def engine_config_from(settings: Settings) -> Any:
         "max_model_len": settings.max_model_len,
         "intra_op_threads": settings.intra_op_threads,
         "graph_capture": settings.graph_capture,
+        "grammar_compile_timeout_s": settings.grammar_compile_timeout_s,
     }
     if settings.prefill_chunk is not None:
         kwargs["prefill_chunk"] = settings.prefill_chunk

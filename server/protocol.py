@@ -18,6 +18,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.types import FinishReason, InvalidRequestError, SamplingParams, TokenLogprob
+from server.protocol_structured import StructuredOutputFields
 from server.tools.plan import ToolRequest
 
 logger = logging.getLogger(__name__)
@@ -115,6 +116,19 @@ class ChatMessage(OpenAIBaseModel):
 
 
 _FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+# Deeper parameter schemas are refused before anything walks them recursively (the schema check, the grammar).
+MAX_SCHEMA_DEPTH = 64
+
+
+def _nesting_depth(value: Any) -> int:
+    """How deep JSON containers nest in ``value`` (iterative: a hostile depth cannot overflow the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 class FunctionDefinition(OpenAIBaseModel):
@@ -136,8 +150,14 @@ class FunctionDefinition(OpenAIBaseModel):
     def _check_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is None:
             return value
+        depth = _nesting_depth(value)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise InvalidRequestError(f"parameters nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are "
+                                      "supported", code="invalid_value")
         try:
             jsonschema.validators.validator_for(value).check_schema(value)
+        except RecursionError:
+            raise InvalidRequestError("parameters nests too deeply to be checked", code="invalid_value") from None
         except jsonschema.SchemaError as exc:
             where = "/".join(str(p) for p in exc.path)
             raise InvalidRequestError(f"parameters is not a valid JSON Schema: {exc.message}"
@@ -165,8 +185,9 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool = Field(False, description="Send a last chunk with `usage` and empty `choices`.")
 
 
-class _SamplingFields(OpenAIBaseModel):
-    """Fields shared by chat and completions; ranges are checked once, by SamplingParams."""
+class _SamplingFields(OpenAIBaseModel, StructuredOutputFields):
+    """Fields shared by chat and completions (structured outputs: StructuredOutputFields); ranges are checked
+    once, by SamplingParams."""
 
     model: str | None = Field(None, description="The served model name (see GET /v1/models).")
     max_tokens: int | None = Field(None, description="Most tokens to generate (>= 1).")
@@ -237,6 +258,7 @@ class _SamplingFields(OpenAIBaseModel):
             logit_bias=self._logit_bias(),
             logprobs=logprobs,
             top_logprobs=top_logprobs,
+            structured=self.structured_output(),
         )
 
     @property
@@ -264,7 +286,6 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(None, description="Alias of max_tokens (wins when both are set).")
     logprobs: bool = Field(False, description="Return the log-probability of each generated token.")
     top_logprobs: int | None = Field(None, description="Alternatives per token with logprobs=true, [0, 20].")
-    response_format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'} is supported.")
     tools: list[ToolDefinition] | None = Field(None, description="Functions the model may call.")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="'auto' (the default with tools), 'none', 'required', or {'type': 'function', "
@@ -279,8 +300,6 @@ class ChatCompletionRequest(_SamplingFields):
         if not self.messages:
             raise InvalidRequestError("messages must contain at least one message", param="messages",
                                       code="invalid_value")
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise _unsupported("response_format", "response_format is not supported yet (only {'type': 'text'})")
         if self.functions:
             raise _unsupported("functions", "functions (deprecated) is not supported; use tools")
         if self.function_call is not None:
@@ -303,12 +322,11 @@ class ChatCompletionRequest(_SamplingFields):
         if choice == "required" and not names:
             raise InvalidRequestError("tool_choice 'required' needs tools", param="tool_choice",
                                       code="invalid_value")
-        if self.tool_request().calls_possible:
-            kind = (self.response_format or {}).get("type", "text")
-            if kind != "text":
-                raise _unsupported("response_format", f"response_format {kind!r} cannot be combined with tools "
-                                   "(tool calls are constrained by their own grammar); send tool_choice 'none' "
-                                   "or leave out one of them")
+        structured = self.structured_output()
+        if structured is not None and self.tool_request().calls_possible:
+            raise _unsupported(structured.param, f"{structured.param} cannot be combined with tools that may be "
+                               "called (tool calls are constrained by their own grammar); send tool_choice 'none' "
+                               "or leave out one of them")
         return self
 
     def tool_request(self) -> ToolRequest:

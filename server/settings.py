@@ -90,6 +90,10 @@ class Settings(BaseSettings):
     default_max_tokens: int | None = Field(
         None, ge=1, description="max_tokens when a request gives none (default: the rest of the context)."
     )
+    grammar_compile_timeout_s: float = Field(
+        10.0, gt=0.0, le=3600.0,
+        description="Seconds a structured-output schema or grammar may take to compile; longer is a 400.",
+    )
 
     response_store_size: int = Field(
         1000, ge=0, le=1_000_000,

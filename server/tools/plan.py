@@ -156,35 +156,42 @@ def _native_history(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _generic_calls_text(calls: list[dict[str, Any]], parallel: bool) -> str:
+def _generic_calls_text(calls: list[dict[str, Any]], request: ToolRequest) -> str:
+    """An assistant's calls in the generic format: the JSON the model is asked to write when it may call
+    tools; otherwise plain sentences (a small model imitates JSON in its history even when asked for text)."""
     items = [{"name": c["function"]["name"], "arguments": _arguments_object(c["function"]["arguments"])}
              for c in calls]
-    body = {"tool_calls": items} if parallel or len(items) > 1 else {"tool_call": items[0]}
+    if not request.calls_possible:
+        return "\n".join(f"I called {item['name']} with {json.dumps(item['arguments'], ensure_ascii=False)}."
+                         for item in items)
+    body = {"tool_calls": items} if request.parallel or len(items) > 1 else {"tool_call": items[0]}
     return json.dumps(body, ensure_ascii=False)
 
 
 def _generic_history(messages: Sequence[dict[str, Any]], request: ToolRequest) -> list[dict[str, Any]]:
-    """Tool history for a template that knows no tools: calls as the JSON the model is asked to write,
-    tool results as user messages (consecutive ones merged, for templates that insist on alternation)."""
+    """Tool history for a template that knows no tools: calls as the assistant's text, tool results as one
+    user message per run of results (for templates that insist on user/assistant alternation)."""
     names = {}
     out: list[dict[str, Any]] = []
+    results_open = False  # the last message out is a user message of tool results
     for message in messages:
         role = message["role"]
+        if role == "tool":
+            name = message.get("name") or names.get(message.get("tool_call_id"))
+            text = f"{name or 'The tool'} returned: {message.get('content', '')}"
+            if results_open:
+                out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
+            else:
+                out.append({"role": "user", "content": text})
+            results_open = True
+            continue
+        results_open = False
         if role == "assistant" and message.get("tool_calls"):
             for call in message["tool_calls"]:
                 names[call.get("id")] = call["function"]["name"]
-            out.append({"role": "assistant", "content": _generic_calls_text(message["tool_calls"], request.parallel)})
-        elif role == "tool":
-            result = {"name": message.get("name") or names.get(message.get("tool_call_id"), ""),
-                      "content": message.get("content", "")}
-            text = json.dumps({"tool_response": result}, ensure_ascii=False)
-            if out and out[-1].get("ortserve_tool_results"):
-                out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
-            else:
-                out.append({"role": "user", "content": text, "ortserve_tool_results": True})
+            out.append({"role": "assistant", "content": _generic_calls_text(message["tool_calls"], request)})
         else:
             out.append({"role": role, "content": message.get("content", "")})
-    out = [{k: v for k, v in m.items() if k != "ortserve_tool_results"} for m in out]
     if request.calls_possible:
         out = _with_system(out, generic_instructions(request))
     return out

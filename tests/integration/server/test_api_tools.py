@@ -157,6 +157,28 @@ def test_cut_by_max_tokens_is_length_with_the_call_so_far(smol: RunningServer) -
     assert all(c.function.name == "get_weather" for c in calls)  # a partial call, never invented text
 
 
+def test_langchain_bind_tools_invoke_and_stream(smol: RunningServer) -> None:
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str, unit: str) -> str:
+        """Current weather in a city (unit: celsius or fahrenheit)."""
+        return "18"
+
+    llm = ChatOpenAI(model="smollm2", base_url=smol.url, api_key="unused", temperature=0, max_tokens=96,
+                     max_retries=0)
+    bound = llm.bind_tools([get_weather], tool_choice="required", parallel_tool_calls=False)
+    whole = bound.invoke("What is the weather in Paris?")
+    assert [c["name"] for c in whole.tool_calls] == ["get_weather"]
+    assert set(whole.tool_calls[0]["args"]) == {"city", "unit"} and whole.content == ""
+    merged = None
+    for chunk in bound.stream("What is the weather in Paris?"):
+        merged = chunk if merged is None else merged + chunk
+    assert merged is not None and merged.content == ""
+    assert [(c["name"], c["args"]) for c in merged.tool_calls] == [(c["name"], c["args"]) for c in whole.tool_calls]
+
+
 @pytest.mark.parametrize("kwargs,param", [
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",

@@ -89,14 +89,16 @@ def test_batched_fill_equals_single_fills(backend, bpe_tokenizer):
     specs = [StructuredOutput("json_object"), StructuredOutput("regex", "[a-c]+"), StructuredOutput("choice", '["q"]')]
     constraints = [backend.constraint_sync(s) for s in specs]
     walk(backend, constraints[0], bpe_tokenizer, '{"k":')
-    batched = backend.allocate_bitmask(5)
-    backend.fill([(c, row) for c, row in zip(constraints, (4, 0, 2))], batched)
-    for c, row in zip(constraints, (4, 0, 2)):
-        single = backend.allocate_bitmask(1)
-        c.fill(single, 0)
-        np.testing.assert_array_equal(batched[row], single[0])
-    assert (batched[[1, 3]] == -1).all()  # rows not named are left alone
-    assert batched.shape == (5, bitmask_words(backend.vocab_size))
+    for parallel_min_rows in (1, 1 << 30):  # llguidance's parallel executor, then row by row
+        backend.parallel_min_rows = parallel_min_rows
+        batched = backend.allocate_bitmask(5)
+        backend.fill([(c, row) for c, row in zip(constraints, (4, 0, 2))], batched)
+        for c, row in zip(constraints, (4, 0, 2)):
+            single = backend.allocate_bitmask(1)
+            c.fill(single, 0)
+            np.testing.assert_array_equal(batched[row], single[0])
+        assert (batched[[1, 3]] == -1).all()  # rows not named are left alone
+        assert batched.shape == (5, bitmask_words(backend.vocab_size))
 
 
 @pytest.mark.parametrize("schema, feature", [

@@ -60,7 +60,8 @@ def test_out_of_range_names_param_and_value(fields: dict, param: str) -> None:
     ({"use_beam_search": True}, "use_beam_search", "shared max-length buffer"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]},
      "tools", "two functions named 'f'"),
-    ({"response_format": {"type": "json_object"}}, "response_format", "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format", "response_format.type"),
+    ({"guided_regex": "a+", "grammar": "root ::= \"a\""}, "grammar", "one output constraint"),
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"functions": [{"name": "f"}]}, "functions", "use tools"),
     ({"function_call": "auto"}, "function_call", "use tool_choice"),
@@ -109,9 +110,9 @@ def test_strict_types() -> None:
 
 def test_unknown_fields_are_ignored_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="server.protocol"):
-        req = chat(frobnicate=True, guided_json={"a": 1})
+        req = chat(frobnicate=True, guided_decoding_backend="xgrammar")
     assert req.to_sampling_params(3, 64).max_tokens == 3
-    assert "frobnicate" in caplog.text and "guided_json" in caplog.text
+    assert "frobnicate" in caplog.text and "guided_decoding_backend" in caplog.text
 
 
 def test_include_usage_only_when_streaming() -> None:
@@ -139,6 +140,13 @@ def test_completion_logprobs_and_default_max_tokens() -> None:
 
 # --- tools -------------------------------------------------------------------------------------------
 
+def _deep(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "d",
                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
                                          "strict": True}}
@@ -153,6 +161,8 @@ def test_tool_request_defaults_and_choices() -> None:
                  parallel_tool_calls=False).tool_request()
     assert (named.choice, named.function, named.parallel) == ("function", "get_weather", False)
     assert not chat(tools=[TOOL], tool_choice="none").tool_request().calls_possible
+    # tools + response_format is fine when no call can be made
+    assert chat(tools=[TOOL], tool_choice="none", response_format={"type": "json_object"}).structured_output()
 
 
 @pytest.mark.parametrize("fields,param,needle", [
@@ -163,9 +173,12 @@ def test_tool_request_defaults_and_choices() -> None:
      None, "not a valid JSON Schema"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
      None, "must describe an object"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": _deep(300)}}]}, None,
+     "at most 64"),  # refused before the recursive schema check could overflow the stack
     ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "not in tools"),
-    ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "response_format", "response_format"),
+    ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "response_format", "cannot be combined"),
+    ({"tools": [TOOL], "tool_choice": "required", "guided_regex": "a+"}, "guided_regex", "cannot be combined"),
 ])
 def test_bad_tools_are_refused(fields: dict, param: str | None, needle: str) -> None:
     with pytest.raises(ValidationError) as info:

@@ -185,8 +185,11 @@ def test_choose_format_and_plans() -> None:
     assert generic.messages[0]["role"] == "system" and "get_weather" in generic.messages[0]["content"]
     assert json.loads(generic.messages[2]["content"]) == {"tool_calls": [{"name": "get_weather",
                                                                           "arguments": {"city": "Paris"}}]}
-    assert generic.messages[3]["role"] == "user" and generic.messages[3]["content"].count("tool_response") == 2
+    assert generic.messages[3] == {"role": "user", "content": "get_weather returned: sunny\nget_weather returned: 22 C"}
     assert len(generic.messages) == 4  # the two tool results are one user message
+    prose = plan_tools(history, ToolRequest((WEATHER,), "none"), _Template(False), _NoSpecials())
+    assert prose.messages[1] == {"role": "assistant", "content": 'I called get_weather with {"city": "Paris"}.'}
+    assert prose.structured is None and prose.parser is None and prose.messages[0] == history[0]  # no tool text
     native = plan_tools(history, ToolRequest((WEATHER,), "none"), _Template(True, "<tool_call>"), _NoSpecials())
     assert native.format == "hermes" and native.structured is None and native.parser is None
     assert native.template_tools == [WEATHER]
