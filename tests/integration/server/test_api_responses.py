@@ -113,6 +113,23 @@ def test_stream_events_arrive_in_order_and_add_up(smol: RunningServer) -> None:
     assert body.output_text == "".join(deltas) and body.usage == final.usage
 
 
+def test_stream_of_a_closed_answer_ends_with_response_completed(smol: RunningServer) -> None:
+    """A bounded schema: the grammar closes the answer (and ends the request) well within the limit."""
+    schema = {"type": "object", "properties": {"sunny": {"type": "boolean"}, "level": {"enum": [1, 2, 3]}},
+              "required": ["sunny", "level"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "name": "weather", "schema": schema, "strict": True}
+    with smol.client().responses.stream(model=MODEL, input="Is it sunny?", text={"format": fmt},
+                                        max_output_tokens=64, **GREEDY) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert _dedupe([e.type for e in events]) == [*TEXT_EVENTS, "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert final.status == "completed" and final.incomplete_details is None and final.output[0].status == "completed"
+    assert final.output_text == deltas and final.usage.output_tokens < 64
+    jsonschema.validate(json.loads(deltas), schema)
+
+
 def test_sse_wire_format_names_each_event_and_sends_no_done(smol: RunningServer) -> None:
     body = {"model": MODEL, "input": "Hi", "max_output_tokens": 3, "stream": True, "temperature": 0,
             "ignore_eos": True}
@@ -203,6 +220,26 @@ def test_text_format_json_schema(smol: RunningServer) -> None:
     assert r.status == "completed", r.output_text  # the grammar closes the object well within the limit
     jsonschema.validate(json.loads(r.output_text), schema)
     assert r.text.format.type == "json_schema" and r.text.format.name == "person"
+
+
+def test_text_format_json_object_and_the_sdk_parse_helper(smol: RunningServer) -> None:
+    from pydantic import BaseModel
+
+    client = smol.client()
+    r = client.responses.create(model=MODEL, input="Give me a JSON object about a cat.", max_output_tokens=120,
+                                text={"format": {"type": "json_object"}}, **GREEDY)
+    if r.status == "completed":  # an open object may run to the limit; a closed one must parse
+        assert isinstance(json.loads(r.output_text), dict)
+    else:
+        assert r.output_text.lstrip().startswith("{")
+
+    class Pet(BaseModel):
+        kind: Literal["cat", "dog"]
+        legs: Literal[2, 4]
+
+    parsed = client.responses.parse(model=MODEL, input="Describe a pet.", text_format=Pet, max_output_tokens=64,
+                                    temperature=1.0)
+    assert parsed.status == "completed" and isinstance(parsed.output_parsed, Pet)
 
 
 def test_previous_response_id_continues_the_conversation(smol: RunningServer) -> None:
