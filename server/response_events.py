@@ -58,16 +58,16 @@ class ResponseAssembler:
     item at all still gets its (possibly empty) message.
     """
 
-    skeleton: dict[str, Any]
-    _sequence: int = 0
-    _items: list[_Item] = field(default_factory=list)
-    _open: _Item | None = None
-    _calls: dict[int, _Item] = field(default_factory=dict)  # the chat delta's call index -> its item
-    _pending_space: str = ""
-    _status: str = "in_progress"
-    _usage: dict[str, Any] | None = None
-    _error: dict[str, Any] | None = None
-    _incomplete_reason: str | None = None
+    skeleton: dict[str, Any]  # id, created_at, model and the request's echo (protocol_responses.response_skeleton)
+    _sequence: int = field(default=0, init=False)
+    _items: list[_Item] = field(default_factory=list, init=False)
+    _open: _Item | None = field(default=None, init=False)
+    _calls: dict[int, _Item] = field(default_factory=dict, init=False)  # the chat delta's call index -> its item
+    _pending_space: str = field(default="", init=False)
+    _status: str = field(default="in_progress", init=False)
+    _usage: dict[str, Any] | None = field(default=None, init=False)
+    _error: dict[str, Any] | None = field(default=None, init=False)
+    _incomplete_reason: str | None = field(default=None, init=False)
 
     def _event(self, kind: str, **fields: Any) -> Event:
         event = {"type": kind, "sequence_number": self._sequence, **fields}

@@ -417,7 +417,6 @@ async def _collected(run: EngineRun, request: Request, gathering: Awaitable[T]) 
         await run.close()
 
 
-
 # --- the Responses API (POST /v1/responses) ------------------------------------------------------------
 
 

@@ -57,7 +57,8 @@ def test_history_goes_between_instructions_and_input() -> None:
 
 def test_items_with_text_parts_and_function_calls_become_chat_messages() -> None:
     items = parse_items([
-        {"role": "developer", "content": [{"type": "input_text", "text": "be "}, {"type": "input_text", "text": "nice"}]},
+        {"role": "developer",
+         "content": [{"type": "input_text", "text": "be "}, {"type": "input_text", "text": "nice"}]},
         {"type": "message", "role": "user", "content": "weather in Paris and Rome?"},
         {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
          "content": [{"type": "output_text", "text": "Let me look.", "annotations": []}]},
