@@ -4,14 +4,17 @@
    token counts: the schema cannot complete before max_tokens), at batch 1 and batch 8, in interleaved rounds
    (the order flips each round); the figure is the median over rounds of plain TPOT / constrained TPOT
    (1.0 = constraining is free; the target is >= 0.9).
-2. Compile time, end to end: the latency of a 1-token request with a schema the server has not seen, minus
-   that of the same request again (its grammar cached), for a typical schema (the scenario's), a typical
-   tool list as tool_choice "required" compiles it (an array of {name, arguments} calls, as a JSON schema)
-   and as "auto" compiles it (free text, then a call after a "<tool_call>" trigger: a lazy Lark grammar).
+2. Compile time of grammars the server has not seen, for a typical schema (the scenario's), a typical tool list
+   as tool_choice "required" compiles it (an array of {name, arguments} calls, as a JSON schema) and as "auto"
+   compiles it (free text, then a call after a "<tool_call>" trigger: a lazy Lark grammar). Measured in
+   process, in the engine's own StructuredOutputBackend on the model's tokenizer (what a request waits for
+   before its first token): end to end, a 1-token request's latency on a shared 2-core machine varies by more
+   than a compile takes.
 
-Starts `ortserve serve` on --model unless --url is given; a client of the server (no engine import).
+Starts `ortserve serve` on --model unless --url is given, a client of it for the TPOT part; the compile part
+reads the model folder and uses engine.structured_output in this process.
 
-    ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.structured --rounds 3 \\
+    ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.structured --rounds 5 \\
         --json docs/perf/structured.json --plot docs/perf/structured.png
 """
 
@@ -147,33 +150,37 @@ async def measure_tpot(url: str, args: argparse.Namespace) -> dict:
     return {"rounds": rounds, "summary": summary}
 
 
-def measure_compile(url: str, model: str, args: argparse.Namespace) -> dict:
-    """Cold (new grammar) minus warm (cached) latency of a 1-token chat request, per kind, over variants."""
-    out: dict[str, Any] = {}
-    with httpx.Client(timeout=600) as client:
-        def once(fields: dict[str, Any]) -> float:
-            body = {"model": model, "messages": [{"role": "user", "content": "Go."}], "max_tokens": 1,
-                    "temperature": 0, **fields}
-            t0 = time.perf_counter()
-            r = client.post(f"{url}/chat/completions", json=body)
-            elapsed = time.perf_counter() - t0
-            if r.status_code != 200:
-                raise RuntimeError(f"{r.status_code}: {r.text[:300]}")
-            return elapsed * 1e3
+def measure_compile(model_dir: Path, args: argparse.Namespace) -> dict:
+    """Compile each kind's new variants in the engine's backend on the model's tokenizer; milliseconds."""
+    from engine.model_loader import read_model_folder
+    from engine.structured_output import StructuredOutputBackend
+    from server.protocol import ChatCompletionRequest
 
-        once(_variant("schema", -1))  # the server builds its grammar tokenizer once, at the first grammar
+    folder = read_model_folder(model_dir)
+    backend = StructuredOutputBackend(folder.tokenizer.hf, folder.tokenizer.vocab_size, folder.eos_token_ids,
+                                      compile_timeout_s=600.0)
+    out: dict[str, Any] = {}
+    try:
+        t0 = time.perf_counter()
+        backend.start().result()
+        out["tokenizer_build_ms"] = (time.perf_counter() - t0) * 1e3
+        print(f"grammar tokenizer: built once per engine in {out['tokenizer_build_ms']:.0f} ms", flush=True)
         for kind in ("schema", "tools_required", "tools_auto"):
-            deltas, colds = [], []
+            times = []
             for k in range(args.compile_variants):
-                fields = _variant(kind, k)
-                cold = once(fields)
-                warm = statistics.median(once(fields) for _ in range(3))
-                deltas.append(cold - warm)
-                colds.append(cold)
-            out[kind] = {"compile_ms_median": statistics.median(deltas), "compile_ms": deltas,
-                         "cold_request_ms": colds}
-            print(f"compile {kind}: median {statistics.median(deltas):.1f} ms over {len(deltas)} new grammars",
-                  flush=True)
+                body = {"messages": [{"role": "user", "content": "Go."}], **_variant(kind, k)}
+                spec = ChatCompletionRequest.model_validate(body).to_sampling_params(1, 64).structured
+                t0 = time.perf_counter()
+                backend.constraint_sync(spec)
+                times.append((time.perf_counter() - t0) * 1e3)
+                t0 = time.perf_counter()
+                backend.constraint_sync(spec)
+                cached = (time.perf_counter() - t0) * 1e3
+            out[kind] = {"compile_ms_median": statistics.median(times), "compile_ms": times, "cached_ms": cached}
+            print(f"compile {kind}: median {statistics.median(times):.1f} ms over {len(times)} new grammars "
+                  f"(cached: {cached:.2f} ms)", flush=True)
+    finally:
+        backend.shutdown()
     return out
 
 
@@ -196,10 +203,10 @@ def plot(results: dict, path: str) -> None:
     ax_tpot.set_ylabel("time per output token (ms, median of rounds)")
     ax_tpot.set_title("plain / json_schema speed (median ratio of rounds)")
     ax_tpot.legend()
-    kinds = list(results["compile"])
+    kinds = [k for k in results["compile"] if isinstance(results["compile"][k], dict)]
     ax_compile.bar(kinds, [results["compile"][k]["compile_ms_median"] for k in kinds], color="tab:green")
-    ax_compile.set_ylabel("compile time over HTTP (ms, median)")
-    ax_compile.set_title("grammar compile (new grammar - cached)")
+    ax_compile.set_ylabel("compile time (ms, median of new grammars)")
+    ax_compile.set_title("grammar compile, once per new schema (cached after)")
     fig.suptitle(f"structured outputs, {results['model']} on CPU (shared 2-core machine)")
     fig.savefig(path, dpi=110)
 
@@ -214,31 +221,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--compile-variants", type=int, default=5)
-    ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--parts", default="compile,tpot", help="any of compile,tpot")
+    ap.add_argument("--json", help="write the figures here (parts not measured are kept from an existing file)")
     ap.add_argument("--plot", help="write a PNG here")
     args = ap.parse_args(argv)
 
-    server = None
-    url = args.url
-    if url is None:
-        port = _free_port()
-        server = _start_server(args.model, port, args.threads, max(8, *args.batches))
-        url = f"http://127.0.0.1:{port}/v1"
-    try:
-        model = httpx.get(f"{url}/models", timeout=10).json()["data"][0]["id"]
-        results = {"model": model, "settings": {k: v for k, v in vars(args).items() if k not in ("json", "plot")},
-                   "compile": measure_compile(url, model, args), "tpot": asyncio.run(measure_tpot(url, args))}
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(30)
-    for batch, s in results["tpot"]["summary"].items():
+    parts = args.parts.split(",")
+    results: dict[str, Any] = {}
+    if args.json and Path(args.json).is_file():
+        results = json.loads(Path(args.json).read_text())
+    results.setdefault("settings", {})
+    results["model"] = args.model
+    if "compile" in parts:
+        from engine.builder import resolve_model
+
+        results["compile"] = measure_compile(Path(resolve_model(args.model)), args)
+        results["settings"]["compile"] = {"compile_variants": args.compile_variants}
+    if "tpot" in parts:
+        server = None
+        url = args.url
+        if url is None:
+            port = _free_port()
+            server = _start_server(args.model, port, args.threads, max(8, *args.batches))
+            url = f"http://127.0.0.1:{port}/v1"
+        try:
+            results["tpot"] = asyncio.run(measure_tpot(url, args))
+            results["settings"]["tpot"] = {k: v for k, v in vars(args).items()
+                                           if k in ("url", "threads", "rounds", "batches", "prompt_tokens",
+                                                    "output_tokens")}
+        finally:
+            if server is not None:
+                server.terminate()
+                server.wait(30)
+    for batch, s in results.get("tpot", {}).get("summary", {}).items():
         print(f"{batch}: plain {s['plain_tpot_ms_median']:.2f} ms/token, json_schema "
               f"{s['json_schema_tpot_ms_median']:.2f} ms/token; ratio median {s['ratio_median']:.3f} "
               f"(rounds {[round(r, 3) for r in s['ratios']]})")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    if args.plot:
+    if args.plot and "tpot" in results and "compile" in results:
         plot(results, args.plot)
     return 0
 

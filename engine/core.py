@@ -282,10 +282,17 @@ class EngineCore:
         complete = set()
         for i in masked:
             request, token_id = batch[i], results[i].token_id
-            if not request.constraint.accept(token_id):
+            try:
+                accepted = request.constraint.accept(token_id)
+                done = accepted and request.constraint.is_done
+            except Exception as exc:  # NOTE(engine): the library raises only on API misuse; still, one request
+                log.exception("constraint of %s raised", request.request_id)
+                failed[request.request_id] = f"structured output failed: {type(exc).__name__}: {exc}"
+                continue
+            if not accepted:
                 failed[request.request_id] = (f"structured output failed: the grammar rejected token {token_id} "
                                               f"({request.constraint.error})")
-            elif request.constraint.is_done and not request.is_stop_token(token_id):
+            elif done and not request.is_stop_token(token_id):
                 complete.add(request.request_id)
         return complete
 

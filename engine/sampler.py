@@ -34,6 +34,11 @@ def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> np.ndarray:
     return np.where(allowed.view(np.bool_), logits, np.array(-np.inf, dtype=logits.dtype))
 
 
+def token_allowed(bitmask_row: np.ndarray, token_id: int) -> bool:
+    """Whether one int32 bitmask row (see apply_token_bitmask) allows ``token_id``."""
+    return bool((int(bitmask_row[token_id >> 5]) >> (token_id & 31)) & 1)
+
+
 def apply_logit_bias(logits: np.ndarray, token_ids: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """Add ``bias[i]`` to ``logits[..., token_ids[i]]`` (OpenAI's logit_bias, values in [-100, 100])."""
     out = logits.copy()
@@ -254,13 +259,16 @@ def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask
     and the rest are renormalized; temperature and penalties are not in them.
     """
     rows = list(masked_rows)
-    masked = dict(zip(rows, apply_token_bitmask(logits[rows], bitmask[rows]))) if rows else {}
     if all(s.plain_greedy and not s.want_logprobs for s in samplers):
         tokens = np.argmax(logits, axis=-1)
-        for i, row in masked.items():
-            tokens[i] = np.argmax(row)
+        for i in rows:
+            # NOTE(engine): exact shortcut: when the grammar allows the row's own argmax, it is the masked
+            # argmax too (first index on ties either way); only the other rows pay for the whole mask.
+            if not token_allowed(bitmask[i], int(tokens[i])):
+                tokens[i] = np.argmax(apply_token_bitmask(logits[i], bitmask[i]))
         results = [SampleResult(int(t)) for t in tokens]
     else:
+        masked = dict(zip(rows, apply_token_bitmask(logits[rows], bitmask[rows]))) if rows else {}
         results = [s.sample(masked.get(i, row)) for i, (s, row) in enumerate(zip(samplers, logits))]
     for s, r in zip(samplers, results):
         if s.output_counts is not None:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.sampler import RequestSampler, apply_token_bitmask, log_softmax, sample_batch
+from engine.sampler import RequestSampler, apply_token_bitmask, log_softmax, sample_batch, token_allowed
 from engine.types import SamplingParams
 
 
@@ -66,6 +66,24 @@ def test_greedy_batch_masks_only_the_masked_rows():
     assert tokens[0] == int(np.argmax(logits[0])) and tokens[2] == int(np.argmax(logits[2]))
     assert tokens[1] == (5 if logits[1, 5] > logits[1, 250] else 250)
     assert tokens[3] == 7
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(2, 300), st.floats(0.0, 1.0), st.integers(0, 2**32 - 1))
+def test_greedy_shortcut_equals_masking_every_row(num_rows, vocab, density, seed):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(num_rows, vocab)).astype(np.float32)
+    logits[:, rng.integers(vocab)] = logits.max() + 1  # often the argmax is allowed, sometimes not
+    allowed = rng.random((num_rows, vocab)) < density
+    allowed[np.arange(num_rows), rng.integers(vocab, size=num_rows)] = True
+    bitmask = pack(allowed)
+    assert all(token_allowed(bitmask[r], t) == allowed[r, t] for r in range(num_rows) for t in range(vocab))
+    masked = rng.permutation(num_rows)[:max(1, num_rows // 2)].tolist()
+    samplers = [RequestSampler(SamplingParams(temperature=0.0), [], vocab) for _ in range(num_rows)]
+    tokens = [r.token_id for r in sample_batch(logits, samplers, bitmask, masked)]
+    for r in range(num_rows):
+        row = apply_token_bitmask(logits[r], bitmask[r]) if r in masked else logits[r]
+        assert tokens[r] == int(np.argmax(row))
 
 
 def test_no_transform_brings_back_a_forbidden_token():
