@@ -23,6 +23,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from server.engine_client import EngineClient
 from server.errors import EngineNotReadyError, install_error_handlers
 from server.metrics import ServerMetrics
+from server.response_store import ResponseStore
 from server.security import AuthMiddleware, BodyLimitMiddleware
 from server.settings import Settings
 
@@ -44,6 +45,11 @@ class ServerState:
     started_at: int = field(default_factory=lambda: int(time.time()))
     # Called (from the event loop) when loading fails, e.g. by the CLI to stop the server with exit 1.
     on_load_failed: Callable[[str], None] | None = None
+    # Stored Responses (POST /v1/responses with store=true); bounded by the settings, not persistent.
+    responses: ResponseStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.responses = ResponseStore(self.settings.response_store_size, self.settings.response_store_bytes)
 
     @property
     def served_model_name(self) -> str:
@@ -175,7 +181,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
         The app; run it with uvicorn. `/health` answers 503 until the engine is ready.
     """
     from server import __version__
-    from server.routes import chat, completions, health, metrics, models
+    from server.routes import chat, completions, health, metrics, models, responses
 
     app = FastAPI(
         title="ortserve",
@@ -190,7 +196,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     app.state.engine_loader = loader if engine is None else None
 
     install_error_handlers(app)
-    for module in (chat, completions, models, health, metrics):
+    for module in (chat, completions, responses, models, health, metrics):
         app.include_router(module.router)
 
     # Middleware: the last added runs first. Order seen by a request: CORS -> auth -> body limit.
@@ -201,7 +207,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["*"],  # SDKs send their own headers (x-stainless-*, openai-*)
         )
     return app

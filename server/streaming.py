@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from sse_starlette import EventSourceResponse
@@ -19,12 +19,15 @@ from starlette.requests import Request
 
 from engine.types import EngineError, FinishReason, RequestOutput, TokenLogprob
 from server import protocol
+from server.protocol_responses import response_usage
+from server.response_events import Event, ResponseAssembler
 from server.engine_client import EngineClient
 from server.errors import ServerError, error_for
 from server.metrics import REJECTED, RequestTracker
 from server.tools.stream import ToolCallStream
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ClientDisconnectedError(ServerError):
@@ -217,18 +220,24 @@ def _check_error(out: RequestOutput) -> None:
         raise EngineRequestError(out.error or "the engine failed while running this request")
 
 
-async def _with_error_event(events: AsyncIterator[bytes], run: EngineRun) -> AsyncIterator[bytes]:
-    """End the stream with an OpenAI error event on failure (then [DONE]); always close the run."""
+def _error_events(exc: Exception) -> list[bytes]:
+    """The end of a failed chat or completions stream: an OpenAI error event, then [DONE]."""
+    return [_event(error_for(exc)[1]), _DONE]
+
+
+async def _with_error_event(events: AsyncIterator[bytes], run: EngineRun,
+                            error_events: Callable[[Exception], list[bytes]] = _error_events) -> AsyncIterator[bytes]:
+    """End the stream with `error_events(exc)` on failure; always close the run."""
     try:
         async for event in events:
             yield event
     except Exception as exc:
         run.tracker.finish(outcome_of(exc))
-        status, body, _ = error_for(exc)
+        status, _, _ = error_for(exc)
         if status >= 500:
             logger.error("stream %s failed: %s", run.request_id, exc)
-        yield _event(body)
-        yield _DONE
+        for event in error_events(exc):
+            yield event
     finally:
         with anyio.CancelScope(shield=True):
             await events.aclose()  # type: ignore[attr-defined]
@@ -356,6 +365,20 @@ def stream_completion(run: EngineRun, ctx: StreamContext, ping_s: float,
     return event_source(_completion_events(run, ctx), ping_s, shutdown_grace_s)
 
 
+class TextDeltas:
+    """The chat deltas of plain text: each output's text is one content delta (no tools, no parsing)."""
+
+    def feed(self, piece: str, final: bool = False) -> list[dict[str, Any]]:
+        return [{"content": piece}] if piece else []
+
+
+class DeltaSource(Protocol):
+    """Turns the growing output into chat deltas ({"content"} / {"tool_calls"}): TextDeltas, or a tool-call
+    parser's stream when the request has tools."""
+
+    def feed(self, piece: str, final: bool = False) -> list[dict[str, Any]]: ...
+
+
 @dataclass
 class Collected:
     text: str
@@ -380,11 +403,73 @@ async def collect(run: EngineRun, ctx: StreamContext, request: Request) -> Colle
                 reason = protocol.finish_reason_str(out.finish_reason)
         return Collected("".join(parts), reason, entries)
 
+    return await _collected(run, request, gather())
+
+
+async def _collected(run: EngineRun, request: Request, gathering: Awaitable[T]) -> T:
+    """Await a non-streamed request's gathering; a client that leaves aborts it; always close the run."""
     try:
-        return await _race_disconnect(request, gather())
+        return await _race_disconnect(request, gathering)
     except BaseException as exc:
         run.tracker.finish(outcome_of(exc))
         raise
     finally:
         await run.close()
 
+
+# --- the Responses API (POST /v1/responses) ------------------------------------------------------------
+
+
+def _named_event(event: Event) -> bytes:
+    """A Responses event: `event: <type>` then its JSON on one `data:` line (no [DONE] ends these streams)."""
+    return b"event: " + event["type"].encode("ascii") + b"\ndata: " + _dump(event).encode("utf-8") + b"\n\n"
+
+
+async def _response_event_lists(run: EngineRun, ctx: StreamContext, assembler: ResponseAssembler,
+                                deltas: DeltaSource, on_finished: Callable[[ResponseAssembler], None],
+                                ) -> AsyncIterator[list[Event]]:
+    """The events of each engine output; `on_finished` runs (e.g. stores the response) before the last ones."""
+    yield assembler.start()
+    async for out in run.outputs():
+        ctx.account(out)
+        _check_error(out)
+        events: list[Event] = []
+        for delta in deltas.feed(out.text, final=out.finished):
+            events += assembler.feed(delta)
+        if out.finished:
+            events += assembler.finish(protocol.finish_reason_str(out.finish_reason),
+                                       response_usage(ctx.num_prompt_tokens, ctx.num_generated_tokens))
+            on_finished(assembler)
+        yield events
+
+
+def stream_response(run: EngineRun, ctx: StreamContext, assembler: ResponseAssembler, deltas: DeltaSource,
+                    on_finished: Callable[[ResponseAssembler], None], ping_s: float,
+                    shutdown_grace_s: float) -> EventSourceResponse:
+    """A Responses stream: response.created ... response.completed (or .incomplete); an engine failure
+    mid-stream ends it with response.failed. A client that goes away aborts the request."""
+
+    async def events() -> AsyncIterator[bytes]:
+        async for batch in _response_event_lists(run, ctx, assembler, deltas, on_finished):
+            for event in batch:
+                yield _named_event(event)
+
+    def failed(exc: Exception) -> list[bytes]:
+        message = error_for(exc)[1]["error"]["message"]  # never a traceback: error_for hides our own bugs
+        batch = assembler.fail(message, response_usage(ctx.num_prompt_tokens, ctx.num_generated_tokens))
+        on_finished(assembler)
+        return [_named_event(event) for event in batch]
+
+    return event_source(_with_error_event(events(), run, failed), ping_s, shutdown_grace_s)
+
+
+async def collect_response(run: EngineRun, ctx: StreamContext, request: Request, assembler: ResponseAssembler,
+                           deltas: DeltaSource, on_finished: Callable[[ResponseAssembler], None]) -> dict[str, Any]:
+    """Run a non-streamed Responses request to the end through the same assembler; returns the Response."""
+
+    async def gather() -> dict[str, Any]:
+        async for _ in _response_event_lists(run, ctx, assembler, deltas, on_finished):
+            pass
+        return assembler.response()
+
+    return await _collected(run, request, gather())
