@@ -26,6 +26,7 @@ import llguidance
 import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
+from engine.json_schema import close_objects
 from engine.types import InvalidRequestError, StructuredOutput
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def to_grammar(kind: str, spec: str) -> str:
         if not isinstance(schema, dict):
             raise GrammarError(f"the JSON schema must be an object (or true), got {_short(schema)}")
         try:
-            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema(close_objects(schema), defaults=JSON_OPTIONS)
         except ValueError as exc:
             raise GrammarError(f"invalid JSON schema: {exc}") from None
     if kind == "regex":

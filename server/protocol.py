@@ -290,7 +290,8 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="'auto' (the default with tools), 'none', 'required', or {'type': 'function', "
                           "'function': {'name': ...}} to force that function.")
-    parallel_tool_calls: bool | None = Field(None, description="Allow several calls in one answer (default true).")
+    parallel_tool_calls: bool | None = Field(None, description="Allow several calls in one answer (default: true where "
+                                             "the model has a native tool format, one call in the generic format).")
     functions: list[dict[str, Any]] | None = Field(None, description="Deprecated; not supported (use tools).")
     function_call: str | dict[str, Any] | None = Field(None, description="Deprecated; not supported (use "
                                                                          "tool_choice).")
@@ -334,8 +335,8 @@ class ChatCompletionRequest(_SamplingFields):
         tools = tuple(t.model_dump(exclude_none=True) for t in self.tools or ())
         choice = self.tool_choice if self.tool_choice is not None else ("auto" if tools else "none")
         if isinstance(choice, NamedToolChoice):
-            return ToolRequest(tools, "function", choice.function.name, self.parallel_tool_calls is not False)
-        return ToolRequest(tools, choice, None, self.parallel_tool_calls is not False)
+            return ToolRequest(tools, "function", choice.function.name, self.parallel_tool_calls)
+        return ToolRequest(tools, choice, None, self.parallel_tool_calls)
 
     def template_messages(self) -> list[dict[str, Any]]:
         """Messages for the chat template: role/content strings ('developer' becomes 'system'), plus

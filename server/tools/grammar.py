@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.json_schema import close_objects
+
 # NOTE(tools): one JSON style everywhere: no free whitespace (a small model could spend its tokens on it),
 # and ", " / ": " separators, as the models' own tool-call examples and json.dumps write JSON.
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -92,7 +94,7 @@ def call_schema(tools: Sequence[dict[str, Any]], args_key: str = "arguments") ->
 
 
 def _json(schema: dict[str, Any]) -> str:
-    return "%json " + json.dumps({**schema, "x-guidance": _JSON_STYLE}, ensure_ascii=False)
+    return "%json " + json.dumps({**close_objects(schema), "x-guidance": _JSON_STYLE}, ensure_ascii=False)
 
 
 def _hoist_defs(schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

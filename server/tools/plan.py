@@ -40,13 +40,22 @@ class ToolRequest:
         tools: OpenAI tool definitions ``{"type": "function", "function": {"name", "description",
             "parameters"}}``.
         choice: "none", "auto", "required" or "function" (then ``function`` names it).
-        parallel: parallel_tool_calls (several calls in one answer).
+        parallel: parallel_tool_calls (several calls in one answer); None when the request does not say.
     """
 
     tools: tuple[dict[str, Any], ...] = ()
     choice: str = "none"
     function: str | None = None
-    parallel: bool = True
+    parallel: bool | None = None
+
+    def allows_parallel(self, native: bool) -> bool:
+        """Whether one answer may hold several calls.
+
+        NOTE(tools): unsaid, a native format follows OpenAI's default (true); the generic format allows one
+        call, as llama.cpp's server does: a model without tool training, free to go on, repeats its call
+        until max_tokens (SmolLM2 at temperature 0 wrote four calls for "What's the weather in Paris?").
+        """
+        return (self.parallel if self.parallel is not None else native) and self.choice != "function"
 
     @property
     def calls_possible(self) -> bool:
@@ -106,7 +115,7 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
     targets = [t for t in request.tools if t["function"]["name"] == request.function] if request.function \
         else list(request.tools)
     required = request.choice in ("required", "function")
-    parallel = request.parallel and request.choice != "function"
+    parallel = request.allows_parallel(native)
     spec = _grammar(fmt, targets, required=required, parallel=parallel, template=template, tokenizer=tokenizer)
     return ToolPlan(
         fmt, rendered, list(request.tools) if native else None,
@@ -164,7 +173,7 @@ def _generic_calls_text(calls: list[dict[str, Any]], request: ToolRequest) -> st
     if not request.calls_possible:
         return "\n".join(f"I called {item['name']} with {json.dumps(item['arguments'], ensure_ascii=False)}."
                          for item in items)
-    body = {"tool_calls": items} if request.parallel or len(items) > 1 else {"tool_call": items[0]}
+    body = {"tool_calls": items} if request.allows_parallel(False) or len(items) > 1 else {"tool_call": items[0]}
     return json.dumps(body, ensure_ascii=False)
 
 
@@ -213,7 +222,7 @@ def generic_instructions(request: ToolRequest) -> str:
         entry = {"name": fn["name"], "description": fn.get("description", ""),
                  "parameters": fn.get("parameters", grammar.EMPTY_PARAMETERS)}
         lines.append(json.dumps(entry, ensure_ascii=False))
-    parallel = request.parallel and request.choice != "function"
+    parallel = request.allows_parallel(False)
     example = ({"tool_calls": [{"name": "<tool name>", "arguments": {"<argument>": "<value>"}}]} if parallel
                else {"tool_call": {"name": tools[0]["function"]["name"] if request.function else "<tool name>",
                                    "arguments": {"<argument>": "<value>"}}})

@@ -191,3 +191,17 @@ def test_a_grammar_over_the_time_limit_is_refused_and_not_cached(bpe_tokenizer):
         assert asyncio.run(backend.constraint_for(spec)).error is None  # compiled afresh, within the limit
     finally:
         backend.shutdown()
+
+
+def test_an_object_that_says_nothing_of_other_keys_is_generated_closed(backend, bpe_tokenizer):
+    # NOTE(tests): SmolLM2 constrained by {"properties": {"city": ...}} wrote {"city": "Paris", "parameters": {}}.
+    spec = json.dumps({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+    closed = backend.constraint_sync(StructuredOutput("json_schema", spec))
+    walk(backend, closed, bpe_tokenizer, '{"city":"Paris"')
+    assert bpe_tokenizer.token_to_id(",") not in allowed_ids(backend, closed)  # no second key
+    walk(backend, closed, bpe_tokenizer, "}")
+    assert closed.is_accepting
+    open_spec = json.dumps({"type": "object", "properties": {"city": {"type": "string"}}, "additionalProperties": True})
+    opened = backend.constraint_sync(StructuredOutput("json_schema", open_spec))
+    walk(backend, opened, bpe_tokenizer, '{"city":"Paris","parameters":{}}')
+    assert opened.is_accepting

@@ -155,7 +155,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "description": "
 def test_tool_request_defaults_and_choices() -> None:
     assert chat().tool_request().choice == "none" and not chat().tool_request().calls_possible
     auto = chat(tools=[TOOL]).tool_request()
-    assert (auto.choice, auto.function, auto.parallel, auto.calls_possible) == ("auto", None, True, True)
+    assert (auto.choice, auto.function, auto.parallel, auto.calls_possible) == ("auto", None, None, True)
     assert auto.tools[0]["function"]["parameters"]["properties"] == {"city": {"type": "string"}}
     named = chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}},
                  parallel_tool_calls=False).tool_request()

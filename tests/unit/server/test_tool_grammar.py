@@ -183,8 +183,8 @@ def test_choose_format_and_plans() -> None:
     generic = plan_tools(history, ToolRequest((WEATHER,), "auto"), _Template(False), _NoSpecials())
     assert generic.format == "generic" and generic.template_tools is None and generic.parser == "generic"
     assert generic.messages[0]["role"] == "system" and "get_weather" in generic.messages[0]["content"]
-    assert json.loads(generic.messages[2]["content"]) == {"tool_calls": [{"name": "get_weather",
-                                                                          "arguments": {"city": "Paris"}}]}
+    assert json.loads(generic.messages[2]["content"]) == {"tool_call": {"name": "get_weather",
+                                                                        "arguments": {"city": "Paris"}}}
     assert generic.messages[3] == {"role": "user", "content": "get_weather returned: sunny\nget_weather returned: 22 C"}
     assert len(generic.messages) == 4  # the two tool results are one user message
     prose = plan_tools(history, ToolRequest((WEATHER,), "none"), _Template(False), _NoSpecials())
@@ -199,3 +199,24 @@ def test_choose_format_and_plans() -> None:
                         _NoSpecials())
     assert single.max_calls == 1 and single.preserved_tokens == ("<tool_call>", "</tool_call>")
     assert "Call a tool" in generic_instructions(ToolRequest((WEATHER,), "required"))
+
+
+def test_arguments_without_an_additional_properties_rule_take_no_invented_keys(lltok, tokenizer) -> None:
+    # TIME's parameters say nothing of other keys: generation treats them as closed (engine.json_schema).
+    g = grammar.generic_grammar([TIME], required=True, parallel=False)
+    assert accepts(lltok, tokenizer, g, '{"tool_call": ' + T + "}")
+    assert not accepts(lltok, tokenizer, g, '{"tool_call": {"name": "get_time", "arguments": {"tz": "UTC", "x": 1}}}')
+
+
+def test_parallel_calls_default_to_the_format(lltok, tokenizer) -> None:
+    """Unsaid, the generic format allows one call (llama.cpp's default) and native formats several (OpenAI's)."""
+    ask = [{"role": "user", "content": "weather?"}]
+    unsaid = plan_tools(ask, ToolRequest((WEATHER, TIME), "required"), _Template(False), _NoSpecials())
+    assert unsaid.max_calls == 1
+    assert accepts(lltok, tokenizer, unsaid.structured.spec, '{"tool_call": ' + W + "}")
+    assert not accepts(lltok, tokenizer, unsaid.structured.spec, '{"tool_calls": [' + W + ", " + T + "]}")
+    asked = plan_tools(ask, ToolRequest((WEATHER, TIME), "required", parallel=True), _Template(False), _NoSpecials())
+    assert asked.max_calls is None
+    assert accepts(lltok, tokenizer, asked.structured.spec, '{"tool_calls": [' + W + ", " + T + "]}")
+    native = plan_tools(ask, ToolRequest((WEATHER, TIME), "required"), _Template(True, "<tool_call>"), _NoSpecials())
+    assert native.max_calls is None
