@@ -23,6 +23,7 @@ from engine.model_loader import ModelFolder, check_graph, read_model_folder, res
 from engine.output_processor import OutputProcessor, RequestState, merge_outputs
 from engine.runner import Runner, make_input_allocator
 from engine.scheduler import Request, Scheduler
+from engine.structured_output import GrammarConstraint, StructuredOutputBackend
 from engine.tokenizer import Tokenizer
 from engine.types import (
     DevicePlacement, EngineDeadError, EngineOverloadedError, EngineStats, FinishReason, InvalidRequestError,
@@ -59,8 +60,13 @@ class AsyncEngine:
         self.kv_cache_bytes = kv.shape.nbytes
         self._processor = OutputProcessor()
         self._seq = 0
+        # NOTE(engine): grammars compile in the backend's worker threads (its tokenizer is built on first use),
+        # never on the core thread; the core only fills masks and advances constraints.
+        self.structured = StructuredOutputBackend(
+            self.tokenizer.hf, self.vocab_size, self.eos_token_ids,
+            compile_timeout_s=config.grammar_compile_timeout_s, cache_size=config.grammar_cache_size)
         self._core = EngineCore(runner, scheduler, self._on_core_outputs, seed=config.seed,
-                                fault_injector=config.fault_injector)
+                                fault_injector=config.fault_injector, structured=self.structured)
         self._core.start()
         self._closed = False
         log.info("engine ready: %s, max_model_len %d, %d slots, KV %.1f MiB", folder.model_name,
@@ -154,8 +160,9 @@ class AsyncEngine:
                        request_id: str) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs: text deltas, exactly one with ``finished=True``.
 
-        Raises (at the first iteration): PromptTooLongError, InvalidRequestError, EngineOverloadedError
-        (the waiting queue is full), EngineDeadError. Cancelling the consumer aborts the request.
+        Raises (at the first iteration): PromptTooLongError, InvalidRequestError (also for a
+        ``params.structured`` spec that does not compile, with its ``param``), EngineOverloadedError (the
+        waiting queue is full), EngineDeadError. Cancelling the consumer aborts the request.
         """
         self._check_alive()
         prompt_ids = list(prompt_ids)
@@ -166,15 +173,25 @@ class AsyncEngine:
         # NOTE(engine): in flight = running + waiting; the waiting part is bounded by max_queue.
         if len(states) >= self.config.max_batch + self.config.max_queue:
             raise EngineOverloadedError()
+        constraint: GrammarConstraint | None = None
+        if params.structured is not None:
+            # compiled (or taken from the cache) before the request reaches the core: a bad spec is an
+            # InvalidRequestError here, before any output exists
+            constraint = await self.structured.constraint_for(params.structured)
+            self._check_alive()
+            if request_id in states:
+                raise InvalidRequestError(f"request_id {request_id!r} is already running", param="request_id")
+        preserved = [i for i in map(self.tokenizer.token_to_id, params.preserved_tokens) if i is not None]
         detok = IncrementalDetokenizer(self.tokenizer.hf, prompt_ids, stop=params.stop,
-                                       include_stop_str_in_output=params.include_stop_str_in_output)
+                                       include_stop_str_in_output=params.include_stop_str_in_output,
+                                       preserved_token_ids=preserved)
         self._seq += 1
         state = RequestState(request_id, len(prompt_ids), params, detok, loop=asyncio.get_running_loop(),
                              seq=self._seq)
         self._processor.add(state)
         try:
             self._core.add(Request(request_id, prompt_ids, params, eos_token_ids=self.eos_token_ids,
-                                   max_model_len=self.max_model_len, seq=self._seq))
+                                   max_model_len=self.max_model_len, seq=self._seq, constraint=constraint))
         except EngineDeadError:  # the core ended between the check above and now
             self._processor.remove(request_id)
             raise
@@ -230,6 +247,7 @@ class AsyncEngine:
         if not self._closed:
             self._closed = True
             self._core.shutdown(timeout_s)
+            self.structured.shutdown()
 
     @property
     def is_running(self) -> bool:

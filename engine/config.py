@@ -35,6 +35,9 @@ class EngineConfig:
             in a fixed device buffer. None -> on for WebGPU when the graph allows it (else off, the reason
             logged); True -> required (a model or provider that can't is a ModelLoadError); False -> off.
         seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
+        grammar_compile_timeout_s: a structured-output grammar (JSON schema, regex, Lark, GBNF) that has not
+            compiled within this many seconds is refused (InvalidRequestError -> 400).
+        grammar_cache_size: compiled grammars kept for reuse (least recently used dropped first).
         fault_injector: TEST-ONLY hook, called on the core thread with a ``StepInfo`` just before each model
             run; an exception it raises fails exactly that run's requests (finish_reason ERROR), as a device
             error would, and the engine goes on. None (the default) costs nothing.
@@ -53,6 +56,8 @@ class EngineConfig:
     whole_buffer: bool | None = None
     graph_capture: bool | None = None
     seed: int | None = None
+    grammar_compile_timeout_s: float = 10.0
+    grammar_cache_size: int = 64
     fault_injector: Callable[[StepInfo], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -63,6 +68,9 @@ class EngineConfig:
         _check(self.prefill_chunk >= self.max_batch + 1, "prefill_chunk",
                f"must be > max_batch ({self.max_batch}) so a prefill chunk fits beside a full decode batch",
                self.prefill_chunk)
+        _check(self.grammar_compile_timeout_s > 0, "grammar_compile_timeout_s", "must be > 0",
+               self.grammar_compile_timeout_s)
+        _check(self.grammar_cache_size >= 1, "grammar_cache_size", "must be >= 1", self.grammar_cache_size)
         _check(self.intra_op_threads is None or self.intra_op_threads >= 1, "intra_op_threads",
                "must be >= 1", self.intra_op_threads)
 

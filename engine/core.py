@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from engine.runner import Runner
 from engine.sampler import RequestSampler, sample_batch
 from engine.scheduler import Finished, Request, Scheduler, SchedulerOutput
 from engine.types import EngineDeadError, EngineError, FinishReason, StepInfo, TokenLogprob
+
+if TYPE_CHECKING:
+    from engine.structured_output import StructuredOutputBackend
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,9 @@ class CoreOutput:
     # NOTE(engine): set when the request was refused before it ran (EngineOverloadedError from the
     # scheduler, an invalid request); the async side raises it to the caller instead of an output.
     exception: BaseException | None = None
+    # NOTE(engine): STOP normally means the last token is a stop token (eos, stop_token_ids), which is not text;
+    # a request whose grammar completed (constrained decoding) stops on a token that is text.
+    grammar_complete: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,12 +83,18 @@ class EngineCore:
         sink: receives each step's outputs, called on the core thread (must only hand them over).
         seed: seeds the rng that unseeded requests draw from (None: fresh entropy).
         fault_injector: test-only; called with a StepInfo before every model run (None: no call at all).
+        structured: fills the token masks of requests with a ``constraint`` (constrained decoding).
     """
 
     def __init__(self, runner: Runner, scheduler: Scheduler, sink: Sink, seed: int | None = None,
-                 fault_injector: FaultInjector | None = None) -> None:
+                 fault_injector: FaultInjector | None = None,
+                 structured: StructuredOutputBackend | None = None) -> None:
         self.runner = runner
         self.fault_injector = fault_injector
+        self.structured = structured
+        # NOTE(engine): one preallocated bitmask, one row per batch position; only constrained rows are
+        # filled and read, so a batch without constraints never touches it.
+        self._bitmask = structured.allocate_bitmask(scheduler.num_slots) if structured is not None else None
         self.scheduler = scheduler
         self.sink = sink
         self.vocab_size = runner.vocab_size
@@ -189,47 +202,109 @@ class EngineCore:
         self._publish(time.monotonic())
 
     def _run_decode(self, batch: tuple[Request, ...]) -> None:
+        failed: dict[str, str] = {}  # request_id -> why its constraint failed (that request only)
         try:
+            masked = self._fill_masks(batch, failed)
             if self.fault_injector is not None:
                 self.fault_injector(StepInfo(self._steps, "decode", tuple(r.request_id for r in batch)))
             logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
                                         [r.num_computed_tokens for r in batch])
-            results = sample_batch(logits, [r.sampler_state for r in batch])
+            results = sample_batch(logits, [r.sampler_state for r in batch], self._bitmask, masked)
         except Exception as exc:
             self._fail(batch, exc)
             return
         sampled = {r.request_id: res.token_id for r, res in zip(batch, results)}
-        finished = self.scheduler.update_from_output(SchedulerOutput(None, batch), sampled)
+        complete = self._advance(batch, results, masked, failed)
+        finished = self.scheduler.update_from_output(SchedulerOutput(None, batch), sampled, complete)
         self._gen_total += len(batch)
-        self._emit(batch, results, finished)
+        self._emit(batch, results, finished, failed, complete)
 
     def _run_prefill(self, out: SchedulerOutput) -> None:
         chunk = out.prefill
         assert chunk is not None
         request = chunk.request
+        failed: dict[str, str] = {}
         try:
+            # NOTE(engine): only the last chunk of a prompt samples, so only it is masked.
+            masked = self._fill_masks((request,), failed) if chunk.is_last else []
             if self.fault_injector is not None:
                 self.fault_injector(StepInfo(self._steps, "prefill", (request.request_id,)))
             logits = self.runner.prefill(request.slot, chunk.token_ids, chunk.start)
-            results = sample_batch(logits[None], [request.sampler_state]) if chunk.is_last else []
+            results = (sample_batch(logits[None], [request.sampler_state], self._bitmask, masked)
+                       if chunk.is_last else [])
         except Exception as exc:
             self._fail((request,), exc)
             return
         sampled = {request.request_id: results[0].token_id} if results else {}
-        finished = self.scheduler.update_from_output(SchedulerOutput(chunk, ()), sampled)
+        complete = self._advance((request,), results, masked, failed) if results else set()
+        finished = self.scheduler.update_from_output(SchedulerOutput(chunk, ()), sampled, complete)
         self._prompt_total += chunk.num_tokens
         if results:
             self._gen_total += 1
-            self._emit((request,), results, finished)
+            self._emit((request,), results, finished, failed, complete)
 
-    def _emit(self, batch: Sequence[Request], results: Sequence, finished: list[Finished]) -> None:
+    def _fill_masks(self, batch: Sequence[Request], failed: dict[str, str]) -> list[int]:
+        """Fill the bitmask rows of the constrained requests of ``batch`` (row i for batch[i]).
+
+        Returns the rows to mask; a constraint already in error (a grammar resource limit) goes to
+        ``failed`` instead, and its row is sampled unmasked and then dropped.
+        """
+        rows = [(r.constraint, i) for i, r in enumerate(batch) if r.constraint is not None]
+        if not rows:
+            return []
+        assert self.structured is not None and self._bitmask is not None
+        self.structured.fill(rows, self._bitmask)
+        masked = []
+        for constraint, i in rows:
+            error = constraint.error
+            if error is None:
+                masked.append(i)
+            else:
+                failed[batch[i].request_id] = f"structured output failed: {error}"
+        return masked
+
+    def _advance(self, batch: Sequence[Request], results: Sequence, masked: Sequence[int],
+                 failed: dict[str, str]) -> set[str]:
+        """After sampling: advance each constraint by its token; returns the requests now complete.
+
+        A token the grammar rejects fails that request only (into ``failed``). A stop token (eos) that
+        completes the grammar is left to the usual stop check.
+        """
+        complete = set()
+        for i in masked:
+            request, token_id = batch[i], results[i].token_id
+            try:
+                accepted = request.constraint.accept(token_id)
+                done = accepted and request.constraint.is_done
+            except Exception as exc:  # NOTE(engine): the library raises only on API misuse; still, one request
+                log.exception("constraint of %s raised", request.request_id)
+                failed[request.request_id] = f"structured output failed: {type(exc).__name__}: {exc}"
+                continue
+            if not accepted:
+                failed[request.request_id] = (f"structured output failed: the grammar rejected token {token_id} "
+                                              f"({request.constraint.error})")
+            elif done and not request.is_stop_token(token_id):
+                complete.add(request.request_id)
+        return complete
+
+    def _emit(self, batch: Sequence[Request], results: Sequence, finished: list[Finished],
+              failed: dict[str, str] | None = None, complete: set[str] | None = None) -> None:
         reasons = {f.request.request_id: f.reason for f in finished}
+        if failed:
+            for request_id, error in failed.items():
+                log.warning("request %s failed: %s", request_id, error)
+            for request in self.scheduler.abort([i for i in failed if i not in reasons]):
+                self._release(request)
         for f in finished:
             self._release(f.request)
         self._publish(time.monotonic())  # stats agree with the outputs by the time they are seen
-        self.sink([CoreOutput(r.request_id, (res.token_id,), reasons.get(r.request_id),
-                              (res.logprob,) if res.logprob is not None else None, seq=r.seq,
+        self.sink([CoreOutput(r.request_id, (), FinishReason.ERROR, error=failed[r.request_id], seq=r.seq,
                               first_scheduled_s=r.first_scheduled_s)
+                   if failed and r.request_id in failed else
+                   CoreOutput(r.request_id, (res.token_id,), reasons.get(r.request_id),
+                              (res.logprob,) if res.logprob is not None else None, seq=r.seq,
+                              first_scheduled_s=r.first_scheduled_s,
+                              grammar_complete=bool(complete) and r.request_id in complete)
                    for r, res in zip(batch, results)])
 
     def _fail(self, batch: Sequence[Request], exc: Exception) -> None:

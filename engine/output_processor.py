@@ -57,8 +57,10 @@ class OutputProcessor:
                 continue
             state.num_generated_tokens += len(out.token_ids)
             reason = out.finish_reason
-            # NOTE(engine): STOP from the core means a stop token (eos, stop_token_ids); it is not text.
-            matched = state.detokenizer.update(out.token_ids, stop_terminated=reason is FinishReason.STOP)
+            # NOTE(engine): STOP from the core means a stop token (eos, stop_token_ids), which is not text, unless
+            # a grammar completed with that token.
+            matched = state.detokenizer.update(
+                out.token_ids, stop_terminated=reason is FinishReason.STOP and not out.grammar_complete)
             if matched is not None and reason is not FinishReason.STOP:
                 if reason is None:
                     to_abort.append(out.request_id)

@@ -18,6 +18,27 @@ from engine.types import SamplingParams, TokenLogprob
 _TOP_P_PROBE = 64
 
 
+def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> np.ndarray:
+    """Constrained decoding: tokens whose bit is 0 become ``-inf``.
+
+    Args:
+        logits: float32 ``[..., vocab]``.
+        bitmask: int32 ``[..., words]`` with ``words * 32 >= vocab`` (llguidance's layout: bit ``j`` of word
+            ``i`` allows token ``32 * i + j``); bits past ``vocab`` are ignored.
+    Returns:
+        New logits, same shape and dtype.
+    """
+    # NOTE(engine): viewing int32 words as bytes is little-endian on every platform onnxruntime ships for, so
+    # byte k // 8, bit k % 8 (bitorder="little") is token k; this is what llguidance's own numpy kernel does.
+    allowed = np.unpackbits(bitmask.view(np.uint8), axis=-1, count=logits.shape[-1], bitorder="little")
+    return np.where(allowed.view(np.bool_), logits, np.array(-np.inf, dtype=logits.dtype))
+
+
+def token_allowed(bitmask_row: np.ndarray, token_id: int) -> bool:
+    """Whether one int32 bitmask row (see apply_token_bitmask) allows ``token_id``."""
+    return bool((int(bitmask_row[token_id >> 5]) >> (token_id & 31)) & 1)
+
+
 def apply_logit_bias(logits: np.ndarray, token_ids: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """Add ``bias[i]`` to ``logits[..., token_ids[i]]`` (OpenAI's logit_bias, values in [-100, 100])."""
     out = logits.copy()
@@ -106,13 +127,16 @@ def sample_from(logits: np.ndarray, rng: np.random.Generator) -> int:
 
 
 def top_logprobs(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
-    """The ``n`` most likely (token_id, logprob) pairs of a 1-D row, most likely first."""
+    """The ``n`` most likely (token_id, logprob) pairs of a 1-D row, most likely first.
+
+    Tokens a mask excluded (``-inf``) are never listed, so a constrained row may give fewer than ``n``.
+    """
     n = min(n, logprobs.shape[-1])
     if n <= 0:
         return ()
     idx = np.argpartition(logprobs, -n)[-n:]
     idx = idx[np.argsort(-logprobs[idx], kind="stable")]
-    return tuple((int(i), float(logprobs[i])) for i in idx)
+    return tuple((int(i), float(logprobs[i])) for i in idx if logprobs[i] > -np.inf)
 
 
 def _nucleus(row: np.ndarray, p: float, min_keep: int) -> np.ndarray:
@@ -218,16 +242,34 @@ class RequestSampler:
             self.seen_mask[token_id] = True
 
 
-def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler]) -> list[SampleResult]:
+def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask: np.ndarray | None = None,
+                 masked_rows: Sequence[int] = ()) -> list[SampleResult]:
     """Sample one token per row of ``logits`` (float32 ``[n, vocab]``), row i by ``samplers[i]``.
 
     An all-plain-greedy batch is one vectorized argmax. Each sampler records its token.
+
+    Args:
+        bitmask: int32 ``[n, words]`` token masks of constrained decoding (see apply_token_bitmask), read
+            only for ``masked_rows``; the other rows pay nothing.
+        masked_rows: the rows whose mask applies.
+
+    NOTE(engine): the mask comes first, before logit_bias, the penalties and the greedy shortcut, so no
+    transform can bring back a token the grammar forbids. Returned logprobs are those of the masked row
+    (as vLLM's, whose grammar bitmask is applied before its sampler): forbidden tokens have probability 0
+    and the rest are renormalized; temperature and penalties are not in them.
     """
+    rows = list(masked_rows)
     if all(s.plain_greedy and not s.want_logprobs for s in samplers):
         tokens = np.argmax(logits, axis=-1)
+        for i in rows:
+            # NOTE(engine): exact shortcut: when the grammar allows the row's own argmax, it is the masked
+            # argmax too (first index on ties either way); only the other rows pay for the whole mask.
+            if not token_allowed(bitmask[i], int(tokens[i])):
+                tokens[i] = np.argmax(apply_token_bitmask(logits[i], bitmask[i]))
         results = [SampleResult(int(t)) for t in tokens]
     else:
-        results = [s.sample(row) for s, row in zip(samplers, logits)]
+        masked = dict(zip(rows, apply_token_bitmask(logits[rows], bitmask[rows]))) if rows else {}
+        results = [s.sample(masked.get(i, row)) for i, (s, row) in enumerate(zip(samplers, logits))]
     for s, r in zip(samplers, results):
         if s.output_counts is not None:
             s.record(r.token_id)

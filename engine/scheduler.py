@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ class Request:
     arrival_s: float = field(default_factory=time.monotonic)
     first_scheduled_s: float | None = None
     sampler_state: Any = None  # owned by the core (rng, penalty counts); opaque here
+    constraint: Any = None  # the grammar of constrained decoding (engine.structured_output), owned by the core
     seq: int = 0  # unique per engine: tells a reused request_id's outputs apart
 
     def __post_init__(self) -> None:
@@ -59,6 +60,10 @@ class Request:
     @property
     def last_token_id(self) -> int:
         return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    def is_stop_token(self, token_id: int) -> bool:
+        """``token_id`` ends the request (eos unless ignore_eos, or one of stop_token_ids)."""
+        return token_id in self._stop_ids
 
     def check_stop(self, token_id: int) -> FinishReason | None:
         """Why the request ends after appending ``token_id`` (already appended), or None."""
@@ -191,13 +196,16 @@ class Scheduler:
             prefill.request.first_scheduled_s = time.monotonic()
         return SchedulerOutput(prefill, decode)
 
-    def update_from_output(self, out: SchedulerOutput, sampled: Mapping[str, int]) -> list[Finished]:
+    def update_from_output(self, out: SchedulerOutput, sampled: Mapping[str, int],
+                           complete: Collection[str] = ()) -> list[Finished]:
         """Advance the requests of ``out`` by what ran; append sampled tokens; free finished slots.
 
         Args:
             out: the step that ran.
             sampled: request_id -> token id for every request in ``out.decode`` and for the prefill
                 request when its chunk was the last of the prompt.
+            complete: requests whose output is complete after this token (their grammar allows nothing
+                more): they finish with STOP, whatever else holds.
         Returns:
             The requests that finished in this step (their slots are already free).
         """
@@ -206,12 +214,12 @@ class Scheduler:
             request = out.prefill.request
             request.num_computed_tokens += out.prefill.num_tokens
             if out.prefill.is_last:
-                reason = self._append(request, sampled[request.request_id])
+                reason = self._append(request, sampled[request.request_id], complete)
                 if reason is not None:
                     finished.append(Finished(request, reason))
         for request in out.decode:
             request.num_computed_tokens += 1
-            reason = self._append(request, sampled[request.request_id])
+            reason = self._append(request, sampled[request.request_id], complete)
             if reason is not None:
                 finished.append(Finished(request, reason))
         for item in finished:
@@ -231,8 +239,10 @@ class Scheduler:
     def slot_owner(self, slot: int) -> Request | None:
         return self._by_slot[slot]
 
-    def _append(self, request: Request, token_id: int) -> FinishReason | None:
+    def _append(self, request: Request, token_id: int, complete: Collection[str]) -> FinishReason | None:
         request.output_ids.append(token_id)
+        if complete and request.request_id in complete:
+            return FinishReason.STOP
         return request.check_stop(token_id)
 
     def _release(self, request: Request) -> None:

@@ -75,6 +75,21 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self.hf.id_to_token(token_id)
 
+    def special_token_id(self, token: str) -> int | None:
+        """The id of ``token`` if a grammar must name it as a token rather than spell it, else None.
+
+        That is a special added token (``[TOOL_CALLS]``), and also any added token written ``<...>`` (Qwen's
+        ``<tool_call>`` is added but not special): NOTE(tools): llguidance treats those as special too, so
+        their bytes never match grammar text.
+        """
+        token_id = self.hf.token_to_id(token)
+        if token_id is None:
+            return None
+        added = self.hf.get_added_tokens_decoder().get(token_id)
+        if added is None:
+            return None
+        return token_id if added.special or (token.startswith("<") and token.endswith(">")) else None
+
 
 # --- how many characters one token can cover -----------------------------------------------------------
 # NOTE(engine): a prompt that cannot fit the context is refused before it is tokenized (seconds and hundreds

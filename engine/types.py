@@ -39,15 +39,18 @@ class StructuredOutput:
             llguidance's Lark dialect (``%json {...}`` embeds a schema; tool calls are built this way);
             "gbnf": ``spec`` is a llama.cpp GBNF grammar.
         spec: the text described above.
+        param: the request field the constraint came from ("response_format", "structured_outputs",
+            "guided_json", "tools", ...); a spec the engine cannot compile is a 400 naming it.
     """
 
     kind: str
     spec: str = ""
+    param: str = "response_format"
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_KINDS:
             raise InvalidRequestError(f"structured output kind must be one of {list(STRUCTURED_KINDS)}, "
-                                      f"got {self.kind!r}", param="response_format")
+                                      f"got {self.kind!r}", param=self.param)
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ class SamplingParams:
     top_logprobs: int = 0  # [0, 20]
     include_stop_str_in_output: bool = False
     structured: StructuredOutput | None = None  # constrained decoding; None = free text
+    # Special tokens kept in the output text (tool-call markup such as "[TOOL_CALLS]" or "<|python_tag|>");
+    # every other special token is still skipped. Names the tokenizer does not know are ignored.
+    preserved_tokens: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)

@@ -42,6 +42,7 @@ def engine_config_from(settings: Settings) -> Any:
         "max_model_len": settings.max_model_len,
         "intra_op_threads": settings.intra_op_threads,
         "graph_capture": settings.graph_capture,
+        "grammar_compile_timeout_s": settings.grammar_compile_timeout_s,
     }
     if settings.prefill_chunk is not None:
         kwargs["prefill_chunk"] = settings.prefill_chunk
@@ -125,7 +126,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
         The app; run it with uvicorn. `/health` answers 503 until the engine is ready.
     """
     from server import __version__
-    from server.routes import chat, completions, health, metrics, models
+    from server.routes import chat, completions, health, metrics, models, responses
 
     app = FastAPI(
         title="ortserve",
@@ -140,7 +141,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     app.state.engine_loader = loader if engine is None else None
 
     install_error_handlers(app)
-    for module in (chat, completions, models, health, metrics):
+    for module in (chat, completions, responses, models, health, metrics):
         app.include_router(module.router)
 
     # Middleware: the last added runs first. Order seen by a request: CORS -> auth -> body limit.
@@ -152,7 +153,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["*"],  # SDKs send their own headers (x-stainless-*, openai-*)
         )
     return app

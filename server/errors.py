@@ -54,6 +54,17 @@ class ModelNotFoundError(ServerError):
         )
 
 
+class ResponseNotFoundError(ServerError):
+    """GET/DELETE /v1/responses/{id} for an id the store does not hold (never stored, deleted or evicted)."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(f"Response with id {response_id!r} not found (responses are kept in memory, in a "
+                         f"bounded store, only while this server runs).", param="response_id", code="not_found")
+
+
 class EngineNotReadyError(ServerError):
     status_code = 503
     error_type = "service_unavailable"
@@ -208,7 +219,7 @@ async def _handle_http(request: Request, exc: StarletteHTTPException) -> JSONRes
 
 
 # Generation routes whose outcomes ortserve_requests_total counts.
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 
 
 def _count_outcome(request: Request, status: int) -> None:

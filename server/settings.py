@@ -100,6 +100,20 @@ class Settings(BaseSettings):
     default_max_tokens: int | None = Field(
         None, ge=1, description="max_tokens when a request gives none (default: the rest of the context)."
     )
+    grammar_compile_timeout_s: float = Field(
+        10.0, gt=0.0, le=3600.0,
+        description="Seconds a structured-output schema or grammar may take to compile; longer is a 400.",
+    )
+
+    response_store_size: int = Field(
+        1000, ge=0, le=1_000_000,
+        description="Responses kept in memory for GET /v1/responses/{id} and previous_response_id (least "
+        "recently used evicted first; not persistent; 0 keeps none).",
+    )
+    response_store_bytes: int = Field(
+        256 * 1024 * 1024, ge=0, le=1024**4,
+        description="Bytes (estimated as JSON) the stored responses may hold together.",
+    )
 
     sse_ping_s: float = Field(
         15.0, ge=0.0, le=3600.0, description="Seconds between SSE keep-alive comments on a stream (0 disables)."

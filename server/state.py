@@ -1,4 +1,5 @@
-"""ServerState, what one app instance owns (settings, engine, load status, metrics), and get_state(request).
+"""ServerState, what one app instance owns (settings, engine, load status, metrics, stored responses), and
+get_state(request).
 
 Routes reach the state through get_state, so they never import server.app (which imports them). No
 onnxruntime import.
@@ -16,6 +17,7 @@ from starlette.requests import Request
 from server.engine_client import EngineClient
 from server.errors import EngineNotReadyError
 from server.metrics import ServerMetrics
+from server.response_store import ResponseStore
 from server.settings import Settings
 
 
@@ -32,6 +34,11 @@ class ServerState:
     started_at: int = field(default_factory=lambda: int(time.time()))
     # Called (from the event loop) when loading fails, e.g. by the CLI to stop the server with exit 1.
     on_load_failed: Callable[[str], None] | None = None
+    # Stored Responses (POST /v1/responses with store=true); bounded by the settings, not persistent.
+    responses: ResponseStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.responses = ResponseStore(self.settings.response_store_size, self.settings.response_store_bytes)
 
     @property
     def served_model_name(self) -> str:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from sse_starlette import EventSourceResponse
@@ -19,11 +19,15 @@ from starlette.requests import Request
 
 from engine.types import EngineError, FinishReason, RequestOutput, TokenLogprob
 from server import protocol
+from server.protocol_responses import response_usage
+from server.response_events import Event, ResponseAssembler
 from server.engine_client import EngineClient
 from server.errors import EngineNotReadyError, ServerError, error_for
 from server.metrics import REJECTED, RequestTracker
+from server.tools.stream import ToolCallStream
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ClientDisconnectedError(ServerError):
@@ -235,24 +239,67 @@ def _check_error(out: RequestOutput) -> None:
         raise EngineRequestError(out.error or "the engine failed while running this request")
 
 
-async def _with_error_event(events: AsyncIterator[bytes], run: EngineRun) -> AsyncIterator[bytes]:
-    """End the stream with an OpenAI error event on failure (then [DONE]); always close the run."""
+def _error_events(exc: Exception) -> list[bytes]:
+    """The end of a failed chat or completions stream: an OpenAI error event, then [DONE]."""
+    return [_event(error_for(exc)[1]), _DONE]
+
+
+async def _with_error_event(events: AsyncIterator[bytes], run: EngineRun,
+                            error_events: Callable[[Exception], list[bytes]] = _error_events) -> AsyncIterator[bytes]:
+    """End the stream with `error_events(exc)` on failure; always close the run."""
     try:
         async for event in events:
             yield event
     except Exception as exc:
         run.tracker.finish(outcome_of(exc))
-        status, body, _ = error_for(exc)
+        status, _, _ = error_for(exc)
         if isinstance(exc, CutAtShutdownError):
             logger.warning("stream %s cut: %s", run.request_id, exc)
         elif status >= 500:
             logger.error("stream %s failed: %s", run.request_id, exc)
-        yield _event(body)
-        yield _DONE
+        for event in error_events(exc):
+            yield event
     finally:
         with anyio.CancelScope(shield=True):
             await events.aclose()  # type: ignore[attr-defined]
         await run.close()
+
+
+def tool_finish_reason(reason: str | None, calls: ToolCallStream) -> str | None:
+    """OpenAI's finish_reason for an answer read by a tool-call parser: 'tool_calls' when it made calls and
+    ended by itself ('length' stays 'length': the last call may be cut)."""
+    return "tool_calls" if calls.has_calls and reason == str(FinishReason.STOP) else reason
+
+
+def _tool_chat_events(run: EngineRun, ctx: StreamContext, calls: ToolCallStream) -> AsyncIterator[bytes]:
+    """As _chat_events, with the text read by a tool-call parser: content deltas and delta.tool_calls."""
+
+    def chunk(delta: dict[str, Any], **extra: Any) -> bytes:
+        return _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, delta,
+                                          with_usage_field=ctx.include_usage, **extra))
+
+    async def events() -> AsyncIterator[bytes]:
+        yield chunk({"role": "assistant", "content": ""})
+        async for out in run.outputs():
+            ctx.account(out)
+            _check_error(out)
+            deltas = calls.feed(out.text, final=out.finished)
+            if ctx.want_logprobs and out.logprobs:
+                # NOTE(tools): a parser holds text back, so a step's logprobs ride on its first delta (or on an
+                # empty content delta when the step's text is still held).
+                logprobs = protocol.chat_logprobs(out.logprobs, ctx.token_text)
+                first, deltas = (deltas[0], deltas[1:]) if deltas else ({"content": ""}, [])
+                yield chunk(first, logprobs=logprobs)
+            for delta in deltas:
+                yield chunk(delta)
+            if out.finished:
+                reason = tool_finish_reason(protocol.finish_reason_str(out.finish_reason), calls)
+                yield chunk({}, finish_reason=reason)
+        if ctx.include_usage:
+            yield _event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, ctx.usage()))
+        yield _DONE
+
+    return _with_error_event(events(), run)
 
 
 def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
@@ -343,13 +390,30 @@ def event_source(events: AsyncIterator[bytes], run: EngineRun, ping_s: float,
     )
 
 
-def stream_chat(run: EngineRun, ctx: StreamContext, ping_s: float, shutdown_grace_s: float) -> EventSourceResponse:
-    return event_source(_chat_events(run, ctx), run, ping_s, shutdown_grace_s)
+def stream_chat(run: EngineRun, ctx: StreamContext, ping_s: float, shutdown_grace_s: float,
+                tool_calls: ToolCallStream | None = None) -> EventSourceResponse:
+    """The chat stream; with ``tool_calls`` (the request can make calls) the text goes through its parser."""
+    events = _chat_events(run, ctx) if tool_calls is None else _tool_chat_events(run, ctx, tool_calls)
+    return event_source(events, run, ping_s, shutdown_grace_s)
 
 
 def stream_completion(run: EngineRun, ctx: StreamContext, ping_s: float,
                       shutdown_grace_s: float) -> EventSourceResponse:
     return event_source(_completion_events(run, ctx), run, ping_s, shutdown_grace_s)
+
+
+class TextDeltas:
+    """The chat deltas of plain text: each output's text is one content delta (no tools, no parsing)."""
+
+    def feed(self, piece: str, final: bool = False) -> list[dict[str, Any]]:
+        return [{"content": piece}] if piece else []
+
+
+class DeltaSource(Protocol):
+    """Turns the growing output into chat deltas ({"content"} / {"tool_calls"}): TextDeltas, or a tool-call
+    parser's stream when the request has tools."""
+
+    def feed(self, piece: str, final: bool = False) -> list[dict[str, Any]]: ...
 
 
 @dataclass
@@ -376,11 +440,73 @@ async def collect(run: EngineRun, ctx: StreamContext, request: Request) -> Colle
                 reason = protocol.finish_reason_str(out.finish_reason)
         return Collected("".join(parts), reason, entries)
 
+    return await _collected(run, request, gather())
+
+
+async def _collected(run: EngineRun, request: Request, gathering: Awaitable[T]) -> T:
+    """Await a non-streamed request's gathering; a client that leaves aborts it; always close the run."""
     try:
-        return await _race_disconnect(request, gather())
+        return await _race_disconnect(request, gathering)
     except BaseException as exc:
         run.tracker.finish(outcome_of(exc))
         raise
     finally:
         await run.close()
 
+
+# --- the Responses API (POST /v1/responses) ------------------------------------------------------------
+
+
+def _named_event(event: Event) -> bytes:
+    """A Responses event: `event: <type>` then its JSON on one `data:` line (no [DONE] ends these streams)."""
+    return b"event: " + event["type"].encode("ascii") + b"\ndata: " + _dump(event).encode("utf-8") + b"\n\n"
+
+
+async def _response_event_lists(run: EngineRun, ctx: StreamContext, assembler: ResponseAssembler,
+                                deltas: DeltaSource, on_finished: Callable[[ResponseAssembler], None],
+                                ) -> AsyncIterator[list[Event]]:
+    """The events of each engine output; `on_finished` runs (e.g. stores the response) before the last ones."""
+    yield assembler.start()
+    async for out in run.outputs():
+        ctx.account(out)
+        _check_error(out)
+        events: list[Event] = []
+        for delta in deltas.feed(out.text, final=out.finished):
+            events += assembler.feed(delta)
+        if out.finished:
+            events += assembler.finish(protocol.finish_reason_str(out.finish_reason),
+                                       response_usage(ctx.num_prompt_tokens, ctx.num_generated_tokens))
+            on_finished(assembler)
+        yield events
+
+
+def stream_response(run: EngineRun, ctx: StreamContext, assembler: ResponseAssembler, deltas: DeltaSource,
+                    on_finished: Callable[[ResponseAssembler], None], ping_s: float,
+                    shutdown_grace_s: float) -> EventSourceResponse:
+    """A Responses stream: response.created ... response.completed (or .incomplete); an engine failure
+    mid-stream ends it with response.failed. A client that goes away aborts the request."""
+
+    async def events() -> AsyncIterator[bytes]:
+        async for batch in _response_event_lists(run, ctx, assembler, deltas, on_finished):
+            for event in batch:
+                yield _named_event(event)
+
+    def failed(exc: Exception) -> list[bytes]:
+        message = error_for(exc)[1]["error"]["message"]  # never a traceback: error_for hides our own bugs
+        batch = assembler.fail(message, response_usage(ctx.num_prompt_tokens, ctx.num_generated_tokens))
+        on_finished(assembler)
+        return [_named_event(event) for event in batch]
+
+    return event_source(_with_error_event(events(), run, failed), run, ping_s, shutdown_grace_s)
+
+
+async def collect_response(run: EngineRun, ctx: StreamContext, request: Request, assembler: ResponseAssembler,
+                           deltas: DeltaSource, on_finished: Callable[[ResponseAssembler], None]) -> dict[str, Any]:
+    """Run a non-streamed Responses request to the end through the same assembler; returns the Response."""
+
+    async def gather() -> dict[str, Any]:
+        async for _ in _response_event_lists(run, ctx, assembler, deltas, on_finished):
+            pass
+        return assembler.response()
+
+    return await _collected(run, request, gather())

