@@ -11,7 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,11 @@ import httpx
 import pytest
 
 from engine.types import StepInfo
-from server.app import create_app, engine_config_from
+from server.app import create_app
 from server.settings import Settings
-from tests.integration.server.conftest import RunningServer, serve_app, serve_process  # noqa: F401 (re-exported)
+from tests.integration.server.conftest import (  # noqa: F401 (fault_loader and serve_process re-exported)
+    RunningServer, fault_loader, serve_app, serve_process,
+)
 
 PROMPT = [{"role": "user", "content": "Tell me a story about a robot"}]
 
@@ -68,17 +70,6 @@ def rel_settings(model: Path, **overrides: Any) -> Settings:
                               "max_queue": 64, "shutdown_grace_s": 2.0, "log_level": "warning"}
     values.update(overrides)
     return Settings(**values)
-
-
-def fault_loader(plan: FaultPlan):
-    """An app loader that builds the real engine with `plan` as its fault injector."""
-
-    def load(settings: Settings):
-        from engine.async_engine import AsyncEngine
-
-        return AsyncEngine.from_model_dir(settings.model, replace(engine_config_from(settings), fault_injector=plan))
-
-    return load
 
 
 @dataclass

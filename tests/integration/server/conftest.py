@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.app import create_app
+from server.app import create_app, engine_config_from
 from server.settings import Settings
 
 
@@ -189,6 +189,18 @@ def api_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from engine.builder import SyntheticSpec, build_synthetic
 
     return build_synthetic(tmp_path_factory.mktemp("api") / "model", SyntheticSpec(max_length=2048))
+
+
+def fault_loader(fault_injector: Callable[[Any], None]) -> Callable[[Settings], Any]:
+    """An app loader that builds the real engine with this test-only fault injector (e.g. a DecodeGate)."""
+
+    def load(settings: Settings) -> Any:
+        from engine.async_engine import AsyncEngine
+
+        config = replace(engine_config_from(settings), fault_injector=fault_injector)
+        return AsyncEngine.from_model_dir(settings.model, config)
+
+    return load
 
 
 def api_settings(model: Path, **overrides: Any) -> Settings:

@@ -6,7 +6,6 @@ import asyncio
 import json
 import socket
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +13,9 @@ import httpx
 import openai
 import pytest
 
-from engine.async_engine import AsyncEngine
-from server.app import create_app, engine_config_from
-from server.settings import Settings
+from server.app import create_app
 from tests.conftest import DecodeGate
-from tests.integration.server.conftest import RunningServer, api_settings, serve_app
+from tests.integration.server.conftest import RunningServer, api_settings, fault_loader, serve_app
 
 HI = [{"role": "user", "content": "Tell me a long story"}]
 LONG = {"temperature": 0, "extra_body": {"ignore_eos": True}}
@@ -81,7 +78,7 @@ def test_new_requests_do_not_interrupt_a_running_stream(api_server: RunningServe
 
 def test_disconnect_after_three_chunks_frees_the_request(api_model: Path) -> None:
     gate = DecodeGate()
-    with serve_app(create_app(api_settings(api_model), loader=gated(gate))) as running:
+    with serve_app(create_app(api_settings(api_model), loader=fault_loader(gate))) as running:
         before = running.metrics()
         body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "stream": True, "temperature": 0,
                 "ignore_eos": True}
@@ -109,18 +106,9 @@ def test_disconnect_after_three_chunks_frees_the_request(api_model: Path) -> Non
         assert generated < 1900 / 2  # cancelled at once, not run to max_tokens
 
 
-def gated(gate: DecodeGate):
-    """An app loader whose engine has `gate` as its fault injector."""
-
-    def load(settings: Settings) -> AsyncEngine:
-        return AsyncEngine.from_model_dir(settings.model, replace(engine_config_from(settings), fault_injector=gate))
-
-    return load
-
-
 def test_disconnect_of_a_non_streaming_request_aborts_it(api_model: Path) -> None:
     gate = DecodeGate()
-    with serve_app(create_app(api_settings(api_model), loader=gated(gate))) as running:
+    with serve_app(create_app(api_settings(api_model), loader=fault_loader(gate))) as running:
         before = running.metrics()
         body = json.dumps({"model": "tiny", "messages": HI, "max_tokens": 1900, "temperature": 0,
                            "ignore_eos": True}).encode()
@@ -148,7 +136,7 @@ def test_disconnect_of_a_non_streaming_request_aborts_it(api_model: Path) -> Non
 def test_full_queue_is_429_with_retry_after(api_model: Path) -> None:
     gate = DecodeGate()
     settings = api_settings(api_model, max_batch=1, max_queue=0)
-    with serve_app(create_app(settings, loader=gated(gate))) as running:
+    with serve_app(create_app(settings, loader=fault_loader(gate))) as running:
         client = running.client()
         body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "stream": True, "temperature": 0,
                 "ignore_eos": True}

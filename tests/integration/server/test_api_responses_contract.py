@@ -6,16 +6,13 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import httpx
 
-from engine.async_engine import AsyncEngine
-from server.app import create_app, engine_config_from
-from server.settings import Settings
-from tests.integration.server.conftest import RunningServer, api_settings, serve_app
-from tests.integration.server.test_api_concurrency import DecodeGate
+from server.app import create_app
+from tests.conftest import DecodeGate
+from tests.integration.server.conftest import RunningServer, api_settings, fault_loader, serve_app
 
 LONG = {"model": "tiny", "input": "Tell me a long story", "temperature": 0, "ignore_eos": True}
 
@@ -34,32 +31,36 @@ def test_metrics_count_responses_by_outcome(api_server: RunningServer) -> None:
     assert m["ortserve_generation_tokens_total"] - before["ortserve_generation_tokens_total"] == 5
 
 
-def test_a_client_leaving_a_stream_aborts_its_request(api_server: RunningServer) -> None:
-    before = api_server.metrics()
-    body = {**LONG, "max_output_tokens": 1900, "stream": True}
-    with httpx.Client(timeout=30) as http:
-        with http.stream("POST", f"{api_server.url}/responses", json=body) as r:
-            deltas = 0
-            for line in r.iter_lines():
-                if line == "event: response.output_text.delta":
-                    deltas += 1
-                    if deltas == 3:
-                        assert api_server.metrics()["ortserve_requests_running"] == 1  # still generating
-                        break  # closing the line iterator closes the connection mid-stream
-    m = api_server.wait_idle(1.0)
-    assert m["ortserve_requests_running"] == 0 and m["ortserve_kv_slots_free"] == 8
-    abort = 'ortserve_requests_total{status="abort"}'
-    assert m[abort] - before[abort] == 1
-    assert m["ortserve_generation_tokens_total"] - before["ortserve_generation_tokens_total"] < 1900 / 2
+def test_a_client_leaving_a_stream_aborts_its_request(api_model: Path) -> None:
+    gate = DecodeGate()
+    with serve_app(create_app(api_settings(api_model), loader=fault_loader(gate))) as running:
+        before = running.metrics()
+        body = {**LONG, "max_output_tokens": 1900, "stream": True}
+        # Three tokens (a prefill and two decodes), then the request waits at the gate: it is still running when
+        # the client leaves, whatever the machine's speed.
+        gate.shut(after=2)
+        try:
+            with httpx.Client(timeout=30) as http:
+                with http.stream("POST", f"{running.url}/responses", json=body) as r:
+                    deltas = 0
+                    for line in r.iter_lines():
+                        if line == "event: response.output_text.delta":
+                            deltas += 1
+                            if deltas == 3:
+                                assert running.metrics()["ortserve_requests_running"] == 1  # still generating
+                                break  # closing the line iterator closes the connection mid-stream
+        finally:
+            gate.open()
+        m = running.wait_idle(5.0)
+        assert m["ortserve_requests_running"] == 0 and m["ortserve_kv_slots_free"] == 8
+        abort = 'ortserve_requests_total{status="abort"}'
+        assert m[abort] - before[abort] == 1
+        assert m["ortserve_generation_tokens_total"] - before["ortserve_generation_tokens_total"] < 1900 / 2
 
 
 def test_a_client_leaving_a_non_streamed_request_aborts_it(api_model: Path) -> None:
     gate = DecodeGate()
-
-    def load(settings: Settings) -> AsyncEngine:
-        return AsyncEngine.from_model_dir(settings.model, replace(engine_config_from(settings), fault_injector=gate))
-
-    with serve_app(create_app(api_settings(api_model), loader=load)) as running:
+    with serve_app(create_app(api_settings(api_model), loader=fault_loader(gate))) as running:
         before = running.metrics()
         body = json.dumps({**LONG, "max_output_tokens": 1900}).encode()
         host, port = running.base.removeprefix("http://").split(":")

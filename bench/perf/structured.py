@@ -14,7 +14,7 @@
 Starts `ortserve serve` on --model unless --url is given, a client of it for the TPOT part; the compile part
 reads the model folder and uses engine.structured_output in this process.
 
-    ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.structured --rounds 5 \\
+    ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.perf.structured --rounds 5 \\
         --json docs/perf/structured.json --plot docs/perf/structured.png
 """
 
