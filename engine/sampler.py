@@ -206,6 +206,34 @@ class RequestSampler:
         token = int(np.argmax(processed)) if self.greedy else sample_from(processed, self.rng)
         return SampleResult(token, self.logprob_of(logits, token) if self.want_logprobs else None)
 
+    def verify(self, logits: np.ndarray, draft: Sequence[int]) -> list[SampleResult]:
+        """Check a draft (speculative decoding) and record the tokens it yields.
+
+        Args:
+            logits: float32 ``[len(draft) + 1, vocab]``: row 0 follows the request's last token, row j + 1
+                follows ``draft[j]`` (one model run over the last token and the draft).
+            draft: the proposed next tokens.
+        Returns:
+            The tokens to append: the longest draft prefix the model's own choices reproduce, then the model's
+            choice where they part (or after the whole draft): 1 to ``len(draft) + 1`` results.
+
+        NOTE(engine): each position picks its token exactly as ``sample`` does on that row (same processing,
+        penalties counting the tokens accepted before it, one rng draw), and a draft token is kept when it
+        is that choice. The output is therefore plain decoding's, token for token and draw for draw, so a
+        seeded request gives the same text with or without drafts. For a deterministic (point-mass) draft
+        this is the speculative-sampling rule (Leviathan et al. 2023, Chen et al. 2023): draft token t is
+        kept with probability p(t), and on rejection the token comes from p without t, renormalized.
+        transformers' assisted generation checks drafts without logits (prompt lookup) the same way.
+        """
+        results: list[SampleResult] = []
+        for j, row in enumerate(logits[:len(draft) + 1]):
+            result = self.sample(row)
+            self.record(result.token_id)
+            results.append(result)
+            if j == len(draft) or result.token_id != draft[j]:
+                break
+        return results
+
     def logprob_of(self, logits: np.ndarray, token_id: int) -> TokenLogprob:
         """Log-probability of ``token_id`` under the model's raw distribution, plus the top alternatives."""
         lp = log_softmax(logits)

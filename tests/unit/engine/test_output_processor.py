@@ -32,7 +32,7 @@ def test_stop_string_finishes_and_asks_the_core_to_abort(bpe_tokenizer):
         for t in ids:
             aborts += proc.process([CoreOutput("a", (t,), seq=1)])
         outs = drain(state)
-        assert aborts == ["a"] and "a" not in proc.states
+        assert aborts == [("a", 0)] and "a" not in proc.states
         assert "".join(o.text for o in outs) == "the "
         assert outs[-1].finished and outs[-1].finish_reason is FinishReason.STOP
         assert [o.finished for o in outs].count(True) == 1
