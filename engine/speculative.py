@@ -77,7 +77,11 @@ class NgramDrafter:
         for n in range(min(self.max_ngram, len(tokens)), self.min_ngram - 1, -1):
             start = self._next.get(tuple(tokens[-n:]))
             if start is not None:
-                return tuple(tokens[start:start + limit])
+                draft = tokens[start:start + limit]
+                # NOTE(engine): a match near the end (a loop: "a b c a b c") runs into the draft itself
+                while len(draft) < limit:
+                    draft.append(draft[start + len(draft) - len(tokens)])
+                return tuple(draft)
         return ()
 
     def record(self, num_drafted: int, num_accepted: int) -> None:

@@ -286,11 +286,13 @@ def now_s() -> int:
     return int(time.time())
 
 
-def usage(num_prompt_tokens: int, num_generated_tokens: int) -> dict[str, int]:
+def usage(num_prompt_tokens: int, num_generated_tokens: int, num_cached_tokens: int = 0) -> dict[str, Any]:
+    """`usage`; prompt tokens served from the prefix cache are `prompt_tokens_details.cached_tokens`."""
     return {
         "prompt_tokens": num_prompt_tokens,
         "completion_tokens": num_generated_tokens,
         "total_tokens": num_prompt_tokens + num_generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": num_cached_tokens},
     }
 
 

@@ -168,14 +168,16 @@ class StreamContext:
     want_logprobs: bool = False
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
+    num_cached_tokens: int = 0
     text_offset: int = 0
 
     def account(self, out: RequestOutput) -> None:
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_generated_tokens = max(self.num_generated_tokens, out.num_generated_tokens)
+        self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
 
-    def usage(self) -> dict[str, int]:
-        return protocol.usage(self.num_prompt_tokens, self.num_generated_tokens)
+    def usage(self) -> dict[str, Any]:
+        return protocol.usage(self.num_prompt_tokens, self.num_generated_tokens, self.num_cached_tokens)
 
 
 def _dump(obj: Any) -> str:
