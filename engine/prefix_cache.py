@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-# A free slot is taken for its cached prefix only when the prompt keeps at least this share of what the
-# slot holds; otherwise a shorter match would throw away a longer cache (e.g. two conversations sharing
-# only the chat template's first tokens), and the prompt goes to an empty or the least recently used slot.
+# Opaque rows (no copies): a free slot is taken for its cached prefix only when the prompt keeps at least this
+# share of what the slot holds; otherwise a shorter match would throw away a longer cache (e.g. two
+# conversations sharing only the chat template's first tokens), and the prompt goes to an empty or the least
+# recently used slot.
 MIN_KEEP_FRACTION = 0.5
 
 
@@ -115,8 +116,11 @@ class SlotPrefixCache:
         own = {s: common_prefix_len(prompt, self._tokens[s], limit) for s in free}
         best = max(free, key=lambda s: (own[s], -s))
         victim = self.victim(free)
-        keeps_most = own[best] >= MIN_KEEP_FRACTION * len(self._tokens[best])
-        slot = best if own[best] > 0 and keeps_most else victim
+        # NOTE(engine): taking a slot in place discards what it holds past the match. With host rows the match
+        # can be copied instead, so a slot is taken in place only when the prompt extends all of it (the next
+        # turn of its conversation); with opaque rows, when the prompt keeps most of it.
+        keep = len(self._tokens[best]) if self.can_copy else MIN_KEEP_FRACTION * len(self._tokens[best])
+        slot = best if own[best] > 0 and own[best] >= keep else victim
         reused = own[slot]
         if not self.can_copy:
             return Placement(slot, reused)

@@ -151,15 +151,15 @@ class RequestSampler:
         params: the request's SamplingParams.
         prompt_ids: the prompt (the repetition penalty looks at it).
         vocab_size: logits width.
-        rng: used when ``params.seed`` is None (the engine's spawned generator).
+        rng: the generator to draw from (the engine's spawned one for an unseeded request, a seed-derived one
+            for choice i > 0 of a seeded n > 1 request); None -> seeded from ``params.seed`` (else fresh entropy).
     """
 
     def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], vocab_size: int,
                  rng: np.random.Generator | None = None) -> None:
         self.params = params
         self.vocab_size = vocab_size
-        self.rng = np.random.default_rng(params.seed) if params.seed is not None else (
-            rng if rng is not None else np.random.default_rng())
+        self.rng = rng if rng is not None else np.random.default_rng(params.seed)
         self.greedy = params.greedy
         self.use_penalties = (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
                               or params.repetition_penalty != 1.0)

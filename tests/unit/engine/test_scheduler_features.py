@@ -110,6 +110,9 @@ def test_a_longer_prefix_elsewhere_is_copied_where_rows_are_host_memory():
     prompt = list(range(40)) + [-1, -2]  # 40 tokens in common with slot 0, under half of what it holds
     p = cache.place(prompt, [0, 1, 2])
     assert (p.slot, p.num_reused, p.copy) == (1, 40, KVCopy(0, 1, 0, 40))
+    # more than half in common, but not all of it: still copied, slot 0 keeps its whole conversation
+    p = cache.place(list(range(90)) + [-1], [0, 1, 2])
+    assert (p.slot, p.num_reused, p.copy) == (1, 90, KVCopy(0, 1, 0, 90))
     # from a running request (slot 2, 40 valid tokens): copied too
     p = cache.place(list(range(30)) + [-1], [1], running=[(2, list(range(50)), 40)])
     assert (p.slot, p.num_reused, p.copy) == (1, 30, KVCopy(2, 1, 0, 30))
