@@ -105,7 +105,7 @@ class _SamplingFields(OpenAIBaseModel):
     stop: str | list[str] | None = Field(None, description="Stop string(s); never part of the output.")
     stop_token_ids: list[int] | None = Field(None, description="Extra token ids that end generation.")
     ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence (benchmarks).")
-    n: int = Field(1, description="Number of choices; only 1 is supported.")
+    n: int = Field(1, description="Number of choices (>= 1, at most the server's --max-batch); the prompt runs once.")
     presence_penalty: float | None = Field(None, description="[-2, 2]; penalizes tokens already present.")
     frequency_penalty: float | None = Field(None, description="[-2, 2]; penalizes tokens by their count.")
     repetition_penalty: float | None = Field(None, description="[0.01, 2]; 1 disables (multiplicative, as HF).")
@@ -118,8 +118,8 @@ class _SamplingFields(OpenAIBaseModel):
 
     @model_validator(mode="after")
     def _check_supported(self) -> _SamplingFields:
-        if self.n != 1:
-            raise _unsupported("n", f"n must be 1 (several choices per request are not supported yet), got {self.n}")
+        if self.n < 1:
+            raise InvalidRequestError(f"n must be >= 1, got {self.n}", param="n", code="invalid_value")
         if self.use_beam_search or (self.best_of is not None and self.best_of != 1):
             raise _unsupported("best_of" if not self.use_beam_search else "use_beam_search", BEAM_SEARCH_MESSAGE)
         if self.stream_options is not None and not self.stream:
@@ -164,6 +164,7 @@ class _SamplingFields(OpenAIBaseModel):
             logit_bias=self._logit_bias(),
             logprobs=logprobs,
             top_logprobs=top_logprobs,
+            n=self.n,
         )
 
     @property
@@ -338,15 +339,16 @@ def chat_chunk(
     finish_reason: str | None = None,
     logprobs: dict[str, Any] | None = None,
     with_usage_field: bool = False,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One `chat.completion.chunk` with a single choice."""
+    """One `chat.completion.chunk` with a single choice (``index``: which of n)."""
     chunk: dict[str, Any] = {
         "id": request_id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
         "system_fingerprint": None,
-        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
     }
     if with_usage_field:
         chunk["usage"] = None
@@ -389,7 +391,7 @@ def chat_completion(
 def completion_chunk(
     request_id: str, created: int, model: str, text: str, finish_reason: str | None = None,
     logprobs: dict[str, Any] | None = None, usage_dict: dict[str, int] | None = None, with_choice: bool = True,
-    with_usage_field: bool = False,
+    with_usage_field: bool = False, index: int = 0,
 ) -> dict[str, Any]:
     """A `text_completion` object: one streamed chunk, or the whole response when not streaming."""
     body: dict[str, Any] = {
@@ -399,11 +401,19 @@ def completion_chunk(
         "model": model,
         "system_fingerprint": None,
         "choices": (
-            [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}] if with_choice else []
+            [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}] if with_choice
+            else []
         ),
     }
     if usage_dict is not None or with_usage_field:
         body["usage"] = usage_dict
+    return body
+
+
+def with_choices(bodies: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One response of n choices (n > 1) from one single-choice response per choice, in choice order."""
+    body = dict(bodies[0])
+    body["choices"] = [{**b["choices"][0], "index": index} for index, b in enumerate(bodies)]
     return body
 
 

@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -166,10 +166,10 @@ class StreamContext:
     include_usage: bool
     token_text: Callable[[int], str]
     want_logprobs: bool = False
+    n: int = 1  # choices
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
     num_cached_tokens: int = 0
-    text_offset: int = 0
 
     def account(self, out: RequestOutput) -> None:
         self.num_prompt_tokens = out.num_prompt_tokens
@@ -214,7 +214,7 @@ class _ChunkTemplate:
 
 
 def _check_error(out: RequestOutput) -> None:
-    if out.finished and out.finish_reason == FinishReason.ERROR:
+    if out.finish_reason == FinishReason.ERROR:
         raise EngineRequestError(out.error or "the engine failed while running this request")
 
 
@@ -238,10 +238,13 @@ async def _with_error_event(events: AsyncIterator[bytes], run: EngineRun) -> Asy
 
 def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
     async def events() -> AsyncIterator[bytes]:
-        yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model,
-                                         {"role": "assistant", "content": ""}, with_usage_field=ctx.include_usage))
-        content = _ChunkTemplate(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {"content": _SLOT},
-                                                     with_usage_field=ctx.include_usage))
+        for index in range(ctx.n):
+            yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model,
+                                             {"role": "assistant", "content": ""},
+                                             with_usage_field=ctx.include_usage, index=index))
+        content = [_ChunkTemplate(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {"content": _SLOT},
+                                                      with_usage_field=ctx.include_usage, index=index))
+                   for index in range(ctx.n)]
         async for out in run.outputs():
             ctx.account(out)
             _check_error(out)
@@ -249,14 +252,15 @@ def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
                         if ctx.want_logprobs and out.logprobs else None)
             if logprobs:
                 yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {"content": out.text},
-                                                 logprobs=logprobs, with_usage_field=ctx.include_usage))
+                                                 logprobs=logprobs, with_usage_field=ctx.include_usage,
+                                                 index=out.index))
             elif out.text:
-                yield content.render(out.text)
-            if out.finished:
-                # NOTE(server): exactly one chunk carries finish_reason, with an empty delta (as OpenAI).
+                yield content[out.index].render(out.text)
+            if out.finish_reason is not None:
+                # NOTE(server): exactly one chunk per choice carries finish_reason, with an empty delta (as OpenAI).
                 yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {},
                                                  finish_reason=protocol.finish_reason_str(out.finish_reason),
-                                                 with_usage_field=ctx.include_usage))
+                                                 with_usage_field=ctx.include_usage, index=out.index))
         if ctx.include_usage:
             yield _event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, ctx.usage()))
         yield _DONE
@@ -266,24 +270,27 @@ def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
 
 def _completion_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
     async def events() -> AsyncIterator[bytes]:
-        text = _ChunkTemplate(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, _SLOT,
-                                                        with_usage_field=ctx.include_usage))
+        text = [_ChunkTemplate(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, _SLOT,
+                                                         with_usage_field=ctx.include_usage, index=index))
+                for index in range(ctx.n)]
+        text_offsets = [0] * ctx.n
         async for out in run.outputs():
             ctx.account(out)
             _check_error(out)
             logprobs = None
             if ctx.want_logprobs and out.logprobs:
-                logprobs = protocol.completion_logprobs(out.logprobs, ctx.token_text, ctx.text_offset)
-            ctx.text_offset += len(out.text)
+                logprobs = protocol.completion_logprobs(out.logprobs, ctx.token_text, text_offsets[out.index])
+            text_offsets[out.index] += len(out.text)
             if logprobs:
                 yield _event(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, out.text,
-                                                       logprobs=logprobs, with_usage_field=ctx.include_usage))
+                                                       logprobs=logprobs, with_usage_field=ctx.include_usage,
+                                                       index=out.index))
             elif out.text:
-                yield text.render(out.text)
-            if out.finished:
+                yield text[out.index].render(out.text)
+            if out.finish_reason is not None:
                 yield _event(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, "",
                                                        finish_reason=protocol.finish_reason_str(out.finish_reason),
-                                                       with_usage_field=ctx.include_usage))
+                                                       with_usage_field=ctx.include_usage, index=out.index))
         if ctx.include_usage:
             yield _event(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, "",
                                                    usage_dict=ctx.usage(), with_choice=False))
@@ -322,24 +329,29 @@ class Collected:
     text: str
     finish_reason: str | None
     logprobs: list[TokenLogprob]
+    more: list[Collected] = field(default_factory=list)  # n > 1: choices 1..n-1
 
 
 async def collect(run: EngineRun, ctx: StreamContext, request: Request) -> Collected:
-    """Run a non-streaming request to the end; a client that leaves aborts it."""
+    """Run a non-streaming request to the end; a client that leaves aborts it. Returns choice 0 (the others,
+    n > 1, in its ``more``)."""
 
     async def gather() -> Collected:
-        parts: list[str] = []
-        entries: list[TokenLogprob] = []
-        reason: str | None = None
+        choices = [Collected("", None, []) for _ in range(ctx.n)]
+        parts: list[list[str]] = [[] for _ in range(ctx.n)]
         async for out in run.outputs():
             ctx.account(out)
             _check_error(out)
-            parts.append(out.text)
+            choice = choices[out.index]
+            parts[out.index].append(out.text)
             if out.logprobs:
-                entries.extend(out.logprobs)
-            if out.finished:
-                reason = protocol.finish_reason_str(out.finish_reason)
-        return Collected("".join(parts), reason, entries)
+                choice.logprobs.extend(out.logprobs)
+            if out.finish_reason is not None:
+                choice.finish_reason = protocol.finish_reason_str(out.finish_reason)
+        for choice, texts in zip(choices, parts):
+            choice.text = "".join(texts)
+        choices[0].more = choices[1:]
+        return choices[0]
 
     try:
         return await _race_disconnect(request, gather())

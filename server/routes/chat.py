@@ -35,6 +35,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     if body.stream:
         return stream_chat(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s)
     result = await collect(run, ctx, request)
-    logprobs = protocol.chat_logprobs(result.logprobs, ctx.token_text) if params.logprobs else None
-    return JSONResponse(protocol.chat_completion(ctx.request_id, ctx.created, ctx.model, result.text,
-                                                 result.finish_reason, ctx.usage(), logprobs))
+    bodies = []
+    for choice in (result, *result.more):  # n > 1: one body per choice, merged
+        logprobs = protocol.chat_logprobs(choice.logprobs, ctx.token_text) if params.logprobs else None
+        bodies.append(protocol.chat_completion(ctx.request_id, ctx.created, ctx.model, choice.text,
+                                               choice.finish_reason, ctx.usage(), logprobs))
+    return JSONResponse(protocol.with_choices(bodies))

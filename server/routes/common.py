@@ -110,5 +110,6 @@ async def start_run(request: Request, state: ServerState, engine: EngineClient, 
         include_usage=include_usage,
         token_text=lambda token_id: engine.tokenizer.decode([token_id]),
         want_logprobs=params.logprobs,
+        n=params.n,
     )
     return run, ctx

@@ -340,7 +340,8 @@ def test_speculative_sampling_keeps_the_distribution(tiny_model: Path) -> None:
 
             async def one(seed: int) -> tuple[int, ...]:
                 async with sem:
-                    return tuple(tokens(await generate(engine, prompt, SamplingParams(seed=seed, **params), f"x{seed}")))
+                    outs = await generate(engine, prompt, SamplingParams(seed=seed, **params), f"x{seed}")
+                    return tuple(tokens(outs))
 
             return await asyncio.gather(*[one(seed) for seed in range(num_samples)])
 
