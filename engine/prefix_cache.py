@@ -24,6 +24,14 @@ from dataclasses import dataclass
 MIN_KEEP_FRACTION = 0.5
 
 
+# NOTE(engine): at least the last two prompt tokens run again, even when the cache holds more: the last one
+# for the logits the first output token is sampled from, and one more so that run has S >= 2 rows, as a cold
+# prefill's last chunk has (the scheduler never leaves a 1-token last chunk). INT4 models that quantize
+# activations to int8 compute one row (MatMulNBits' M = 1 path) with other rounding than several (up to ~0.3
+# in the logits on SmolLM2); this way a reused prompt gives bit-identical logits to a cold one.
+MIN_RECOMPUTED = 2
+
+
 @dataclass(frozen=True)
 class KVCopy:
     """Copy KV positions ``[start, end)`` of slot ``src`` into slot ``dst`` (before the step's runs)."""
@@ -108,11 +116,11 @@ class SlotPrefixCache:
             free: the free slots (non-empty).
             running: (slot, token ids, number of them with valid KV) of the running requests: copy sources.
         Returns:
-            The placement; ``num_reused < len(prompt)`` always (the last prompt token runs, for its logits).
+            The placement; ``num_reused <= len(prompt) - 2`` (see MIN_RECOMPUTED).
         """
         if not self.enabled:
             return Placement(min(free))
-        limit = len(prompt) - 1
+        limit = len(prompt) - MIN_RECOMPUTED
         own = {s: common_prefix_len(prompt, self._tokens[s], limit) for s in free}
         best = max(free, key=lambda s: (own[s], -s))
         victim = self.victim(free)

@@ -258,7 +258,11 @@ class Scheduler:
         for request in self.running.values():
             if request.in_prefill and request.parent is None:
                 start = request.num_computed_tokens
-                prefill = PrefillChunk(request, start, min(len(request.prompt_ids) - start, budget))
+                remaining = len(request.prompt_ids) - start
+                num = min(remaining, budget)
+                if remaining - num == 1 and num > 1:
+                    num -= 1  # NOTE(engine): no 1-token last chunk (see prefix_cache.MIN_RECOMPUTED)
+                prefill = PrefillChunk(request, start, num)
                 break
         if prefill is not None and prefill.request.first_scheduled_s is None:
             prefill.request.first_scheduled_s = time.monotonic()

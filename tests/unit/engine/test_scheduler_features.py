@@ -71,14 +71,17 @@ def test_a_finished_prompt_is_reused_by_a_continuation_in_the_same_slot():
     assert (sched.prefix_queries_total, sched.prefix_hits_total) == (30 + 36, 33)
 
 
-def test_the_whole_prompt_is_never_reused_the_last_token_runs_for_its_logits():
+def test_the_last_two_prompt_tokens_always_run_and_no_chunk_is_a_lone_last_token():
     sched = Scheduler(num_slots=1, max_waiting=4, token_budget=64, prefix_caching=True)
     sched.add(make_request("a", range(10, 20), max_tokens=1))
     run_to_end(sched)
     again = make_request("b", range(10, 20))
     sched.add(again)
     out, _ = step(sched)
-    assert again.num_cached_tokens == 9 and (out.prefill.start, out.prefill.num_tokens) == (9, 1)
+    assert again.num_cached_tokens == 8 and (out.prefill.start, out.prefill.num_tokens) == (8, 2)
+    chunked = Scheduler(num_slots=1, max_waiting=4, token_budget=8)
+    chunked.add(make_request("c", range(10, 27)))  # 17 tokens at 8 a step: 8, 7, 2 rather than 8, 8, 1
+    assert [step(chunked)[0].prefill.num_tokens for _ in range(3)] == [8, 7, 2]
 
 
 def test_off_means_lowest_slot_and_nothing_reused():
@@ -111,10 +114,10 @@ def test_a_longer_prefix_elsewhere_is_copied_where_rows_are_host_memory():
     p = cache.place(prompt, [0, 1, 2])
     assert (p.slot, p.num_reused, p.copy) == (1, 40, KVCopy(0, 1, 0, 40))
     # more than half in common, but not all of it: still copied, slot 0 keeps its whole conversation
-    p = cache.place(list(range(90)) + [-1], [0, 1, 2])
+    p = cache.place(list(range(90)) + [-1, -2], [0, 1, 2])
     assert (p.slot, p.num_reused, p.copy) == (1, 90, KVCopy(0, 1, 0, 90))
     # from a running request (slot 2, 40 valid tokens): copied too
-    p = cache.place(list(range(30)) + [-1], [1], running=[(2, list(range(50)), 40)])
+    p = cache.place(list(range(30)) + [-1, -2], [1], running=[(2, list(range(50)), 40)])
     assert (p.slot, p.num_reused, p.copy) == (1, 30, KVCopy(2, 1, 0, 30))
     # opaque rows: only a slot's own prefix
     opaque = SlotPrefixCache(3, enabled=True, can_copy=False)
