@@ -2,9 +2,9 @@
 
 1. draft length: engines with --speculative-tokens 0, 2, 4, 8, 12, 16 take the same greedy requests in turn
    (order rotating), copy and free text, single stream: decode tokens/s per k;
-2. several streams: CONCURRENCY copy requests at once on engines without speculation, with drafts only while
-   one request decodes (speculative_max_batch 1, the default) and with every stream checking its drafts in a
-   run of its own (speculative_max_batch = CONCURRENCY): aggregate output tokens/s.
+2. several streams: CONCURRENCY copy (then free-text) requests at once on engines without speculation, with
+   drafts only while one request decodes (speculative_max_batch 1, the default) and with every stream checking
+   its drafts in a run of its own (speculative_max_batch = CONCURRENCY): aggregate output tokens/s.
 
     ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.spec_probe --rounds 3 --json out.json
 
@@ -73,7 +73,8 @@ async def main_async(args: argparse.Namespace) -> dict:
             await _one(eng, copy[0], 8, "warm")
         for rnd in range(args.rounds):
             entry: dict = {"round": rnd + 1, "single": {str(k): {"copy": [], "free": []} for k in ks},
-                           "texts_equal": {str(k): 0 for k in ks}, "batch": {}}
+                           "texts_equal": {str(k): {"copy": 0, "free": 0} for k in ks},
+                           "batch": {"copy": {}, "free": {}}}
             for i in range(args.requests):
                 for kind, prompt, max_tokens in (("copy", copy[i % len(copy)], 256),
                                                  ("free", free[i % len(free)], 128)):
@@ -85,15 +86,16 @@ async def main_async(args: argparse.Namespace) -> dict:
                         texts[k] = tokens
                         await asyncio.sleep(args.pause)
                     for k in ks:
-                        entry["texts_equal"][str(k)] += texts[k] == texts[0] if 0 in texts else 0
+                        entry["texts_equal"][str(k)][kind] += texts[k] == texts[0] if 0 in texts else 0
             names = list(batch_engines)
-            for j in range(len(names)):
-                name = names[(j + rnd) % len(names)]
-                t0 = time.perf_counter()
-                results = await asyncio.gather(*[_one(batch_engines[name], copy[(rnd + s) % len(copy)], 256,
-                                                      f"b{rnd}-{s}") for s in range(c)])
-                entry["batch"][name] = sum(r[0] for r in results) / (time.perf_counter() - t0)
-                await asyncio.sleep(args.pause)
+            for kind, prompts, max_tokens in (("copy", copy, 256), ("free", free, 128)):
+                for j in range(len(names)):
+                    name = names[(j + rnd) % len(names)]
+                    t0 = time.perf_counter()
+                    results = await asyncio.gather(*[_one(batch_engines[name], prompts[(rnd * c + s) % len(prompts)],
+                                                          max_tokens, f"b{rnd}-{s}") for s in range(c)])
+                    entry["batch"][kind][name] = sum(r[0] for r in results) / (time.perf_counter() - t0)
+                    await asyncio.sleep(args.pause)
             report["rounds"].append(entry)
             print(f"[spec_probe] round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
@@ -109,9 +111,11 @@ def _medians(report: dict, ks: list[int], batch_names: list[str]) -> dict:
         for kind in ("copy", "free"):
             rates = [v for r in report["rounds"] for v in r["single"][str(k)][kind] if v is not None]
             out["single"].setdefault(str(k), {})[kind] = statistics.median(rates) if rates else None
-        out["single"][str(k)]["texts_equal"] = sum(r["texts_equal"][str(k)] for r in report["rounds"])
-    for name in batch_names:
-        out["batch"][name] = statistics.median(r["batch"][name] for r in report["rounds"])
+        for kind in ("copy", "free"):
+            out["single"][str(k)][f"{kind}_texts_equal"] = sum(r["texts_equal"][str(k)][kind] for r in report["rounds"])
+    for kind in ("copy", "free"):
+        out["batch"][kind] = {name: statistics.median(r["batch"][kind][name] for r in report["rounds"])
+                              for name in batch_names}
     return out
 
 
@@ -129,13 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     report = asyncio.run(main_async(args))
     med = report["median"]
     base = med["single"]["0"]
+    n = args.requests * args.rounds
     for k, row in med["single"].items():
-        print(f"k={k:>2}: copy {row['copy']:.1f} tok/s ({row['copy'] / base['copy']:.2f}x), free {row['free']:.1f} "
-              f"tok/s ({row['free'] / base['free']:.2f}x), same greedy text {row['texts_equal']}/"
-              f"{2 * args.requests * args.rounds}")
-    for name, value in med["batch"].items():
-        print(f"{args.concurrency} copy streams, {name}: {value:.1f} output tok/s "
-              f"({value / med['batch']['off']:.2f}x)")
+        print(f"k={k:>2}: copy {row['copy']:.1f} tok/s ({row['copy'] / base['copy']:.2f}x, same greedy text "
+              f"{row['copy_texts_equal']}/{n}), free {row['free']:.1f} tok/s ({row['free'] / base['free']:.2f}x, "
+              f"same text {row['free_texts_equal']}/{n})")
+    for kind, rows in med["batch"].items():
+        for name, value in rows.items():
+            print(f"{args.concurrency} {kind} streams, {name}: {value:.1f} output tok/s "
+                  f"({value / rows['off']:.2f}x)")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)

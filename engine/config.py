@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 from engine.types import InvalidRequestError
 
 # Speculative decoding: the default longest draft (measured, docs/perf/engine-features.md) and the bound.
-DEFAULT_SPECULATIVE_TOKENS = 8
+DEFAULT_SPECULATIVE_TOKENS = 16
 MAX_SPECULATIVE_TOKENS = 64
 
 

@@ -97,7 +97,7 @@ class Settings(BaseSettings):
     speculative_tokens: int | None = Field(
         None, ge=0, le=64,
         description="Longest prompt-lookup draft checked per decode run (speculative decoding; default: the "
-        "engine's, 8; 0 turns it off).",
+        "engine's, 16; 0 turns it off).",
     )
 
     sse_ping_s: float = Field(

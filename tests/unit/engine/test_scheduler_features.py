@@ -8,7 +8,7 @@ import pytest
 from engine.prefix_cache import KVCopy, SlotPrefixCache, common_prefix_len
 from engine.sampler import RequestSampler
 from engine.scheduler import Request, Scheduler
-from engine.speculative import MAX_SKIP_STEPS, NgramDrafter
+from engine.speculative import INITIAL_DRAFT_TOKENS, MAX_SKIP_STEPS, NgramDrafter
 from engine.types import FinishReason, SamplingParams, StructuredOutput
 
 EOS = 2
@@ -200,13 +200,14 @@ def test_drafter_proposes_what_followed_the_latest_match():
 
 
 def test_drafter_backs_off_after_rejections_and_grows_after_acceptance():
-    drafter = NgramDrafter(max_tokens=8)
+    drafter = NgramDrafter(max_tokens=16)
     tokens = [1, 2, 3] * 10
-    assert len(drafter.propose(tokens, [], 99)) == 8
-    drafter.record(8, 3)
+    assert len(drafter.propose(tokens, [], 99)) == INITIAL_DRAFT_TOKENS == 4  # a short first draft
+    for expected in (8, 16, 16):
+        drafter.record(drafter.num_tokens, drafter.num_tokens)  # all accepted: double, up to max_tokens
+        assert drafter.num_tokens == expected and len(drafter.propose(tokens, [], 99)) == expected
+    drafter.record(16, 3)
     assert drafter.num_tokens == 4 and len(drafter.propose(tokens, [], 99)) == 4
-    drafter.record(4, 4)
-    assert drafter.num_tokens == 8
     gaps = []
     for _ in range(7):  # rejected outright each time it drafts: it skips 1, 3, 7, ... steps, capped
         gap = 0
