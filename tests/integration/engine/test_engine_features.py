@@ -117,6 +117,17 @@ def test_whole_buffer_mode_reuses_a_slots_own_prefix(tiny_model: Path) -> None:
         b, c = asyncio.run(main())
         assert b[0].num_cached_tokens == 20 + 5 and tokens(b) == tokens(c)
         assert whole.placement.whole_buffer
+
+        # n > 1: the prompt is fed to both rows in the same runs; no draft checks in whole-buffer mode
+        async def choices():
+            loop_params = SamplingParams(max_tokens=40, repetition_penalty=0.3, **GREEDY)
+            two = await generate(whole, prompt, SamplingParams(max_tokens=40, n=2, repetition_penalty=0.3, **GREEDY),
+                                 "two")
+            return two, await generate(cold, prompt, loop_params, "one")
+
+        two, one = asyncio.run(choices())
+        assert tokens(two, 0) == tokens(two, 1) == tokens(one)
+        assert whole.stats().extra["spec_draft_tokens_total"] == 0
     finally:
         whole.shutdown()
         cold.shutdown()

@@ -8,7 +8,7 @@ import pytest
 from engine.prefix_cache import KVCopy, SlotPrefixCache, common_prefix_len
 from engine.sampler import RequestSampler
 from engine.scheduler import Request, Scheduler
-from engine.speculative import INITIAL_DRAFT_TOKENS, MAX_SKIP_STEPS, NgramDrafter
+from engine.speculative import MAX_SKIP_STEPS, NgramDrafter, best_draft_length
 from engine.types import FinishReason, SamplingParams, StructuredOutput
 
 EOS = 2
@@ -190,34 +190,49 @@ def test_forks_copy_a_reused_prefix_from_choice_0():
 
 
 def test_drafter_proposes_what_followed_the_latest_match():
-    drafter = NgramDrafter(max_tokens=4)
+    drafter = NgramDrafter(max_tokens=4, prior=(1.0, 1.0))  # as if every draft so far was accepted
     prompt = [1, 2, 3, 4, 5, 6, 9, 2, 3, 7, 8]
     assert drafter.propose(prompt, [], limit=10) == ()  # the suffix (7, 8) never came before
     assert drafter.propose(prompt, [9, 2, 3], limit=10) == (7, 8, 9, 2)  # (2, 3) last followed by 7
     assert drafter.propose(prompt, [9, 2, 3], limit=2) == (7, 8)
-    drafter = NgramDrafter(max_tokens=4)
+    drafter = NgramDrafter(max_tokens=4, prior=(1.0, 1.0))
     assert drafter.propose([5, 1, 2, 9, 9, 1, 2, 3, 0, 0, 1, 2], [], limit=10) == (3, 0, 0, 1)  # 3-gram first
+    assert NgramDrafter(max_tokens=4).propose([1, 2, 3, 1, 2], [], limit=10) == (3,)  # a fresh request: 1 token
 
 
-def test_drafter_backs_off_after_rejections_and_grows_after_acceptance():
+def test_draft_length_pays_for_itself_at_the_acceptance_rate():
+    lengths = [best_draft_length(a / 100, 16) for a in range(0, 101, 5)]
+    assert lengths == sorted(lengths)  # longer drafts only as acceptance rises
+    assert best_draft_length(0.3, 16) == 0 and best_draft_length(0.5, 16) == 1 and best_draft_length(1.0, 16) == 16
+    assert best_draft_length(0.99, 4) == 4
+
+
+def test_drafter_grows_while_drafts_are_kept_and_backs_off_when_they_are_not():
     drafter = NgramDrafter(max_tokens=16)
     tokens = [1, 2, 3] * 10
-    assert len(drafter.propose(tokens, [], 99)) == INITIAL_DRAFT_TOKENS == 4  # a short first draft
-    for expected in (8, 16, 16):
-        drafter.record(drafter.num_tokens, drafter.num_tokens)  # all accepted: double, up to max_tokens
-        assert drafter.num_tokens == expected and len(drafter.propose(tokens, [], 99)) == expected
-    drafter.record(16, 3)
-    assert drafter.num_tokens == 4 and len(drafter.propose(tokens, [], 99)) == 4
-    gaps = []
-    for _ in range(7):  # rejected outright each time it drafts: it skips 1, 3, 7, ... steps, capped
-        gap = 0
-        while not drafter.propose(tokens, [], 99):
-            gap += 1
-        gaps.append(gap)
-        drafter.record(1, 0)
-    assert gaps == [0, 1, 3, 7, 15, 31, MAX_SKIP_STEPS] and drafter.num_tokens == 1
-    drafter.record(1, 1)
-    assert drafter._misses == 0
+    grown = []
+    for _ in range(6):  # every draft fully accepted (copied text)
+        draft = drafter.propose(tokens, [], 99)
+        grown.append(len(draft))
+        drafter.record(len(draft), len(draft))
+    assert grown[0] == 1 and grown == sorted(grown) and grown[-1] == 16  # a fresh request starts short
+    drafter.record(16, 3)  # the copy ends: the length falls at once
+    assert 1 <= drafter.num_tokens < 16
+    checks = []
+    for _ in range(300):  # from now on every draft is rejected outright (free text the lookup misreads)
+        draft = drafter.propose(tokens, [], 99)
+        if draft:
+            checks.append(len(draft))
+            drafter.record(len(draft), 0)
+    assert len(checks) <= 15 and checks[-1] == 1  # few checks, pausing longer and longer (up to MAX_SKIP_STEPS)
+    assert drafter._skip <= MAX_SKIP_STEPS
+    grown = []
+    for _ in range(200):  # and drafts are kept again: the length grows back
+        draft = drafter.propose(tokens, [], 99)
+        if draft:
+            grown.append(len(draft))
+            drafter.record(len(draft), len(draft))
+    assert grown[-1] == 16
 
 
 def spec_scheduler(**kw):
@@ -226,16 +241,19 @@ def spec_scheduler(**kw):
 
 def test_a_lone_decoding_request_checks_drafts_and_advances_by_what_was_accepted():
     sched = spec_scheduler()
-    r = make_request("a", [1, 2, 3, 4, 5, 1, 2], max_tokens=20)
+    r = make_request("a", [1, 2, 3, 4, 5, 1, 2], max_tokens=20, ignore_eos=True)  # (2 is EOS here)
     sched.add(r)
     step(sched, tokens={"a": 3})  # prefill samples 3: tokens end (1, 2, 3), seen before, followed by 4, 5, 1, 2
     out = sched.schedule()
-    assert not out.decode and [(v.request, v.draft) for v in out.verify] == [(r, (4, 5, 1, 2))]
-    assert out.verify[0].token_ids == [3, 4, 5, 1, 2] and out.num_tokens == 5
+    assert not out.decode and [(v.request, v.draft) for v in out.verify] == [(r, (4,))]  # a fresh request: 1
+    assert out.verify[0].token_ids == [3, 4] and out.num_tokens == 2
+    sched.update_from_output(out, {r: [4, 5]})  # accepted, plus the model's own next token
+    out = sched.schedule()
+    assert [v.draft for v in out.verify] == [(1, 2, 3)]  # (4, 5) came before: the draft grew
     before = r.num_computed_tokens
-    sched.update_from_output(out, {r: [4, 5, 9]})  # two accepted, then the model's own 9
-    assert r.output_ids == [3, 4, 5, 9] and r.num_computed_tokens == before + 3 == r.num_tokens - 1
-    assert (r.drafter.num_drafted, r.drafter.num_accepted, r.drafter.num_tokens) == (4, 2, 3)
+    sched.update_from_output(out, {r: [1, 2, 9]})  # two accepted, then the model's own 9
+    assert r.output_ids == [3, 4, 5, 1, 2, 9] and r.num_computed_tokens == before + 3 == r.num_tokens - 1
+    assert (r.drafter.num_drafted, r.drafter.num_accepted) == (4, 3)
 
 
 def test_drafts_stop_at_max_tokens_and_a_stop_token_inside_them_ends_the_request():
@@ -252,7 +270,7 @@ def test_drafts_stop_at_max_tokens_and_a_stop_token_inside_them_ends_the_request
     sched.add(r)
     step(sched, tokens={"b": 3})
     out = sched.schedule()
-    finished = sched.update_from_output(out, {r: [EOS, 5, 1]})
+    finished = sched.update_from_output(out, {r: [EOS, 5]})
     assert finished[0].reason is FinishReason.STOP and r.output_ids == [3, EOS] and not sched.has_work
 
 
@@ -270,7 +288,7 @@ def decoding_pair(sched):
 def test_no_drafts_beside_other_streams_for_structured_output_or_when_off():
     assert not decoding_pair(spec_scheduler()).schedule().verify  # two decode together: one batched run
     out = decoding_pair(spec_scheduler(speculative_max_batch=2)).schedule()
-    assert [v.draft for v in out.verify] == [(5, 1, 2, 3), (4, 5, 1, 2)] and not out.decode
+    assert [v.draft for v in out.verify] == [(5,), (4,)] and not out.decode
     structured = spec_scheduler()
     structured.add(make_request("s", [1, 2, 3, 4, 5, 1, 2], max_tokens=20,
                                 structured=StructuredOutput("regex", "[0-9]+")))
