@@ -175,15 +175,15 @@ class RequestSampler:
         params: the request's SamplingParams.
         prompt_ids: the prompt (the repetition penalty looks at it).
         vocab_size: logits width.
-        rng: used when ``params.seed`` is None (the engine's spawned generator).
+        rng: the generator to draw from (the engine's spawned one for an unseeded request, a seed-derived one
+            for choice i > 0 of a seeded n > 1 request); None -> seeded from ``params.seed`` (else fresh entropy).
     """
 
     def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], vocab_size: int,
                  rng: np.random.Generator | None = None) -> None:
         self.params = params
         self.vocab_size = vocab_size
-        self.rng = np.random.default_rng(params.seed) if params.seed is not None else (
-            rng if rng is not None else np.random.default_rng())
+        self.rng = rng if rng is not None else np.random.default_rng(params.seed)
         self.greedy = params.greedy
         self.use_penalties = (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
                               or params.repetition_penalty != 1.0)
@@ -229,6 +229,34 @@ class RequestSampler:
         processed = logits if self.plain_greedy else self.process(logits)
         token = int(np.argmax(processed)) if self.greedy else sample_from(processed, self.rng)
         return SampleResult(token, self.logprob_of(logits, token) if self.want_logprobs else None)
+
+    def verify(self, logits: np.ndarray, draft: Sequence[int]) -> list[SampleResult]:
+        """Check a draft (speculative decoding) and record the tokens it yields.
+
+        Args:
+            logits: float32 ``[len(draft) + 1, vocab]``: row 0 follows the request's last token, row j + 1
+                follows ``draft[j]`` (one model run over the last token and the draft).
+            draft: the proposed next tokens.
+        Returns:
+            The tokens to append: the longest draft prefix the model's own choices reproduce, then the model's
+            choice where they part (or after the whole draft): 1 to ``len(draft) + 1`` results.
+
+        NOTE(engine): each position picks its token exactly as ``sample`` does on that row (same processing,
+        penalties counting the tokens accepted before it, one rng draw), and a draft token is kept when it
+        is that choice. The output is therefore plain decoding's, token for token and draw for draw, so a
+        seeded request gives the same text with or without drafts. For a deterministic (point-mass) draft
+        this is the speculative-sampling rule (Leviathan et al. 2023, Chen et al. 2023): draft token t is
+        kept with probability p(t), and on rejection the token comes from p without t, renormalized.
+        transformers' assisted generation checks drafts without logits (prompt lookup) the same way.
+        """
+        results: list[SampleResult] = []
+        for j, row in enumerate(logits[:len(draft) + 1]):
+            result = self.sample(row)
+            self.record(result.token_id)
+            results.append(result)
+            if j == len(draft) or result.token_id != draft[j]:
+                break
+        return results
 
     def logprob_of(self, logits: np.ndarray, token_id: int) -> TokenLogprob:
         """Log-probability of ``token_id`` under the model's raw distribution, plus the top alternatives."""

@@ -81,9 +81,11 @@ class SamplingParams:
     # Special tokens kept in the output text (tool-call markup such as "[TOOL_CALLS]" or "<|python_tag|>");
     # every other special token is still skipped. Names the tokenizer does not know are ignored.
     preserved_tokens: tuple[str, ...] = ()
+    n: int = 1  # choices; they share one prefill (the engine's max_batch bounds it)
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)
+        _check(self.n >= 1, "n", "must be >= 1", self.n)
         _check(0.0 <= self.temperature <= 2.0, "temperature", "must be in [0, 2]", self.temperature)
         _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]", self.top_p)
         _check(self.top_k >= 0, "top_k", "must be >= 0 (0 disables)", self.top_k)
@@ -124,17 +126,19 @@ class TokenLogprob:
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """What ``AsyncEngine.generate()`` yields: the delta since the previous output of one request.
+    """What ``AsyncEngine.generate()`` yields: the delta since the previous output of one choice of a request.
 
     ``text`` is only ever whole UTF-8 characters and never contains a (partial) stop string.
-    Exactly one output per request has ``finished=True``; it may carry text too.
+    Exactly one output per request has ``finished=True`` (the last one); it may carry text too. Each choice
+    (``index``; n > 1) ends with exactly one output that has ``finish_reason`` set; with n = 1 that is the
+    finished one.
     """
 
     request_id: str
     text: str
     token_ids: tuple[int, ...]
     num_prompt_tokens: int
-    num_generated_tokens: int  # cumulative
+    num_generated_tokens: int  # cumulative, all choices together
     finished: bool = False
     finish_reason: FinishReason | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
@@ -142,6 +146,8 @@ class RequestOutput:
     # time.monotonic() seconds when the core first scheduled the request (left the waiting queue); set
     # on its outputs once known, so the server can tell queue time from prefill time.
     first_scheduled_s: float | None = None
+    index: int = 0  # the choice this delta belongs to (n > 1)
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (usage.cached_tokens)
 
 
 @dataclass(frozen=True)

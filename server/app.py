@@ -43,9 +43,12 @@ def engine_config_from(settings: Settings) -> Any:
         "intra_op_threads": settings.intra_op_threads,
         "graph_capture": settings.graph_capture,
         "grammar_compile_timeout_s": settings.grammar_compile_timeout_s,
+        "prefix_caching": settings.prefix_caching,
     }
     if settings.prefill_chunk is not None:
         kwargs["prefill_chunk"] = settings.prefill_chunk
+    if settings.speculative_tokens is not None:
+        kwargs["speculative_tokens"] = settings.speculative_tokens
     return EngineConfig(**kwargs)
 
 

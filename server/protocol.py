@@ -222,7 +222,7 @@ class _SamplingFields(OpenAIBaseModel, StructuredOutputFields):
     stop: str | list[str] | None = Field(None, description="Stop string(s); never part of the output.")
     stop_token_ids: list[int] | None = Field(None, description="Extra token ids that end generation.")
     ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence (benchmarks).")
-    n: int = Field(1, description="Number of choices; only 1 is supported.")
+    n: int = Field(1, description="Number of choices (>= 1, at most the server's --max-batch); the prompt runs once.")
     presence_penalty: float | None = Field(None, description="[-2, 2]; penalizes tokens already present.")
     frequency_penalty: float | None = Field(None, description="[-2, 2]; penalizes tokens by their count.")
     repetition_penalty: float | None = Field(None, description="[0.01, 2]; 1 disables (multiplicative, as HF).")
@@ -238,8 +238,8 @@ class _SamplingFields(OpenAIBaseModel, StructuredOutputFields):
         if self.best_of is not None and self.best_of < 1:
             raise InvalidRequestError(f"best_of must be >= 1, got {self.best_of}", param="best_of",
                                       code="invalid_value")
-        if self.n != 1:
-            raise _unsupported("n", f"n must be 1 (several choices per request are not supported yet), got {self.n}")
+        if self.n < 1:
+            raise InvalidRequestError(f"n must be >= 1, got {self.n}", param="n", code="invalid_value")
         if self.use_beam_search or (self.best_of is not None and self.best_of != 1):
             raise _unsupported("best_of" if not self.use_beam_search else "use_beam_search", BEAM_SEARCH_MESSAGE)
         if self.stream_options is not None and not self.stream:
@@ -285,6 +285,7 @@ class _SamplingFields(OpenAIBaseModel, StructuredOutputFields):
             logprobs=logprobs,
             top_logprobs=top_logprobs,
             structured=self.structured_output(),
+            n=self.n,
         )
 
     @property
@@ -457,11 +458,13 @@ def now_s() -> int:
     return int(time.time())
 
 
-def usage(num_prompt_tokens: int, num_generated_tokens: int) -> dict[str, int]:
+def usage(num_prompt_tokens: int, num_generated_tokens: int, num_cached_tokens: int = 0) -> dict[str, Any]:
+    """`usage`; prompt tokens served from the prefix cache are `prompt_tokens_details.cached_tokens`."""
     return {
         "prompt_tokens": num_prompt_tokens,
         "completion_tokens": num_generated_tokens,
         "total_tokens": num_prompt_tokens + num_generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": num_cached_tokens},
     }
 
 
@@ -507,15 +510,16 @@ def chat_chunk(
     finish_reason: str | None = None,
     logprobs: dict[str, Any] | None = None,
     with_usage_field: bool = False,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One `chat.completion.chunk` with a single choice."""
+    """One `chat.completion.chunk` with a single choice (``index``: which of n)."""
     chunk: dict[str, Any] = {
         "id": request_id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
         "system_fingerprint": None,
-        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
     }
     if with_usage_field:
         chunk["usage"] = None
@@ -564,7 +568,7 @@ def chat_completion(
 def completion_chunk(
     request_id: str, created: int, model: str, text: str, finish_reason: str | None = None,
     logprobs: dict[str, Any] | None = None, usage_dict: dict[str, int] | None = None, with_choice: bool = True,
-    with_usage_field: bool = False,
+    with_usage_field: bool = False, index: int = 0,
 ) -> dict[str, Any]:
     """A `text_completion` object: one streamed chunk, or the whole response when not streaming."""
     body: dict[str, Any] = {
@@ -574,11 +578,19 @@ def completion_chunk(
         "model": model,
         "system_fingerprint": None,
         "choices": (
-            [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}] if with_choice else []
+            [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}] if with_choice
+            else []
         ),
     }
     if usage_dict is not None or with_usage_field:
         body["usage"] = usage_dict
+    return body
+
+
+def with_choices(bodies: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One response of n choices (n > 1) from one single-choice response per choice, in choice order."""
+    body = dict(bodies[0])
+    body["choices"] = [{**b["choices"][0], "index": index} for index, b in enumerate(bodies)]
     return body
 
 

@@ -114,6 +114,15 @@ class Settings(BaseSettings):
         256 * 1024 * 1024, ge=0, le=1024**4,
         description="Bytes (estimated as JSON) the stored responses may hold together.",
     )
+    prefix_caching: bool = Field(
+        True, description="Keep finished requests' KV and reuse the longest matching prompt prefix "
+        "(--no-prefix-caching turns it off)."
+    )
+    speculative_tokens: int | None = Field(
+        None, ge=0, le=64,
+        description="Longest prompt-lookup draft checked per decode run (speculative decoding; default: the "
+        "engine's, 16; 0 turns it off).",
+    )
 
     sse_ping_s: float = Field(
         15.0, ge=0.0, le=3600.0, description="Seconds between SSE keep-alive comments on a stream (0 disables)."

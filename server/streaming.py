@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -189,16 +189,18 @@ class StreamContext:
     include_usage: bool
     token_text: Callable[[int], str]
     want_logprobs: bool = False
+    n: int = 1  # choices
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
-    text_offset: int = 0
+    num_cached_tokens: int = 0
 
     def account(self, out: RequestOutput) -> None:
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_generated_tokens = max(self.num_generated_tokens, out.num_generated_tokens)
+        self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
 
-    def usage(self) -> dict[str, int]:
-        return protocol.usage(self.num_prompt_tokens, self.num_generated_tokens)
+    def usage(self) -> dict[str, Any]:
+        return protocol.usage(self.num_prompt_tokens, self.num_generated_tokens, self.num_cached_tokens)
 
 
 def _dump(obj: Any) -> str:
@@ -235,7 +237,7 @@ class _ChunkTemplate:
 
 
 def _check_error(out: RequestOutput) -> None:
-    if out.finished and out.finish_reason == FinishReason.ERROR:
+    if out.finish_reason == FinishReason.ERROR:
         raise EngineRequestError(out.error or "the engine failed while running this request")
 
 
@@ -271,30 +273,34 @@ def tool_finish_reason(reason: str | None, calls: ToolCallStream) -> str | None:
     return "tool_calls" if calls.has_calls and reason == str(FinishReason.STOP) else reason
 
 
-def _tool_chat_events(run: EngineRun, ctx: StreamContext, calls: ToolCallStream) -> AsyncIterator[bytes]:
-    """As _chat_events, with the text read by a tool-call parser: content deltas and delta.tool_calls."""
+def _tool_chat_events(run: EngineRun, ctx: StreamContext, calls: Sequence[ToolCallStream]) -> AsyncIterator[bytes]:
+    """As _chat_events, with each choice's text read by its own tool-call parser (``calls[index]``): content
+    deltas and delta.tool_calls."""
 
-    def chunk(delta: dict[str, Any], **extra: Any) -> bytes:
+    def chunk(index: int, delta: dict[str, Any], **extra: Any) -> bytes:
         return _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, delta,
-                                          with_usage_field=ctx.include_usage, **extra))
+                                          with_usage_field=ctx.include_usage, index=index, **extra))
 
     async def events() -> AsyncIterator[bytes]:
-        yield chunk({"role": "assistant", "content": ""})
+        for index in range(ctx.n):
+            yield chunk(index, {"role": "assistant", "content": ""})
         async for out in run.outputs():
             ctx.account(out)
             _check_error(out)
-            deltas = calls.feed(out.text, final=out.finished)
+            parser = calls[out.index]
+            done = out.finish_reason is not None  # this choice's last output
+            deltas = parser.feed(out.text, final=done)
             if ctx.want_logprobs and out.logprobs:
                 # NOTE(tools): a parser holds text back, so a step's logprobs ride on its first delta (or on an
                 # empty content delta when the step's text is still held).
                 logprobs = protocol.chat_logprobs(out.logprobs, ctx.token_text)
                 first, deltas = (deltas[0], deltas[1:]) if deltas else ({"content": ""}, [])
-                yield chunk(first, logprobs=logprobs)
+                yield chunk(out.index, first, logprobs=logprobs)
             for delta in deltas:
-                yield chunk(delta)
-            if out.finished:
-                reason = tool_finish_reason(protocol.finish_reason_str(out.finish_reason), calls)
-                yield chunk({}, finish_reason=reason)
+                yield chunk(out.index, delta)
+            if done:
+                reason = tool_finish_reason(protocol.finish_reason_str(out.finish_reason), parser)
+                yield chunk(out.index, {}, finish_reason=reason)
         if ctx.include_usage:
             yield _event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, ctx.usage()))
         yield _DONE
@@ -304,10 +310,13 @@ def _tool_chat_events(run: EngineRun, ctx: StreamContext, calls: ToolCallStream)
 
 def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
     async def events() -> AsyncIterator[bytes]:
-        yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model,
-                                         {"role": "assistant", "content": ""}, with_usage_field=ctx.include_usage))
-        content = _ChunkTemplate(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {"content": _SLOT},
-                                                     with_usage_field=ctx.include_usage))
+        for index in range(ctx.n):
+            yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model,
+                                             {"role": "assistant", "content": ""},
+                                             with_usage_field=ctx.include_usage, index=index))
+        content = [_ChunkTemplate(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {"content": _SLOT},
+                                                      with_usage_field=ctx.include_usage, index=index))
+                   for index in range(ctx.n)]
         async for out in run.outputs():
             ctx.account(out)
             _check_error(out)
@@ -315,14 +324,15 @@ def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
                         if ctx.want_logprobs and out.logprobs else None)
             if logprobs:
                 yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {"content": out.text},
-                                                 logprobs=logprobs, with_usage_field=ctx.include_usage))
+                                                 logprobs=logprobs, with_usage_field=ctx.include_usage,
+                                                 index=out.index))
             elif out.text:
-                yield content.render(out.text)
-            if out.finished:
-                # NOTE(server): exactly one chunk carries finish_reason, with an empty delta (as OpenAI).
+                yield content[out.index].render(out.text)
+            if out.finish_reason is not None:
+                # NOTE(server): exactly one chunk per choice carries finish_reason, with an empty delta (as OpenAI).
                 yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {},
                                                  finish_reason=protocol.finish_reason_str(out.finish_reason),
-                                                 with_usage_field=ctx.include_usage))
+                                                 with_usage_field=ctx.include_usage, index=out.index))
         if ctx.include_usage:
             yield _event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, ctx.usage()))
         yield _DONE
@@ -332,24 +342,27 @@ def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
 
 def _completion_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
     async def events() -> AsyncIterator[bytes]:
-        text = _ChunkTemplate(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, _SLOT,
-                                                        with_usage_field=ctx.include_usage))
+        text = [_ChunkTemplate(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, _SLOT,
+                                                         with_usage_field=ctx.include_usage, index=index))
+                for index in range(ctx.n)]
+        text_offsets = [0] * ctx.n
         async for out in run.outputs():
             ctx.account(out)
             _check_error(out)
             logprobs = None
             if ctx.want_logprobs and out.logprobs:
-                logprobs = protocol.completion_logprobs(out.logprobs, ctx.token_text, ctx.text_offset)
-            ctx.text_offset += len(out.text)
+                logprobs = protocol.completion_logprobs(out.logprobs, ctx.token_text, text_offsets[out.index])
+            text_offsets[out.index] += len(out.text)
             if logprobs:
                 yield _event(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, out.text,
-                                                       logprobs=logprobs, with_usage_field=ctx.include_usage))
+                                                       logprobs=logprobs, with_usage_field=ctx.include_usage,
+                                                       index=out.index))
             elif out.text:
-                yield text.render(out.text)
-            if out.finished:
+                yield text[out.index].render(out.text)
+            if out.finish_reason is not None:
                 yield _event(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, "",
                                                        finish_reason=protocol.finish_reason_str(out.finish_reason),
-                                                       with_usage_field=ctx.include_usage))
+                                                       with_usage_field=ctx.include_usage, index=out.index))
         if ctx.include_usage:
             yield _event(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, "",
                                                    usage_dict=ctx.usage(), with_choice=False))
@@ -391,8 +404,9 @@ def event_source(events: AsyncIterator[bytes], run: EngineRun, ping_s: float,
 
 
 def stream_chat(run: EngineRun, ctx: StreamContext, ping_s: float, shutdown_grace_s: float,
-                tool_calls: ToolCallStream | None = None) -> EventSourceResponse:
-    """The chat stream; with ``tool_calls`` (the request can make calls) the text goes through its parser."""
+                tool_calls: Sequence[ToolCallStream] | None = None) -> EventSourceResponse:
+    """The chat stream; with ``tool_calls`` (the request can make calls; one parser per choice) the text goes
+    through its choice's parser."""
     events = _chat_events(run, ctx) if tool_calls is None else _tool_chat_events(run, ctx, tool_calls)
     return event_source(events, run, ping_s, shutdown_grace_s)
 
@@ -421,24 +435,29 @@ class Collected:
     text: str
     finish_reason: str | None
     logprobs: list[TokenLogprob]
+    more: list[Collected] = field(default_factory=list)  # n > 1: choices 1..n-1
 
 
 async def collect(run: EngineRun, ctx: StreamContext, request: Request) -> Collected:
-    """Run a non-streaming request to the end; a client that leaves aborts it."""
+    """Run a non-streaming request to the end; a client that leaves aborts it. Returns choice 0 (the others,
+    n > 1, in its ``more``)."""
 
     async def gather() -> Collected:
-        parts: list[str] = []
-        entries: list[TokenLogprob] = []
-        reason: str | None = None
+        choices = [Collected("", None, []) for _ in range(ctx.n)]
+        parts: list[list[str]] = [[] for _ in range(ctx.n)]
         async for out in run.outputs():
             ctx.account(out)
             _check_error(out)
-            parts.append(out.text)
+            choice = choices[out.index]
+            parts[out.index].append(out.text)
             if out.logprobs:
-                entries.extend(out.logprobs)
-            if out.finished:
-                reason = protocol.finish_reason_str(out.finish_reason)
-        return Collected("".join(parts), reason, entries)
+                choice.logprobs.extend(out.logprobs)
+            if out.finish_reason is not None:
+                choice.finish_reason = protocol.finish_reason_str(out.finish_reason)
+        for choice, texts in zip(choices, parts):
+            choice.text = "".join(texts)
+        choices[0].more = choices[1:]
+        return choices[0]
 
     return await _collected(run, request, gather())
 

@@ -23,16 +23,21 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 
     run, ctx = await start_run(request, state, engine, tracker, "chatcmpl", prepared.prompt_ids, params,
                                body.include_usage)
-    calls = prepared.tool_calls()
+    calls = prepared.tool_call_streams()  # one parser per choice
     if body.stream:
         return stream_chat(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s, tool_calls=calls)
     result = await collect(run, ctx, request)
-    logprobs = protocol.chat_logprobs(result.logprobs, ctx.token_text) if params.logprobs else None
-    if calls is None:
-        return JSONResponse(protocol.chat_completion(ctx.request_id, ctx.created, ctx.model, result.text,
-                                                     result.finish_reason, ctx.usage(), logprobs))
-    calls.feed(result.text, final=True)
-    message = calls.message()
-    return JSONResponse(protocol.chat_completion(
-        ctx.request_id, ctx.created, ctx.model, message["content"],
-        tool_finish_reason(result.finish_reason, calls), ctx.usage(), logprobs, tool_calls=message["tool_calls"]))
+    bodies = []
+    for i, choice in enumerate((result, *result.more)):  # n > 1: one body per choice, merged
+        logprobs = protocol.chat_logprobs(choice.logprobs, ctx.token_text) if params.logprobs else None
+        if calls is None:
+            bodies.append(protocol.chat_completion(ctx.request_id, ctx.created, ctx.model, choice.text,
+                                                   choice.finish_reason, ctx.usage(), logprobs))
+            continue
+        calls[i].feed(choice.text, final=True)
+        message = calls[i].message()
+        bodies.append(protocol.chat_completion(
+            ctx.request_id, ctx.created, ctx.model, message["content"],
+            tool_finish_reason(choice.finish_reason, calls[i]), ctx.usage(), logprobs,
+            tool_calls=message["tool_calls"]))
+    return JSONResponse(protocol.with_choices(bodies))

@@ -133,6 +133,11 @@ class PreparedChat:
         """A fresh reader of the output's tool calls when the request can make calls (None: plain text)."""
         return ToolCallStream(make_parser(self.plan.parser), self.plan.max_calls) if self.plan.parser else None
 
+    def tool_call_streams(self) -> list[ToolCallStream] | None:
+        """One fresh reader per choice (``params.n``), or None when the request makes no calls."""
+        return [ToolCallStream(make_parser(self.plan.parser), self.plan.max_calls)
+                for _ in range(self.params.n)] if self.plan.parser else None
+
 
 async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.ChatCompletionRequest) -> PreparedChat:
     """Tool plan, template + tokenize (in a thread) and the checked SamplingParams; shared by chat and Responses."""
@@ -161,5 +166,6 @@ async def start_run(request: Request, state: ServerState, engine: EngineClient, 
         include_usage=include_usage,
         token_text=lambda token_id: engine.tokenizer.decode([token_id]),
         want_logprobs=params.logprobs,
+        n=params.n,
     )
     return run, ctx

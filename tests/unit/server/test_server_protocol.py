@@ -55,7 +55,7 @@ def test_out_of_range_names_param_and_value(fields: dict, param: str) -> None:
 
 
 @pytest.mark.parametrize("fields,param,needle", [
-    ({"n": 2}, "n", "n must be 1"),
+    ({"n": 0}, "n", "n must be >= 1"),
     ({"best_of": 3}, "best_of", "beam search"),
     ({"best_of": 0}, "best_of", "best_of must be >= 1, got 0"),  # a bad value, not a beam search request
     ({"use_beam_search": True}, "use_beam_search", "shared max-length buffer"),
