@@ -165,7 +165,7 @@ def test_a_token_the_grammar_rejects_fails_that_request_only(tiny_model: Path):
 
     def poison(info: StepInfo) -> None:
         if info.kind == "decode" and "victim" in info.request_ids and not poisoned and info.step >= 6:
-            request = eng._core.scheduler.running["victim"]  # the core thread's own state (test only)
+            request = eng._core.scheduler.running["victim", 0]  # the core thread's own state (test only)
             assert not request.constraint.accept(eng.tokenizer.encode("!")[0])
             poisoned.append("victim")
 
@@ -189,3 +189,18 @@ def test_a_token_the_grammar_rejects_fails_that_request_only(tiny_model: Path):
         assert eng.stats().num_slots_free == 4
     finally:
         eng.shutdown()
+
+
+def test_n_choices_each_follow_the_grammar_with_their_own_state(engine):
+    """n > 1 shares one prefill; each choice has a grammar state of its own, so every choice validates
+    although the choices sample different tokens (temperature 1) from the first token on."""
+    schema = SCHEMAS[0]
+    params = SamplingParams(max_tokens=400, temperature=1.0, seed=5, n=4,
+                            structured=StructuredOutput("json_schema", json.dumps(schema)))
+    outputs = asyncio.run(collect(engine, prompt_for(engine), params, "n-schema"))
+    texts = {i: "".join(o.text for o in outputs if o.index == i) for i in range(4)}
+    reasons = {o.index: o.finish_reason for o in outputs if o.finish_reason is not None}
+    assert reasons == {i: FinishReason.STOP for i in range(4)}
+    for text in texts.values():
+        jsonschema.validate(json.loads(text), schema)
+    assert len(set(texts.values())) > 1  # the choices did sample apart (a shared state would break them)

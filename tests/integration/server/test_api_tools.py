@@ -130,6 +130,26 @@ def test_streamed_calls_reassemble_to_the_non_streamed_ones(smol: RunningServer)
     assert all((c.choices[0].delta.content or "") == "" for c in chunks)
 
 
+def test_n_choices_each_make_valid_calls_streamed_and_whole(smol: RunningServer) -> None:
+    """n > 1 with tools: each choice is read by its own parser; streamed, each choice's tool-call deltas
+    (by choice index) reassemble to valid calls."""
+    kwargs = {"tool_choice": "required", "parallel_tool_calls": False, "temperature": 1.0, "seed": 3, "n": 3}
+    whole = _ask(smol, **kwargs)
+    assert sorted(c.index for c in whole.choices) == [0, 1, 2]
+    for choice in whole.choices:
+        assert choice.finish_reason == "tool_calls"
+        _check_calls(choice.message.tool_calls)
+    with smol.client().chat.completions.stream(model="smollm2", messages=ASK, tools=TOOLS, max_tokens=96,
+                                               **kwargs) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    assert sorted(c.index for c in final.choices) == [0, 1, 2]
+    for choice in final.choices:
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        _check_calls(choice.message.tool_calls)
+
+
 def test_round_trip_call_then_tool_result_then_text(smol: RunningServer) -> None:
     first = _ask(smol, tool_choice="required", parallel_tool_calls=False, temperature=0)
     call = first.choices[0].message.tool_calls[0]
