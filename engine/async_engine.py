@@ -17,9 +17,12 @@ from engine.chat_template import ChatTemplate
 from engine.config import EngineConfig
 from engine.core import CoreOutput, EngineCore
 from engine.detokenizer import IncrementalDetokenizer
+from engine.device_kv import RowCopier, row_copy_graph_bytes
 from engine.graph_capture import OpenedSession, open_session
 from engine.kv_cache import KVCache, KVShape, make_kv_allocator
-from engine.model_loader import ModelFolder, check_graph, read_model_folder, resolve_max_model_len
+from engine.model_loader import (
+    ModelFolder, check_graph, create_session, read_model_folder, resolve_max_model_len,
+)
 from engine.output_processor import OutputProcessor, RequestState, merge_by_choice
 from engine.runner import Runner, make_input_allocator
 from engine.scheduler import Request, Scheduler
@@ -31,6 +34,11 @@ from engine.types import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _device_views(selected: Any) -> bool:
+    """A KV buffer's prefix can be bound by its address on this device (measured on WebGPU; others untested)."""
+    return selected is not None and selected.provider == "webgpu"
 
 
 class AsyncEngine:
@@ -60,9 +68,10 @@ class AsyncEngine:
         # S = 1 (GroupQueryAttention refuses S > 1 with a past at batch > 1), so no speculation there.
         speculative_tokens = 0 if runner.whole_buffer else config.speculative_tokens
         scheduler = Scheduler(config.max_batch, config.max_queue + config.max_batch, config.prefill_chunk,
-                              prefix_caching=config.prefix_caching, can_copy=kv.addressable,
+                              prefix_caching=config.prefix_caching, can_copy=runner.can_copy,
                               speculative_tokens=speculative_tokens,
-                              speculative_max_batch=config.speculative_max_batch)
+                              speculative_max_batch=config.speculative_max_batch,
+                              low_slots=len(runner.buckets) > 1)
         self.kv_cache_bytes = kv.shape.nbytes
         self._processor = OutputProcessor()
         self._seq = 0
@@ -88,17 +97,23 @@ class AsyncEngine:
         kv_length = io.kv_length or self.max_model_len
         if opened.graph_capture and kv_length != planned_len:
             raise ModelLoadError(f"graph capture was set up for KV length {planned_len}, the graph has {kv_length}")
-        kv = KVCache(KVShape(self.folder.num_layers, config.max_batch, self.folder.num_kv_heads, kv_length,
-                             self.folder.head_size, io.kv_dtype), make_kv_allocator(selected, session))
+        allocator = make_kv_allocator(selected, session)
+        kv_shape = KVShape(self.folder.num_layers, config.max_batch, self.folder.num_kv_heads, kv_length,
+                           self.folder.head_size, io.kv_dtype)
+        kv = KVCache(kv_shape, allocator)
         device_alloc = None
         if opened.graph_capture:
             from ep import host_memory
 
             def device_alloc(shape: tuple[int, ...], dtype: Any) -> Any:
                 return host_memory.alloc_device(shape, dtype, selected, session=session, zero=True)
+        whole = bool(config.whole_buffer) or not kv.addressable
+        staged = self._staged_prefill_parts(opened, kv_shape, allocator) if whole else {}
         runner = Runner(session, io, kv, prefill_chunk=config.prefill_chunk, max_position=self.max_model_len,
                         whole_buffer=bool(config.whole_buffer), input_allocator=make_input_allocator(selected),
-                        device_alloc=device_alloc, packed_input=opened.packed_input)
+                        device_alloc=device_alloc, packed_input=opened.packed_input,
+                        kv_view_device=("webgpu", selected.device_id) if _device_views(selected) else None,
+                        graph_ids=opened.graph_capture, **staged)
         if selected is not None and runner.whole_buffer:
             try:  # compile the kernels (and capture the decode step) before the first request
                 runner.warmup()
@@ -115,6 +130,25 @@ class AsyncEngine:
             graph_capture=opened.graph_capture, graph_capture_note=opened.note)
         log.info("placement: %s", self.placement)
         return runner
+
+    def _staged_prefill_parts(self, opened: OpenedSession, kv_shape: KVShape, allocator: Any) -> dict[str, Any]:
+        """Whole buffer on the CPU EP or WebGPU: a one-slot staging KV, a row copier and the prefill session for
+        chunked prefill (engine.device_kv); {} where these are not known to work (other devices: one token
+        per run, as before)."""
+        selected, config = opened.selected, self.config
+        if selected is not None and selected.provider != "webgpu":
+            return {}
+        copy_bytes = row_copy_graph_bytes(2 * kv_shape.num_layers, kv_shape.dtype)
+        copy_session, _ = create_session(self.folder, config, selected=selected, model_bytes=copy_bytes)
+        prefill_session, prefill_io = opened.session, None
+        if opened.graph_capture or opened.packed_input:  # the captured graph runs S = 1 only: the plain one
+            prefill_session, _ = create_session(self.folder, config, selected=selected)
+            prefill_io = check_graph(self.folder, prefill_session)
+        staging = KVCache(dataclasses.replace(kv_shape, num_slots=1), allocator)
+        log.info("chunked prefill through a staging row and device row copies (%s)",
+                 selected.ep_name if selected is not None else "CPUExecutionProvider")
+        return {"staging": staging, "copier": RowCopier(copy_session, 2 * kv_shape.num_layers),
+                "prefill_session": prefill_session, "prefill_io": prefill_io}
 
     @classmethod
     def from_model_dir(cls, path: str | Path, config: EngineConfig | None = None) -> AsyncEngine:

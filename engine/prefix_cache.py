@@ -49,6 +49,8 @@ class Placement:
     slot: int
     num_reused: int = 0
     copy: KVCopy | None = None
+    # low_slots: what ``slot`` cached is first saved to another free slot (runs before ``copy``)
+    save: KVCopy | None = None
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int) -> int:
@@ -78,12 +80,15 @@ class SlotPrefixCache:
     Args:
         num_slots: rows of the KV buffer.
         enabled: False -> nothing is kept, every prompt goes to the lowest free slot (the old behaviour).
-        can_copy: KV rows are host memory (a prefix can be copied from another slot).
+        can_copy: a prefix can be copied from another slot (host rows, or a device row copier).
+        low_slots: a request always takes the lowest free slot (its prefix is copied there from wherever it
+            is): a bucketed whole-buffer runner decodes rows ``[0, b)``, so low rows keep ``b`` small.
     """
 
-    def __init__(self, num_slots: int, enabled: bool, can_copy: bool) -> None:
+    def __init__(self, num_slots: int, enabled: bool, can_copy: bool, low_slots: bool = False) -> None:
         self.enabled = enabled
         self.can_copy = can_copy and enabled
+        self.low_slots = low_slots
         self._tokens: list[list[int]] = [[] for _ in range(num_slots)]  # valid KV of each free slot
         self._last_used = [0] * num_slots
         self._clock = 0
@@ -104,7 +109,9 @@ class SlotPrefixCache:
 
     def victim(self, free: Iterable[int]) -> int:
         """The free slot to fill when no cached prefix is worth keeping: an empty one (lowest first), else the
-        least recently used."""
+        least recently used (the lowest with ``low_slots``)."""
+        if self.low_slots:
+            return min(free)
         return min(free, key=lambda s: (bool(self._tokens[s]), self._last_used[s], s))
 
     def place(self, prompt: Sequence[int], free: Sequence[int],
@@ -122,13 +129,14 @@ class SlotPrefixCache:
             return Placement(min(free))
         limit = len(prompt) - MIN_RECOMPUTED
         own = {s: common_prefix_len(prompt, self._tokens[s], limit) for s in free}
+        save = self._save_lowest(free, own) if self.low_slots and self.can_copy else None
         best = max(free, key=lambda s: (own[s], -s))
         victim = self.victim(free)
         # NOTE(engine): taking a slot in place discards what it holds past the match. With host rows the match
         # can be copied instead, so a slot is taken in place only when the prompt extends all of it (the next
         # turn of its conversation); with opaque rows, when the prompt keeps most of it.
         keep = len(self._tokens[best]) if self.can_copy else MIN_KEEP_FRACTION * len(self._tokens[best])
-        slot = best if own[best] > 0 and own[best] >= keep else victim
+        slot = best if own[best] > 0 and own[best] >= keep and not (self.low_slots and self.can_copy) else victim
         reused = own[slot]
         if not self.can_copy:
             return Placement(slot, reused)
@@ -143,5 +151,19 @@ class SlotPrefixCache:
             if n > longest:
                 src, longest = s, n
         if src == slot:
-            return Placement(slot, reused)
-        return Placement(slot, longest, KVCopy(src, slot, reused, longest))
+            return Placement(slot, reused, save=save)
+        return Placement(slot, longest, KVCopy(src, slot, reused, longest), save)
+
+    def _save_lowest(self, free: Sequence[int], own: dict[int, int]) -> KVCopy | None:
+        """low_slots: the lowest free slot is taken; what it caches beyond the new prompt's match moves to the
+        free slot the victim rule picks among the others (an empty one, else the least recently used), so a
+        conversation's KV survives another request taking its row."""
+        lowest = min(free)
+        tokens = self._tokens[lowest]
+        if len(free) < 2 or not tokens or own[lowest] >= len(tokens):
+            return None
+        others = [s for s in free if s != lowest]
+        spare = min(others, key=lambda s: (bool(self._tokens[s]), self._last_used[s], s))
+        self._tokens[spare], self._last_used[spare] = tokens, self._last_used[lowest]
+        own[spare] = own[lowest]
+        return KVCopy(lowest, spare, 0, len(tokens))

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from engine.device_kv import RowCopier, batch_buckets, bucket_for
 from engine.graph_capture import DeviceAllocator, DeviceDecodeIO
 from engine.kv_cache import KVCache
 from engine.model_loader import GraphIO
@@ -61,8 +62,11 @@ class Runner:
     Two binding modes:
       * row views (KV rows can be bound as views): a decode step runs the slot range ``[lo, hi)`` as a
         batch of ``hi - lo``; a prefill chunk runs its slot alone, shape ``[1, S]``;
-      * whole buffer (opaque device KV): every run covers all slots, shape ``[num_slots, 1]``; a
-        prompt goes in one token per run (see ``_prefill_whole``).
+      * whole buffer (opaque device KV): a decode run covers the rows ``[0, b)`` of the smallest batch bucket
+        ``b`` that holds the running slots (``engine.device_kv``: the KV buffers bound as their prefix; with
+        graph capture one captured step per bucket); without prefix views, all slots. With ``staging`` and
+        ``copier`` a prompt goes in chunks of many tokens through a batch-1 staging row whose KV is then
+        copied into the slot (see ``_prefill_staged``); without them, one token per run (``_prefill_whole``).
 
     NOTE(engine): GQA derives each row's length from its mask (seqlens_k = ones - 1) and writes the new
     token's KV at ``ones - 1``. A row with no work ("idle") gets ``ones = slot_len + 1``: its dummy KV
@@ -82,12 +86,23 @@ class Runner:
             captured graph needs); the numpy buffers then stage the inputs, uploaded before each run.
         packed_input: with ``device_alloc``: the graph takes its decode inputs packed into this one int32
             ``[num_slots, 2]`` input (token id, seqlens_k) (see ``engine.graph_capture.capture_graph_bytes``).
+        kv_view_device: whole buffer on opaque device KV: (device type, device id) to bind a KV buffer's
+            prefix by its address (decode at the size of the work); None -> every decode run covers all
+            slots. Host KV needs none (its prefixes are numpy views).
+        staging: whole buffer: a one-slot KV cache for chunked prefill (``_prefill_staged``), with
+            ``prefill_session`` (a session of the plain graph on the same device; default ``session``),
+            ``prefill_io`` (its names; default ``io``) and ``copier`` (device row copies).
+        graph_ids: with ``device_alloc`` and several buckets: run each bucket's captured step under its own
+            ``gpu_graph_id`` (the bucket size).
     """
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
                  max_position: int, whole_buffer: bool = False,
                  input_allocator: InputAllocator = host_input,
-                 device_alloc: DeviceAllocator | None = None, packed_input: str | None = None) -> None:
+                 device_alloc: DeviceAllocator | None = None, packed_input: str | None = None,
+                 kv_view_device: tuple[str, int] | None = None, staging: KVCache | None = None,
+                 prefill_session: ort.InferenceSession | None = None, prefill_io: GraphIO | None = None,
+                 copier: RowCopier | None = None, graph_ids: bool = False) -> None:
         self.session = session
         self.io = io
         self.kv = kv
@@ -98,6 +113,17 @@ class Runner:
         self.max_position = max_position
         self.whole_buffer = whole_buffer or not kv.addressable
         n, chunk, vocab = self.num_slots, prefill_chunk, self.vocab_size
+        self.kv_view_device = None if kv.addressable else kv_view_device
+        # NOTE(engine): decode widths; one (all slots) when a prefix of the KV can't be bound
+        self.buckets = batch_buckets(n) if self.whole_buffer and (kv.addressable or self.kv_view_device) else (n,)
+        self.copier = copier
+        self.staging = staging if copier is not None else None
+        self.prefill_session = prefill_session or session
+        self.prefill_io = prefill_io or io
+        self._staged: tuple[int, int] | None = None  # (slot, length) whose KV the staging row holds
+        self._stage_binding: ort.IOBinding | None = None
+        self._ones = np.ones(self.length, dtype=np.int64)
+        self.stage_keep_last = LOGITS_TO_KEEP in {i.name for i in self.prefill_session.get_overridable_initializers()}
         # NOTE(engine): every buffer is allocated here once; steps write them in place.
         # The three decode inputs: whole-buffer bindings use their own OrtValues (host-accessible memory
         # on devices: zero copy); row views wrap numpy views of the same memory.
@@ -119,18 +145,27 @@ class Runner:
         self._prefill_bindings: dict[int, ort.IOBinding] = {}
         self._verify_bindings: dict[int, ort.IOBinding] = {}
         self.input_source = getattr(input_allocator, "source", "cpu")  # where the decode inputs live
-        self.device_io: DeviceDecodeIO | None = None
+        self.device_io: DeviceDecodeIO | None = None  # the full width's; one per bucket in _device_ios
+        self._device_ios: dict[int, DeviceDecodeIO] = {}
         self._packed: np.ndarray | None = None
+        self._run_options: dict[int, ort.RunOptions] = {}
         if device_alloc is not None:
             if not self.whole_buffer:
                 raise ValueError("device decode buffers need whole-buffer mode")
-            staging = {io.input_ids: self.decode_ids, io.attention_mask: self.mask}
-            if io.position_ids:
-                staging[io.position_ids] = self.decode_pos
             if packed_input:
                 self._packed = np.zeros((n, 2), dtype=np.int32)  # (token id, seqlens_k = ones - 1) per row
-                staging = {packed_input: self._packed}
-            self.device_io = DeviceDecodeIO(session, staging, io.logits, (n, 1, vocab), device_alloc)
+            for b in self.buckets:
+                # NOTE(engine): a prefix of a C-contiguous array is contiguous: each bucket stages rows [0, b)
+                stage = {io.input_ids: self.decode_ids[:b], io.attention_mask: self.mask[:b]}
+                if io.position_ids:
+                    stage[io.position_ids] = self.decode_pos[:b]
+                if self._packed is not None:
+                    stage = {packed_input: self._packed[:b]}
+                self._device_ios[b] = DeviceDecodeIO(session, stage, io.logits, (b, 1, vocab), device_alloc)
+                if graph_ids and len(self.buckets) > 1:
+                    self._run_options[b] = ort.RunOptions()
+                    self._run_options[b].add_run_config_entry("gpu_graph_id", str(b))
+            self.device_io = self._device_ios[n]
             self.input_source = "cpu->device"
         # NOTE(engine): with plain CPU inputs a decode step's mask is only as wide as its longest row: GQA
         # takes total_sequence_length from the mask width and its per-row cost grows with it (~15% of the
@@ -153,7 +188,10 @@ class Runner:
         """
         rows = np.asarray(slots, dtype=np.int64)
         pos = np.asarray(positions, dtype=np.int64)
-        lo, hi = (0, self.num_slots) if self.whole_buffer else (int(rows[0]), int(rows[-1]) + 1)
+        if self.whole_buffer:
+            lo, hi = 0, bucket_for(self.buckets, int(rows[-1]) + 1)
+        else:
+            lo, hi = int(rows[0]), int(rows[-1]) + 1
         width = hi - lo
         if width > len(rows):  # idle rows in the range: a dummy token at their first unused position
             idle = np.setdiff1d(np.arange(lo, hi), rows, assume_unique=True)
@@ -166,23 +204,33 @@ class Runner:
         binding = self._decode_bindings.get((lo, hi)) or self._make_decode_binding(lo, hi)
         if self._narrow_mask:
             self._bind_narrow_mask(binding, lo, hi)
-        logits = self._run_decode(binding)  # [width, 1, V]
+        logits = self._run_decode(binding, hi)  # [width, 1, V]
         self.slot_len[rows] = pos + 1
         if width > len(rows):
             return logits[rows - lo, 0]  # [n, V] (a gather copy)
         return logits[:width, 0]  # [n, V] view
 
+    @property
+    def can_copy(self) -> bool:
+        """KV can be copied between slots (host rows, or the device row copier)."""
+        return self.kv.addressable or self.copier is not None
+
     def warmup(self) -> None:
-        """One whole-buffer run with every row idle: compiles the kernels and, with graph capture, captures
-        the decode step, so the first request doesn't pay for it. Row KV stays garbage (no slot is live)."""
+        """Whole buffer: one run per bucket with every row idle, and one staged prefill run: compiles the
+        kernels and, with graph capture, captures each bucket's decode step, so the first request doesn't
+        pay for it. Row KV stays garbage (no slot is live)."""
         if not self.whole_buffer:
             return
-        rows = np.arange(self.num_slots)
-        self.decode_ids[:, 0] = 0
-        self.decode_pos[:, 0] = np.minimum(self.slot_len, self.max_position - 1)
-        self._set_ones(rows, self.slot_len + 1)
-        binding = self._decode_bindings.get((0, self.num_slots)) or self._make_decode_binding(0, self.num_slots)
-        self._run_decode(binding)
+        for b in self.buckets:
+            rows = np.arange(b)
+            self.decode_ids[:b, 0] = 0
+            self.decode_pos[:b, 0] = np.minimum(self.slot_len[:b], self.max_position - 1)
+            self._set_ones(rows, self.slot_len[:b] + 1)
+            binding = self._decode_bindings.get((0, b)) or self._make_decode_binding(0, b)
+            self._run_decode(binding, b)
+        if self.staging is not None:
+            self._run_staged([0, 0], 0)
+            self._staged = None
 
     def prefill(self, slot: int, token_ids: Sequence[int], start: int, also: Sequence[int] = ()) -> np.ndarray:
         """Prompt tokens ``[start, start + S)`` of the request in ``slot``.
@@ -198,6 +246,8 @@ class Runner:
         if not 0 < num <= self.prefill_chunk:
             raise ValueError(f"a prefill chunk holds 1..{self.prefill_chunk} tokens, got {num}")
         if self.whole_buffer:
+            if self.staging is not None:
+                return self._prefill_staged(slot, token_ids, start, also)
             return self._prefill_whole(slot, token_ids, start, also)
         logits = self._run_chunk(slot, token_ids, start, all_logits=False)[-1]
         for other in also:
@@ -223,8 +273,16 @@ class Runner:
         return self._run_chunk(slot, token_ids, start, all_logits=True)
 
     def copy_kv(self, src: int, dst: int, start: int, end: int) -> None:
-        """Copy KV positions ``[start, end)`` of slot ``src`` into slot ``dst`` (host rows only)."""
-        self.kv.copy_positions(src, dst, start, end)
+        """Copy KV positions ``[start, end)`` of slot ``src`` into slot ``dst`` (host rows; on an opaque device
+        the whole row, whose positions ``[0, start)`` are then the same as dst's: a shared prefix)."""
+        if self.kv.addressable:
+            self.kv.copy_positions(src, dst, start, end)
+        elif self.copier is not None:
+            self.copier.copy(self._kv_buffers, src, self._kv_buffers, dst)
+        else:
+            raise ValueError("the KV cache is opaque and has no device row copier")
+        if self._staged is not None and self._staged[0] == dst:
+            self._staged = None
         self.slot_len[dst] = max(int(self.slot_len[dst]), end)
 
     def release(self, slot: int, keep: int = 0) -> None:
@@ -234,8 +292,67 @@ class Runner:
         prefix survives the steps that run this row idle.
         """
         self.slot_len[slot] = keep
+        if self._staged is not None and self._staged[0] == slot:
+            self._staged = None
 
     # -- internals -------------------------------------------------------------------------------------
+
+    @property
+    def _kv_buffers(self) -> list[ort.OrtValue]:
+        return [*self.kv.keys, *self.kv.values]
+
+    def _prefill_staged(self, slot: int, token_ids: Sequence[int], start: int, also: Sequence[int]) -> np.ndarray:
+        """One chunk in the staging row (batch 1, S tokens: one run), then a device copy of that row into
+        ``slot`` (and the slots in ``also``).
+
+        NOTE(engine): the staging row keeps the KV of the last chunk it ran; a request's next chunk finds it
+        there, so only a chunk after another request's (or after a prefix copied into the slot) first copies
+        the slot's row in. The copy out after every chunk keeps the slot's row whole at all times: decode
+        runs may bind it as an idle row, and their dummy token lands at its length, where the next chunk
+        writes anyway.
+        """
+        assert self.staging is not None and self.copier is not None
+        stage = [*self.staging.keys, *self.staging.values]
+        if start > 0 and self._staged != (slot, start):
+            self.copier.copy(self._kv_buffers, slot, stage, 0)
+        logits = self._run_staged(token_ids, start)
+        for dst in (slot, *also):
+            self.copier.copy(stage, 0, self._kv_buffers, dst)
+            self.slot_len[dst] = start + len(token_ids)
+        self._staged = (slot, start + len(token_ids))
+        return logits
+
+    def _run_staged(self, token_ids: Sequence[int], start: int) -> np.ndarray:
+        """Run ``token_ids`` at positions ``[start, start + S)`` over the staging row; the last one's logits."""
+        assert self.staging is not None
+        io, num = self.prefill_io, len(token_ids)
+        binding = self._stage_binding
+        if binding is None:
+            binding = self._stage_binding = self.prefill_session.io_binding()
+            for i, (k, v) in enumerate(zip(self.staging.keys, self.staging.values)):
+                binding.bind_ortvalue_input(io.past_keys[i], k)
+                binding.bind_ortvalue_input(io.past_values[i], v)
+                binding.bind_ortvalue_output(io.present_keys[i], k)
+                binding.bind_ortvalue_output(io.present_values[i], v)
+            if self.stage_keep_last:
+                binding.bind_ortvalue_input(LOGITS_TO_KEEP, self._keep_one)
+                binding.bind_ortvalue_output(io.logits, _value(self.prefill_logits.reshape(1, 1, self.vocab_size)))
+        ids = self.prefill_ids[:num].reshape(1, num)
+        pos = self.prefill_pos[:num].reshape(1, num)
+        ids[0] = token_ids
+        pos[0] = np.arange(start, start + num)
+        binding.bind_ortvalue_input(io.input_ids, _value(ids))
+        if io.position_ids:
+            binding.bind_ortvalue_input(io.position_ids, _value(pos))
+        # the plain graph takes the total length from the mask's width: all ones, prompt so far + chunk
+        binding.bind_ortvalue_input(io.attention_mask, _value(self._ones[:start + num].reshape(1, start + num)))
+        if self.stage_keep_last:
+            logits = self.prefill_logits.reshape(1, 1, self.vocab_size)
+        else:
+            logits = self.prefill_logits[:num * self.vocab_size].reshape(1, num, self.vocab_size)
+            binding.bind_ortvalue_output(io.logits, _value(logits))
+        self.prefill_session.run_with_iobinding(binding)
+        return logits[0, -1]
 
     def _prefill_whole(self, slot: int, token_ids: Sequence[int], start: int, also: Sequence[int]) -> np.ndarray:
         # NOTE(engine): GQA refuses S > 1 with past context at batch > 1 ("batch_size must be 1 when
@@ -280,17 +397,26 @@ class Runner:
         self.slot_len[slot] = start + num
         return logits[0]
 
-    def _run_decode(self, binding: ort.IOBinding) -> np.ndarray:
-        """Run a decode binding; returns its float32 ``[width, 1, V]`` logits."""
+    def _run_decode(self, binding: ort.IOBinding, width: int) -> np.ndarray:
+        """Run a decode binding of rows ``[0, width)`` (whole buffer) or a row range of that width; returns
+        its float32 ``[width, 1, V]`` logits."""
         if self.device_io is None:
             self.session.run_with_iobinding(binding)
             return self.decode_logits
+        device_io = self._device_ios[width]
         if self._packed is not None:
-            self._packed[:, 0] = self.decode_ids[:, 0]
-            self._packed[:, 1] = self.mask_ones - 1
-        self.device_io.upload()
-        self.session.run_with_iobinding(binding)
-        return self.device_io.read_logits()
+            self._packed[:width, 0] = self.decode_ids[:width, 0]
+            self._packed[:width, 1] = self.mask_ones[:width] - 1
+        device_io.upload()
+        run_options = self._run_options.get(width)
+        if run_options is None:
+            self.session.run_with_iobinding(binding)
+        else:
+            # NOTE(engine): onnxruntime's Python wrapper refuses address-bound buffers (a KV prefix) under
+            # capture ("requires fixed WebGPU device OrtValues"); the session itself replays them correctly
+            # (bench/perf/gpu/probe_buckets.py), so the bucket's step runs through the binding it was captured with.
+            self.session._sess.run_with_iobinding(binding._iobinding, run_options)
+        return device_io.read_logits()
 
     def _set_ones(self, rows: np.ndarray, ones: np.ndarray) -> None:
         """Make row r of the mask hold ``ones[i]`` leading ones (touching only the changed span)."""
@@ -311,6 +437,9 @@ class Runner:
         binding.bind_ortvalue_input(self.io.attention_mask, ort.OrtValue.ortvalue_from_numpy(mask))
 
     def _bind_kv(self, binding: ort.IOBinding, lo: int, hi: int) -> None:
+        if self.kv_view_device is not None and lo == 0 and hi < self.num_slots:
+            self._bind_kv_prefix(binding, hi)
+            return
         keys, values = self.kv.rows(lo, hi)
         for i, (k, v) in enumerate(zip(keys, values)):
             # NOTE(engine): past and present are the same OrtValue: GQA updates the buffer in place.
@@ -319,11 +448,23 @@ class Runner:
             binding.bind_ortvalue_output(self.io.present_keys[i], k)
             binding.bind_ortvalue_output(self.io.present_values[i], v)
 
+    def _bind_kv_prefix(self, binding: ort.IOBinding, rows: int) -> None:
+        """Bind rows ``[0, rows)`` of each opaque device KV buffer by its address (past and present alike)."""
+        assert self.kv_view_device is not None
+        device_type, device_id = self.kv_view_device
+        s = self.kv.shape
+        shape = [rows, s.num_kv_heads, s.length, s.head_size]
+        for i, (k, v) in enumerate(zip(self.kv.keys, self.kv.values)):
+            for past, present, value in ((self.io.past_keys[i], self.io.present_keys[i], k),
+                                         (self.io.past_values[i], self.io.present_values[i], v)):
+                binding.bind_input(past, device_type, device_id, s.dtype, shape, value.data_ptr())
+                binding.bind_output(present, device_type, device_id, s.dtype, shape, value.data_ptr())
+
     def _make_decode_binding(self, lo: int, hi: int) -> ort.IOBinding:
         binding = self.session.io_binding()
         whole = lo == 0 and hi == self.num_slots
-        if whole and self.device_io is not None:
-            self.device_io.bind(binding)
+        if self.device_io is not None:
+            self._device_ios[hi].bind(binding)
             self._bind_kv(binding, lo, hi)
             self._decode_bindings[(lo, hi)] = binding
             return binding

@@ -184,14 +184,16 @@ class Scheduler:
         max_waiting: the bound of the waiting queue; ``add`` beyond it raises EngineOverloadedError.
         token_budget: tokens per step, decode tokens (one per running request) plus one prefill chunk.
         prefix_caching: keep finished requests' KV and reuse the longest matching prefix.
-        can_copy: KV rows are host memory: prefixes may be copied between slots (else only a slot's own).
+        can_copy: prefixes may be copied between slots (host rows or a device row copier; else only a slot's own).
+        low_slots: every request takes the lowest free slot (a bucketed whole-buffer runner: see SlotPrefixCache).
         speculative_tokens: the longest draft (0: no speculative decoding).
         speculative_max_batch: draft only while at most this many requests decode (a draft check runs alone:
             GroupQueryAttention takes S > 1 new tokens with a past at batch 1 only).
     """
 
     def __init__(self, num_slots: int, max_waiting: int, token_budget: int, *, prefix_caching: bool = False,
-                 can_copy: bool = False, speculative_tokens: int = 0, speculative_max_batch: int = 1) -> None:
+                 can_copy: bool = False, speculative_tokens: int = 0, speculative_max_batch: int = 1,
+                 low_slots: bool = False) -> None:
         if token_budget <= num_slots:
             raise ValueError(f"token_budget must be > num_slots ({num_slots}), got {token_budget}")
         self.num_slots = num_slots
@@ -201,7 +203,7 @@ class Scheduler:
         self.speculative_max_batch = speculative_max_batch
         self.waiting: deque[Request] = deque()
         self.running: dict[tuple[str, int], Request] = {}  # by Request.key, in admission order
-        self.cache = SlotPrefixCache(num_slots, enabled=prefix_caching, can_copy=can_copy)
+        self.cache = SlotPrefixCache(num_slots, enabled=prefix_caching, can_copy=can_copy, low_slots=low_slots)
         self._free: set[int] = set(range(num_slots))
         self._by_slot: list[Request | None] = [None] * num_slots
         self.prefix_queries_total = 0  # prompt tokens looked up in the prefix cache
@@ -343,6 +345,8 @@ class Scheduler:
             # NOTE(engine): the other choices' rows can't receive this prefix by copy (opaque KV): all rows
             # compute the prompt together from position 0 instead.
             placement = type(placement)(placement.slot)
+        if placement.save is not None:  # before the prefix copy: it may overwrite the saved row
+            copies.append(placement.save)
         if placement.copy is not None:
             copies.append(placement.copy)
         self._take(request, placement.slot)

@@ -142,6 +142,48 @@ def test_webgpu_engine_places_and_matches_cpu(webgpu_device, int4_fp16_model, cp
     assert not mismatches, mismatches
 
 
+LONG_PROMPTS = [[1] + [(37 * i + 11 * k) % 1000 + 3 for i in range(n)] for k, n in enumerate((100, 70, 45))]
+
+
+@pytest.mark.device
+def test_webgpu_chunked_prefill_buckets_and_prefix_copies_match_cpu(webgpu_device, int4_fp16_model, findings) -> None:
+    """Prompts of 45-100 tokens in chunks of 32 through the staging row, decoded together in batch buckets
+    over a prefix of the device KV, then a follow-up that reuses a prompt by a device row copy: the tokens
+    equal the CPU EP's (up to near-ties), and one stream decodes at width 1."""
+    config = dict(max_batch=8, prefill_chunk=32, seed=0)
+    follow = LONG_PROMPTS[0] + [7, 8, 9, 10]
+    cpu = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(provider="cpu", **config))
+    try:
+        ref = asyncio.run(_greedy(cpu, LONG_PROMPTS))
+        ref_follow = asyncio.run(_greedy(cpu, [follow]))[0]
+    finally:
+        cpu.shutdown()
+    engine = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(provider="webgpu", **config))
+    try:
+        runner = engine._core.runner
+        widths = []
+        original = runner._run_decode
+        runner._run_decode = lambda binding, width: (widths.append(width), original(binding, width))[1]
+        got = asyncio.run(_greedy(engine, LONG_PROMPTS))
+        together = set(widths)
+        widths.clear()
+        got_follow = asyncio.run(_greedy(engine, [follow]))[0]
+        alone = set(widths)
+        stats = engine.stats()
+        placement = engine.placement
+    finally:
+        engine.shutdown()
+    comparisons = [_compare(r, g) for r, g in zip([*ref, ref_follow], [*got, got_follow])]
+    findings["chunked_prefill_buckets"] = {"placement": placement, "comparisons": comparisons,
+                                           "widths_together": sorted(together), "widths_alone": sorted(alone),
+                                           "copies": runner.copier.num_copies, "stats_extra": stats.extra}
+    assert placement.graph_capture and runner.buckets == (1, 2, 4, 8) and runner.staging is not None
+    assert together <= {4, 2, 1} and 4 in together and alone == {1}
+    assert runner.copier.num_copies >= 4 + 3 + 2 + 1  # a copy per chunk, plus the follow-up's prefix copy
+    mismatches = [c for c in comparisons if not (c["equal_prefix"] == NUM_TOKENS or c["near_tie"])]
+    assert not mismatches, mismatches
+
+
 @pytest.mark.device
 def test_graph_capture_required_is_honoured(webgpu_device, int4_fp16_model, findings) -> None:
     opened = open_session(read_model_folder(int4_fp16_model),

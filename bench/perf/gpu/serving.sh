@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Issue 13's figures on the GPU machine: the synthetic Llama-3.2-1B shape (INT4, float16, KV length 1,024) served
+# over HTTP on the WebGPU plugin EP and measured with `ortserve bench` (the official openai client's wire format,
+# /v1/completions, streaming), beside engine-direct runs of the same harness. One call of the device tool:
+#   bash bench/perf/gpu/serving.sh [tests] [http] [engine]     (default: http engine)
+# Results: $OUT/serving-*.json (one `ortserve bench` report per run) and $OUT/serving_log.txt.
+set -o pipefail
+steps=${*:-http engine}
+if [ -d /tmp/site/onnxruntime_ep_webgpu ]; then
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+else
+  source .device/setup.sh
+fi
+OUT=${OUT:-/tmp/ortserve_gpu_out}
+mkdir -p "$OUT"
+LOG="$OUT/serving_log.txt"
+MODEL=${MODEL_DIR:-/tmp/ortserve-1b}
+LEN=1024
+log() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
+
+if [[ " $steps " == *" tests "* ]]; then
+  ORTSERVE_DEVICE_TESTS=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -rs -x \
+    tests/integration/ep/test_webgpu_engine.py 2>&1 | tee "$OUT/pytest_log.txt"
+fi
+
+if [ ! -f "$MODEL/genai_config.json" ]; then
+  log "building the synthetic llama-3.2-1b shape into $MODEL"
+  python3 - "$MODEL" <<'EOF' 2>&1 | tee -a "$LOG"
+import sys
+from pathlib import Path
+from bench.perf.gpu.shapes import SHAPES
+from engine.builder import SyntheticSpec, build_synthetic
+spec = SyntheticSpec(**SHAPES["llama-3.2-1b"], max_length=1024, quant="int4", dtype="float16", seed=0)
+build_synthetic(Path(sys.argv[1]), spec, accuracy_level=4)
+EOF
+fi
+
+bench() {  # bench NAME ARGS...: one ortserve bench report
+  local name=$1; shift
+  timeout 240 python3 -m server bench --url "http://127.0.0.1:$PORT/v1" --endpoint completions --no-progress \
+    --out "$OUT/serving-$name.json" "$@" 2>&1 | tail -n 25 | tee -a "$LOG"
+}
+
+serve() {  # serve MAX_BATCH: start a server on $PORT and wait until it answers
+  PORT=$((8100 + $1))
+  python3 -m server serve --model "$MODEL" --provider webgpu --max-model-len $LEN --max-batch "$1" \
+    --port "$PORT" --log-level warning >"$OUT/server-b$1.log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 240); do
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return 0
+    kill -0 $SERVER 2>/dev/null || { log "server --max-batch $1 died"; tail -n 30 "$OUT/server-b$1.log" | tee -a "$LOG"; return 1; }
+    sleep 0.5
+  done
+  return 1
+}
+
+stop() { kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; }
+
+SHORT="--prompt-tokens 25 --output-tokens 128"
+if [[ " $steps " == *" http "* ]]; then
+  log "http: --max-batch 1"
+  serve 1 && { bench b1-c1 $SHORT --concurrency 1 --num-requests 6 --warmup 1; stop; }
+  log "http: --max-batch 8 (the default)"
+  if serve 8; then
+    bench b8-c1 $SHORT --concurrency 1 --num-requests 6 --warmup 1
+    bench b8-c8 $SHORT --concurrency 8 --num-requests 32 --warmup 1
+    bench b8-prompt1000 --prompt-tokens 1000 --output-tokens 8 --concurrency 1 --num-requests 4 --warmup 1
+    # inter-token latency of 7 streams, idle and while 1,000-token prompts arrive one after another
+    bench b8-c7-idle --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
+    (sleep 1; bench b8-prompt1000-beside7 --prompt-tokens 1000 --output-tokens 8 --concurrency 1 --num-requests 6 \
+      --warmup 0) &
+    bench b8-c7-busy --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
+    wait %1 2>/dev/null
+    stop
+  fi
+  log "http: --max-batch 64"
+  serve 64 && { bench b64-c64 $SHORT --concurrency 64 --num-requests 128 --warmup 1; stop; }
+fi
+
+if [[ " $steps " == *" engine "* ]]; then
+  for spec in "1 1" "8 1" "8 8" "64 64"; do
+    set -- $spec
+    log "engine-direct: --engine-max-batch $1, concurrency $2"
+    timeout 240 python3 -m server bench --engine "$MODEL" --engine-provider webgpu --engine-max-batch "$1" \
+      --endpoint completions --no-progress $SHORT --concurrency "$2" --num-requests $(( $2 * 4 > 6 ? $2 * 4 : 6 )) \
+      --warmup 1 --out "$OUT/serving-engine-b$1-c$2.json" 2>&1 | tail -n 25 | tee -a "$LOG"
+  done
+fi
+log "done"

@@ -1,0 +1,110 @@
+"""Device-side KV work for whole-buffer runners: batch buckets, whole-row copies, staged prefill.
+
+Opaque device KV (WebGPU) can't be bound one row at a time, but a buffer can be bound as its prefix
+``[b, H, L, D]`` (the buffer's own address with a smaller shape), and rows can be copied on the device by a
+small graph (Gather, then ScatterND writing in place). With these a whole-buffer runner
+  * decodes at the size of the work: one captured step per batch bucket (1, 2, 4, ... max_batch) over the
+    prefix of rows that holds the running requests (the scheduler fills the lowest free slots first);
+  * prefills a prompt in chunks of many tokens in a batch-1 staging row (GroupQueryAttention takes S > 1 new
+    tokens with a past at batch 1 only) and copies that row into the request's slot;
+  * copies KV between slots (prefix reuse from another slot, n > 1 choices).
+
+Imports onnxruntime and onnx (to build the copy graph); ep/ only through the session the caller opened.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+log = logging.getLogger(__name__)
+
+SRC_ROW = "src_row"  # int64 [1]: the row of the source buffers
+DST_ROW = "dst_row"  # int64 [1, 1]: the row of the destination buffers
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """The decode widths a bucketed runner captures: powers of two below ``max_batch``, then ``max_batch``."""
+    buckets, b = [], 1
+    while b < max_batch:
+        buckets.append(b)
+        b *= 2
+    return (*buckets, max_batch)
+
+
+def bucket_for(buckets: Sequence[int], rows: int) -> int:
+    """The smallest bucket that holds ``rows`` rows (the last one holds all)."""
+    for b in buckets:
+        if b >= rows:
+            return b
+    return buckets[-1]
+
+
+def row_copy_graph_bytes(num_buffers: int, dtype: Any) -> bytes:
+    """A graph that copies one row of each of ``num_buffers`` 4-D buffers into a row of another buffer.
+
+    Inputs ``src_i`` ``[s, H, L, D]``, ``dst_i`` ``[d, H, L, D]``, ``src_row`` int64 ``[1]`` and ``dst_row``
+    int64 ``[1, 1]``; output ``out_i`` = ``dst_i`` with row ``dst_row`` replaced by row ``src_row`` of
+    ``src_i``. Bind ``out_i`` to the same buffer as ``dst_i`` and the copy happens in place (ScatterND skips
+    its copy of the data when its output is its input, on WebGPU and on the CPU EP); ``src_i`` may be that
+    buffer too (Gather reads the row before ScatterND writes).
+    """
+    from onnx import TensorProto, helper
+
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    nodes, inputs, outputs = [], [], []
+    for i in range(num_buffers):
+        src, dst, row, out = f"src_{i}", f"dst_{i}", f"row_{i}", f"out_{i}"
+        inputs += [helper.make_tensor_value_info(src, elem, [f"s{i}", f"h{i}", f"l{i}", f"d{i}"]),
+                   helper.make_tensor_value_info(dst, elem, [f"n{i}", f"h{i}", f"l{i}", f"d{i}"])]
+        outputs.append(helper.make_tensor_value_info(out, elem, [f"n{i}", f"h{i}", f"l{i}", f"d{i}"]))
+        nodes += [helper.make_node("Gather", [src, SRC_ROW], [row], axis=0, name=f"gather_{i}"),
+                  helper.make_node("ScatterND", [dst, DST_ROW, row], [out], name=f"scatter_{i}")]
+    inputs += [helper.make_tensor_value_info(SRC_ROW, TensorProto.INT64, [1]),
+               helper.make_tensor_value_info(DST_ROW, TensorProto.INT64, [1, 1])]
+    graph = helper.make_graph(nodes, "ortserve_kv_row_copy", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="ortserve")
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+class RowCopier:
+    """Copies whole KV rows between device buffers with one run of the row-copy graph (``row_copy_graph_bytes``).
+
+    A whole row is copied: the destination's positions past the source's valid length become the source's
+    garbage, which is fine (no request attends past its own length), and positions the destination kept
+    must equal the source's (a shared prefix), as they do for every copy the engine asks for.
+
+    Args:
+        session: a session of ``row_copy_graph_bytes(num_buffers, dtype)`` on the KV's device.
+        num_buffers: buffers per copy (2 x layers).
+    """
+
+    def __init__(self, session: ort.InferenceSession, num_buffers: int) -> None:
+        self.session = session
+        self.num_buffers = num_buffers
+        self._src_row = np.zeros(1, dtype=np.int64)
+        self._dst_row = np.zeros((1, 1), dtype=np.int64)
+        self.num_copies = 0
+
+    def copy(self, src: Sequence[ort.OrtValue], src_row: int, dst: Sequence[ort.OrtValue], dst_row: int) -> None:
+        """Row ``src_row`` of every ``src[i]`` into row ``dst_row`` of ``dst[i]`` (on the device, in place)."""
+        if len(src) != self.num_buffers or len(dst) != self.num_buffers:
+            raise ValueError(f"a row copy takes {self.num_buffers} buffers, got {len(src)} and {len(dst)}")
+        if src_row == dst_row and all(s is d for s, d in zip(src, dst)):
+            return
+        binding = self.session.io_binding()
+        for i, (s, d) in enumerate(zip(src, dst)):
+            binding.bind_ortvalue_input(f"src_{i}", s)
+            binding.bind_ortvalue_input(f"dst_{i}", d)
+            binding.bind_ortvalue_output(f"out_{i}", d)
+        self._src_row[0] = src_row
+        self._dst_row[0, 0] = dst_row
+        binding.bind_cpu_input(SRC_ROW, self._src_row)
+        binding.bind_cpu_input(DST_ROW, self._dst_row)
+        self.session.run_with_iobinding(binding)
+        self.num_copies += 1
