@@ -336,7 +336,7 @@ class Runner:
                 binding.bind_ortvalue_output(io.present_values[i], v)
             if self.stage_keep_last:
                 binding.bind_ortvalue_input(LOGITS_TO_KEEP, self._keep_one)
-                binding.bind_ortvalue_output(io.logits, _value(self.prefill_logits.reshape(1, 1, self.vocab_size)))
+                binding.bind_ortvalue_output(io.logits, _value(self.prefill_logits[:self.vocab_size].reshape(1, 1, self.vocab_size)))
         ids = self.prefill_ids[:num].reshape(1, num)
         pos = self.prefill_pos[:num].reshape(1, num)
         ids[0] = token_ids
@@ -347,7 +347,7 @@ class Runner:
         # the plain graph takes the total length from the mask's width: all ones, prompt so far + chunk
         binding.bind_ortvalue_input(io.attention_mask, _value(self._ones[:start + num].reshape(1, start + num)))
         if self.stage_keep_last:
-            logits = self.prefill_logits.reshape(1, 1, self.vocab_size)
+            logits = self.prefill_logits[:self.vocab_size].reshape(1, 1, self.vocab_size)
         else:
             logits = self.prefill_logits[:num * self.vocab_size].reshape(1, num, self.vocab_size)
             binding.bind_ortvalue_output(io.logits, _value(logits))
@@ -386,7 +386,7 @@ class Runner:
         else:
             binding = self._prefill_bindings.get(slot) or self._make_chunk_binding(slot)
             if self.keep_last:  # [1, 1, V], bound once in _make_chunk_binding
-                logits = self.prefill_logits.reshape(1, 1, self.vocab_size)
+                logits = self.prefill_logits[:self.vocab_size].reshape(1, 1, self.vocab_size)
             else:
                 logits = self.prefill_logits[:num * self.vocab_size].reshape(1, num, self.vocab_size)  # [1, S, V]
                 binding.bind_ortvalue_output(self.io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
@@ -489,7 +489,7 @@ class Runner:
             binding.bind_ortvalue_input(LOGITS_TO_KEEP, self._keep_n_value if verify else self._keep_one)
             if not verify:
                 binding.bind_ortvalue_output(self.io.logits,
-                                             _value(self.prefill_logits.reshape(1, 1, self.vocab_size)))
+                                             _value(self.prefill_logits[:self.vocab_size].reshape(1, 1, self.vocab_size)))
         self._bind_kv(binding, slot, slot + 1)
         (self._verify_bindings if verify else self._prefill_bindings)[slot] = binding
         return binding

@@ -6,7 +6,9 @@
 # Results: $OUT/serving-*.json (one `ortserve bench` report per run) and $OUT/serving_log.txt.
 set -o pipefail
 steps=${*:-http engine}
-if [ -d /tmp/site/onnxruntime_ep_webgpu ]; then
+if [ -n "${LOCAL:-}" ]; then  # a dry run here: LOCAL=1 PROVIDER=cpu MODEL_DIR=... (no GPU set-up)
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+elif [ -d /tmp/site/onnxruntime_ep_webgpu ]; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
   export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -17,7 +19,8 @@ OUT=${OUT:-/tmp/ortserve_gpu_out}
 mkdir -p "$OUT"
 LOG="$OUT/serving_log.txt"
 MODEL=${MODEL_DIR:-/tmp/ortserve-1b}
-LEN=1024
+PROVIDER=${PROVIDER:-webgpu}
+LEN=${MAX_MODEL_LEN:-1024}
 log() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
 
 if [[ " $steps " == *" tests "* ]]; then
@@ -44,9 +47,9 @@ bench() {  # bench NAME ARGS...: one ortserve bench report
 }
 
 serve() {  # serve MAX_BATCH: start a server on $PORT and wait until it answers
-  PORT=$((8100 + $1))
-  python3 -m server serve --model "$MODEL" --provider webgpu --max-model-len $LEN --max-batch "$1" \
-    --port "$PORT" --log-level warning >"$OUT/server-b$1.log" 2>&1 &
+  PORT=$((8100 + $1)); SLOTS=$1
+  setsid python3 -m server serve --model "$MODEL" --provider "$PROVIDER" --max-model-len $LEN --max-batch "$1" \
+    --port "$PORT" --log-level warning --shutdown-grace-s 2 >"$OUT/server-b$1.log" 2>&1 &
   SERVER=$!
   for _ in $(seq 240); do
     curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return 0
@@ -56,7 +59,12 @@ serve() {  # serve MAX_BATCH: start a server on $PORT and wait until it answers
   return 1
 }
 
-stop() { kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; }
+stop() {  # SIGTERM, then SIGKILL after 15 s
+  kill $SERVER 2>/dev/null
+  for _ in $(seq 30); do kill -0 $SERVER 2>/dev/null || break; sleep 0.5; done
+  kill -9 $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
+  grep -E "WARNING|ERROR|Traceback" "$OUT/server-b$SLOTS.log" | head -n 5 | tee -a "$LOG"
+}
 
 SHORT="--prompt-tokens 25 --output-tokens 128"
 if [[ " $steps " == *" http "* ]]; then
@@ -71,8 +79,9 @@ if [[ " $steps " == *" http "* ]]; then
     bench b8-c7-idle --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
     (sleep 1; bench b8-prompt1000-beside7 --prompt-tokens 1000 --output-tokens 8 --concurrency 1 --num-requests 6 \
       --warmup 0) &
+    BESIDE=$!
     bench b8-c7-busy --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
-    wait %1 2>/dev/null
+    wait $BESIDE
     stop
   fi
   log "http: --max-batch 64"
@@ -83,9 +92,23 @@ if [[ " $steps " == *" engine "* ]]; then
   for spec in "1 1" "8 1" "8 8" "64 64"; do
     set -- $spec
     log "engine-direct: --engine-max-batch $1, concurrency $2"
-    timeout 240 python3 -m server bench --engine "$MODEL" --engine-provider webgpu --engine-max-batch "$1" \
+    timeout 240 python3 -m server bench --engine "$MODEL" --engine-provider "$PROVIDER" --engine-max-batch "$1" \
       --endpoint completions --no-progress $SHORT --concurrency "$2" --num-requests $(( $2 * 4 > 6 ? $2 * 4 : 6 )) \
       --warmup 1 --out "$OUT/serving-engine-b$1-c$2.json" 2>&1 | tail -n 25 | tee -a "$LOG"
   done
 fi
 log "done"
+# The device tool returns at most 8 files: every report into serving.json, every server log into servers.log.
+python3 - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+reports = {p.stem.removeprefix("serving-"): json.loads(p.read_text()) for p in sorted(out.glob("serving-*.json"))}
+(out / "serving.json").write_text(json.dumps(reports))
+for p in out.glob("serving-*.json"):
+    p.unlink()
+with open(out / "servers.log", "w") as f:
+    for p in sorted(out.glob("server-b*.log")):
+        f.write(f"==> {p.name}\n{p.read_text()[-20000:]}\n")
+        p.unlink()
+EOF
