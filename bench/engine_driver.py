@@ -67,7 +67,7 @@ class EngineBackend:
                 now = time.perf_counter()
                 record.usage_prompt_tokens = out.num_prompt_tokens
                 record.usage_completion_tokens = out.num_generated_tokens
-                if out.text:
+                if out.text or out.token_ids:  # tokens count even before they form text (as logprobs over HTTP)
                     record.add_content_chunk(now - t_send)
                 if out.finished:
                     record.finish_reason = str(out.finish_reason) if out.finish_reason else None

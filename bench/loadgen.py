@@ -143,7 +143,9 @@ class HttpBackend:
                             record.usage_completion_tokens = chunk.usage.completion_tokens
                         for choice in chunk.choices:
                             text = choice.delta.content if chat else choice.text
-                            if text:
+                            # NOTE(bench): a chunk with token logprobs carries tokens even when they decode to no
+                            # text yet (a random-weight model's bytes that form no character, skipped specials)
+                            if text or choice.logprobs:
                                 record.add_content_chunk(now - t_send)  # TTFT first, then one gap each
                             if choice.finish_reason is not None:
                                 record.finish_reason = choice.finish_reason

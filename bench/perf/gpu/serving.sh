@@ -2,7 +2,8 @@
 # Issue 13's figures on the GPU machine: the synthetic Llama-3.2-1B shape (INT4, float16, KV length 1,024) served
 # over HTTP on the WebGPU plugin EP and measured with `ortserve bench` (the official openai client's wire format,
 # /v1/completions, streaming), beside engine-direct runs of the same harness. One call of the device tool:
-#   bash bench/perf/gpu/serving.sh [tests] [http] [engine]     (default: http engine)
+#   bash bench/perf/gpu/serving.sh [tests] [probe] [http] [engine]     (default: http engine)
+# probe: the time of each device piece (bench/perf/gpu/probe_buckets.py).
 # Results: $OUT/serving-*.json (one `ortserve bench` report per run) and $OUT/serving_log.txt.
 set -o pipefail
 steps=${*:-http engine}
@@ -25,7 +26,7 @@ log() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
 
 if [[ " $steps " == *" tests "* ]]; then
   ORTSERVE_DEVICE_TESTS=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -rs -x \
-    tests/integration/ep/test_webgpu_engine.py 2>&1 | tee "$OUT/pytest_log.txt"
+    tests/integration/ep/test_webgpu_engine.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/pytest_log.txt"
 fi
 
 if [ ! -f "$MODEL/genai_config.json" ]; then
@@ -40,10 +41,15 @@ build_synthetic(Path(sys.argv[1]), spec, accuracy_level=4)
 EOF
 fi
 
+if [[ " $steps " == *" probe "* ]]; then
+  for b in 8 64; do timeout 200 python3 -m bench.perf.gpu.probe_buckets --model "$MODEL" --provider "$PROVIDER" \
+    --max-batch $b --out "$OUT/probe-b$b.json" 2>&1 | tail -n 40 | tee -a "$LOG"; done
+fi
+
 bench() {  # bench NAME ARGS...: one ortserve bench report
   local name=$1; shift
   timeout 240 python3 -m server bench --url "http://127.0.0.1:$PORT/v1" --endpoint completions --no-progress \
-    --out "$OUT/serving-$name.json" "$@" 2>&1 | tail -n 25 | tee -a "$LOG"
+    --extra-body '{"logprobs": 0}' --out "$OUT/serving-$name.json" "$@" 2>&1 | tail -n 25 | tee -a "$LOG"
 }
 
 serve() {  # serve MAX_BATCH: start a server on $PORT and wait until it answers
@@ -67,29 +73,32 @@ stop() {  # SIGTERM, then SIGKILL after 15 s
 }
 
 SHORT="--prompt-tokens 25 --output-tokens 128"
+# NOTE(bench): the synthetic vocabulary spells the harness's words in ~2 tokens each: 440 words ~ 900 tokens
+# (the reports hold each prompt's token count)
+LONG=${LONG_PROMPT_WORDS:-440}
 if [[ " $steps " == *" http "* ]]; then
-  log "http: --max-batch 1"
-  serve 1 && { bench b1-c1 $SHORT --concurrency 1 --num-requests 6 --warmup 1; stop; }
   log "http: --max-batch 8 (the default)"
   if serve 8; then
     bench b8-c1 $SHORT --concurrency 1 --num-requests 6 --warmup 1
     bench b8-c8 $SHORT --concurrency 8 --num-requests 32 --warmup 1
-    bench b8-prompt1000 --prompt-tokens 1000 --output-tokens 8 --concurrency 1 --num-requests 4 --warmup 1
+    bench b8-prompt1000 --prompt-tokens $LONG --output-tokens 8 --concurrency 1 --num-requests 4 --warmup 1
     # inter-token latency of 7 streams, idle and while 1,000-token prompts arrive one after another
     bench b8-c7-idle --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
-    (sleep 1; bench b8-prompt1000-beside7 --prompt-tokens 1000 --output-tokens 8 --concurrency 1 --num-requests 6 \
+    (sleep 1; bench b8-prompt1000-beside7 --prompt-tokens $LONG --output-tokens 8 --concurrency 1 --num-requests 6 \
       --warmup 0) &
     BESIDE=$!
     bench b8-c7-busy --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
     wait $BESIDE
     stop
   fi
+  log "http: --max-batch 1"
+  serve 1 && { bench b1-c1 $SHORT --concurrency 1 --num-requests 6 --warmup 1; stop; }
   log "http: --max-batch 64"
-  serve 64 && { bench b64-c64 $SHORT --concurrency 64 --num-requests 128 --warmup 1; stop; }
+  serve 64 && { bench b64-c64 $SHORT --concurrency 64 --num-requests 64 --warmup 1; stop; }
 fi
 
 if [[ " $steps " == *" engine "* ]]; then
-  for spec in "1 1" "8 1" "8 8" "64 64"; do
+  for spec in "1 1" "8 1" "8 8"; do
     set -- $spec
     log "engine-direct: --engine-max-batch $1, concurrency $2"
     timeout 240 python3 -m server bench --engine "$MODEL" --engine-provider "$PROVIDER" --engine-max-batch "$1" \

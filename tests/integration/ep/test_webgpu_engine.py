@@ -133,7 +133,10 @@ def test_webgpu_engine_places_and_matches_cpu(webgpu_device, int4_fp16_model, cp
         assert not placement.graph_capture
         assert placement.decode_inputs == "cpu" and placement.logits == "cpu"
     assert len(set(cpu_reference[0][0])) >= 10  # the reference is varied: the comparison means something
-    assert got[0][0] == single[0]
+    # NOTE(test): the prompt alone decodes at width 1, beside the others at width 4 (batch buckets): MatMulNBits
+    # rounds M = 1 and M = 4 differently, so the two agree up to the first near-tie, not bit for bit
+    alone = _compare(got[0], single)
+    assert alone["equal_prefix"] == NUM_TOKENS or alone["near_tie"] or alone.get("ref_top2_gap", 1) < NEAR_TIE, alone
     mismatches = [c for c in comparisons if not (c["equal_prefix"] == NUM_TOKENS or c["near_tie"])]
     if mismatches and not placement.graph_capture:
         # NOTE(test): seen on onnxruntime 1.30 + onnxruntime-ep-webgpu 0.4.0 (H200): every uncaptured variant

@@ -1,0 +1,83 @@
+"""What each piece of the whole-buffer runner costs on the device (issue 13): a decode step per batch bucket, a
+staged prefill run per chunk length, a device row copy, and a captured step's replay alone.
+
+Drives the runner of a loaded engine directly (its core thread idle), median of several runs each:
+    python -m bench.perf.gpu.probe_buckets --model DIR --provider webgpu --max-batch 8 --out probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+
+
+def _median_ms(fn, repeat: int) -> float:
+    fn()  # the first run of a shape may compile kernels: not counted
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return round(statistics.median(times) * 1e3, 3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--provider", default="webgpu")
+    ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--prefill-chunk", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--whole-buffer", action="store_true", help="force the whole-buffer runner (a dry run on cpu)")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    engine = AsyncEngine.from_model_dir(args.model, EngineConfig(provider=args.provider, max_batch=args.max_batch,
+                                                                 prefill_chunk=args.prefill_chunk,
+                                                                 whole_buffer=args.whole_buffer or None))
+    result: dict = {"load_s": round(time.perf_counter() - t0, 2), "placement": str(engine.placement),
+                    "max_batch": args.max_batch}
+    try:
+        runner = engine._core.runner  # the core thread waits on its inbox: nothing else touches the runner
+        result["buckets"] = list(runner.buckets)
+        rng = np.random.default_rng(0)
+        prompt = [int(t) for t in rng.integers(3, engine.vocab_size, 1024)]
+        first_compile = time.perf_counter()
+        runner.prefill(0, prompt[:50], 0)
+        result["first_prefill_s50_ms"] = round((time.perf_counter() - first_compile) * 1e3, 1)
+        result["prefill_ms"] = {}
+        for s in (16, 50, 51, 64, 128, 256):
+            if s <= args.prefill_chunk:
+                result["prefill_ms"][s] = _median_ms(lambda s=s: runner.prefill(1, prompt[:s], 0), args.repeat)
+        if runner.copier is not None and runner.staging is not None:
+            result["staged_run_only_ms"] = {s: _median_ms(lambda s=s: runner._run_staged(prompt[:s], 0), args.repeat)
+                                            for s in (50, 256) if s <= args.prefill_chunk}
+            stage = [*runner.staging.keys, *runner.staging.values]
+            result["row_copy_ms"] = {
+                "staging_to_slot": _median_ms(lambda: runner.copier.copy(stage, 0, runner._kv_buffers, 1), args.repeat),
+                "slot_to_staging": _median_ms(lambda: runner.copier.copy(runner._kv_buffers, 1, stage, 0), args.repeat),
+                "slot_to_slot": _median_ms(lambda: runner.copier.copy(runner._kv_buffers, 1, runner._kv_buffers, 2),
+                                           args.repeat)}
+        result["decode_step_ms"] = {}
+        for b in runner.buckets:
+            slots = list(range(b))
+            result["decode_step_ms"][b] = _median_ms(
+                lambda slots=slots: runner.decode(slots, [5] * len(slots), [60] * len(slots)), args.repeat * 2)
+    finally:
+        engine.shutdown()
+    print(json.dumps(result, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
