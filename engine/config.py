@@ -39,6 +39,8 @@ class EngineConfig:
             in a fixed device buffer. None -> on for WebGPU when the graph allows it (else off, the reason
             logged); True -> required (a model or provider that can't is a ModelLoadError); False -> off.
         seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
+        chat_template: replaces the model's chat template: a built-in name (``engine.chat_template.
+            BUILTIN_TEMPLATES``) or a Jinja file; None keeps the model's own.
         fault_injector: TEST-ONLY hook, called on the core thread with a ``StepInfo`` just before each model
             run; an exception it raises fails exactly that run's requests (finish_reason ERROR), as a device
             error would, and the engine goes on. None (the default) costs nothing.
@@ -57,6 +59,7 @@ class EngineConfig:
     whole_buffer: bool | None = None
     graph_capture: bool | None = None
     seed: int | None = None
+    chat_template: str | None = None
     fault_injector: Callable[[StepInfo], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -87,6 +87,7 @@ def engine_config_from(settings: Settings) -> Any:
         "max_model_len": settings.max_model_len,
         "intra_op_threads": settings.intra_op_threads,
         "graph_capture": settings.graph_capture,
+        "chat_template": settings.chat_template,
     }
     if settings.prefill_chunk is not None:
         kwargs["prefill_chunk"] = settings.prefill_chunk

@@ -102,6 +102,7 @@ class _Graph:
     inits: list[onnx.TensorProto] = field(default_factory=list)
     blocksums: dict[tuple[str, int], str] = field(default_factory=dict)
     casts: dict[tuple[str, int], str] = field(default_factory=dict)
+    packed_names: dict[int, tuple[np.ndarray, str]] = field(default_factory=dict)  # id -> (array kept alive, name)
     float32_linears: list[str] = field(default_factory=list)  # float16 builds: linears kept in float32
 
     def node(self, op: str, inputs: list[str], outputs: list[str] | int, name: str, domain: str = "", **attrs):
@@ -114,6 +115,14 @@ class _Graph:
     def const(self, name: str, array: np.ndarray) -> str:
         self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
+
+    def packed(self, name: str, w: BlockQuantMatrix) -> str:
+        """The quantized codes [N, nb, bytes] as an initializer, once per array: a tied embedding and LM head
+        (GatherBlockQuantized and MatMulNBits) share it instead of storing the vocabulary twice."""
+        key = id(w.packed)  # NOTE(builder): the array is kept in the dict, so its id cannot be reused
+        if key not in self.packed_names:
+            self.packed_names[key] = (w.packed, self.const(name, w.packed))
+        return self.packed_names[key][1]
 
     def act(self, name: str, array: np.ndarray, np_dtype: type | None = None) -> str:
         """An initializer in the activation dtype (or ``np_dtype``)."""
@@ -143,7 +152,7 @@ class _Graph:
             x = self.cast(x, onnx_dt)
             self.float32_linears.append(name)
         n, k = w.shape
-        inputs = [x, self.const(f"{name}.qweight", w.packed), self.act(f"{name}.scales", w.scales.reshape(-1), dt)]
+        inputs = [x, self.packed(f"{name}.qweight", w), self.act(f"{name}.scales", w.scales.reshape(-1), dt)]
         if bias is not None:
             inputs += ["", "", self.act(f"{name}.bias", bias, dt)]
         (y,) = self.node(
@@ -220,7 +229,7 @@ def _keep_last_positions(g: _Graph, h: str) -> str:
     return out
 
 
-def _embedding(g: _Graph, emb: LinearWeight) -> str:
+def _embedding(g: _Graph, emb: LinearWeight, tied: bool) -> str:
     """input_ids [B, S] -> [B, S, H]: an exact gather of the (quantized) embedding rows.
 
     GatherBlockQuantized has no additive offset, so offset formats (Q4_1, K-quant mins) also gather their
@@ -232,23 +241,23 @@ def _embedding(g: _Graph, emb: LinearWeight) -> str:
     dt = g.np_dtype
     if dt != np.float32 and not np.array_equal(emb.scales.astype(dt).astype(np.float32), emb.scales):
         dt = np.float32  # see _Graph.linear: float16 would round K-quant scales
+    hidden = emb.shape[1]
+    # [V, nb, bytes] codes quantized along their last axis, scales [V, nb, 1]: the MatMulNBits layout, so the
+    # LM head of a tied model reads the same initializer.
     (x,) = g.node(
         "GatherBlockQuantized",
-        [g.const("embed.qweight", emb.packed.reshape(emb.shape[0], -1)), "input_ids",
-         g.act("embed.scales", emb.scales, dt)],
-        1, "embed", "com.microsoft", bits=emb.bits, block_size=emb.block_size, gather_axis=0, quantize_axis=1,
-    )
-    if emb.offsets is not None:
-        vocab, hidden = emb.shape
+        [g.packed("lm_head.qweight" if tied else "embed.qweight", emb), "input_ids",
+         g.act("embed.scales", emb.scales[..., None], dt)],
+        1, "embed", "com.microsoft", bits=emb.bits, block_size=emb.block_size, gather_axis=0, quantize_axis=2,
+    )  # [B, S, nb, bs]
+    if emb.offsets is not None:  # + offsets [V, nb] gathered: [B, S, nb] -> [B, S, nb, 1], broadcast over blocks
         (off,) = g.node("Gather", [g.act("embed.offsets", emb.offsets, dt), "input_ids"], 1, "embed/offsets",
-                        axis=0)  # [B, S, H/bs]
+                        axis=0)
         (off,) = g.node("Unsqueeze", [off, g.const("embed/offsets_axes", np.array([-1], np.int64))], 1,
-                        "embed/offsets_unsqueeze")  # [B, S, H/bs, 1]
-        shape = g.const("embed/blocks_shape", np.array([0, 0, hidden // emb.block_size, emb.block_size], np.int64))
-        (xb,) = g.node("Reshape", [x, shape], 1, "embed/blocks")  # [B, S, H/bs, bs]
-        (xb,) = g.node("Add", [xb, off], 1, "embed/offsets_add")
-        (x,) = g.node("Reshape", [xb, g.const("embed/hidden_shape", np.array([0, 0, hidden], np.int64))], 1,
-                      "embed/rows")  # [B, S, H]
+                        "embed/offsets_unsqueeze")
+        (x,) = g.node("Add", [x, off], 1, "embed/offsets_add")
+    (x,) = g.node("Reshape", [x, g.const("embed/hidden_shape", np.array([0, 0, hidden], np.int64))], 1,
+                  "embed/rows")  # [B, S, H]
     if dt != g.np_dtype:
         (x,) = g.node("Cast", [x], 1, "embed/cast", to=g.onnx_dtype)
     return x
@@ -327,7 +336,7 @@ def build_graph(
         rope_local = (g.act("cos_cache_local", cos), g.act("sin_cache_local", sin))
 
     # 2. Embedding: [B, S] -> [B, S, H].
-    x = _embedding(g, weights.embedding)
+    x = _embedding(g, weights.embedding, tied=weights.lm_head is weights.embedding)
     if spec.embedding_multiplier is not None:
         (x,) = g.node("Mul", [x, g.act("embed.multiplier", np.array(spec.embedding_multiplier))], 1, "embed/scale")
 

@@ -13,11 +13,9 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from engine.builder.errors import UnsupportedTokenizerError
+from engine.chat_template import BUILTIN_TEMPLATES
 
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
-    "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+CHATML_TEMPLATE = BUILTIN_TEMPLATES["chatml"]
 CHATML_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 # ggml token types (llama.cpp's llama_token_type)
