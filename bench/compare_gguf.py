@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--peer-python", type=Path, default=DEFAULT_PEER_PYTHON)
     parser.add_argument("--no-bare", action="store_true", help="skip the bare ONNX Runtime loop")
+    parser.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "default"],
+                        help="llama.cpp's OpenMP waiting (default PASSIVE: on a shared, oversubscribed machine its "
+                        "spinning threads collapse, see docs/perf/gemma3.md; ACTIVE is llama.cpp's own default)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = AsyncEngine.from_model_dir(args.model_dir, EngineConfig(
         provider="cpu", intra_op_threads=args.threads, max_batch=1, max_model_len=max_len, seed=0))
     bare = None if args.no_bare else BareLoop(args.model_dir, 1, args.threads, max_len)
-    peer = Peer(args.gguf, python=args.peer_python, threads=args.threads, n_ctx=max_len)
+    peer = Peer(args.gguf, python=args.peer_python, threads=args.threads, n_ctx=max_len,
+                omp_wait_policy=None if args.omp_wait_policy == "default" else args.omp_wait_policy)
     info = peer.ask(cmd="info")
 
     def llama_decode() -> tuple[float, list[int]]:
@@ -147,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.median(vals) if None not in vals else None
 
     summary = {
-        "gguf": args.gguf.name, "model_dir": str(args.model_dir), "threads": args.threads, "rounds": args.rounds,
+        "gguf": args.gguf.name, "model_dir": str(args.model_dir), "threads": args.threads, "num_rounds": args.rounds,
         "output_tokens": args.output_tokens, "prefill_tokens": args.prefill_tokens, "git": git_sha(),
+        "omp_wait_policy": args.omp_wait_policy, "load_avg_during": [r["load_avg"] for r in rounds],
         "cpu": platform.processor() or platform.machine(), "llama_cpp": info,
         "median": {"decode_ratio": med("decode_ratio"), "prompt_ratio": med("prompt_ratio"),
                    "bare_decode_ratio": med("bare_decode_ratio"), "engine_vs_bare": med("engine_vs_bare"),
@@ -182,7 +187,7 @@ def plot(summary: dict, path: Path) -> None:
         ax.set_title(title)
     ratio = summary["median"]
     fig.suptitle(f"{summary['gguf']}, {summary['threads']} threads: decode {ratio['decode_ratio']:.2f}x, "
-                 f"prompt {ratio['prompt_ratio']:.2f}x llama.cpp (medians of {summary['rounds']} rounds)")
+                 f"prompt {ratio['prompt_ratio']:.2f}x llama.cpp (medians of {len(summary['rounds'])} rounds)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

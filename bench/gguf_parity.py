@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -54,10 +55,13 @@ class Peer:
     """llama.cpp in a subprocess (bench/llamacpp_peer.py), one JSON request per line."""
 
     def __init__(self, gguf: Path, *, python: Path = DEFAULT_PEER_PYTHON, threads: int = 2,
-                 logits_all: bool = False, n_ctx: int = 2048) -> None:
+                 logits_all: bool = False, n_ctx: int = 2048, omp_wait_policy: str | None = None) -> None:
         cmd = [str(python), str(PEER), "--gguf", str(gguf), "--threads", str(threads), "--n-ctx", str(n_ctx)]
+        env = dict(os.environ)
+        if omp_wait_policy:  # llama.cpp's threads wait at OpenMP barriers: spinning (ACTIVE) or sleeping
+            env["OMP_WAIT_POLICY"] = omp_wait_policy
         self.proc = subprocess.Popen(cmd + (["--logits-all"] if logits_all else []), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
 
     def ask(self, **req) -> dict:
         assert self.proc.stdin is not None and self.proc.stdout is not None

@@ -28,6 +28,15 @@ from llama_cpp import Llama, llama_print_system_info
 from llama_cpp import __version__ as llama_cpp_version
 
 
+def last_argmax(llm: Llama) -> int:
+    """The top token after the last evaluated position.
+
+    NOTE(bench): without logits_all, llama-cpp-python no longer copies logits into ``llm.scores``; read the
+    last position's row from the context (a view, no copy).
+    """
+    return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gguf", required=True)
@@ -55,10 +64,10 @@ def main() -> int:
             t0 = time.perf_counter()
             llm.eval(req["ids"])
             t1 = time.perf_counter()
-            tokens = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
+            tokens = [last_argmax(llm)]
             while len(tokens) < req["max_tokens"]:
                 llm.eval([tokens[-1]])
-                tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+                tokens.append(last_argmax(llm))
             t2 = time.perf_counter()
             out = {"tokens": tokens, "prompt_s": t1 - t0, "decode_s": t2 - t1}
         elif cmd == "info":
