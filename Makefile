@@ -1,4 +1,5 @@
-# The two set-up commands of the README: `make serve` and `make test`. Everything they need is installed here.
+# The two set-up commands of the README: `make serve` and `make test`. Everything they need is installed here:
+# `make serve` only what serving needs (`make install`), `make test` the test extras too (`make venv`).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -7,26 +8,33 @@ PORT ?= 8000
 MODEL ?=
 ARGS ?=
 
-.PHONY: serve test venv pull lint clean bench-cpu
+.PHONY: serve test install venv pull lint clean bench-cpu
 
 $(BIN)/activate:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ortserve needs Python 3.11+, found " + sys.version.split()[0] + " (set PYTHON=python3.12 or similar)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 
-# Re-install whenever pyproject.toml changes.
+# Re-install whenever pyproject.toml changes. The runtime only: no test, lint or load-test tool.
+$(VENV)/.installed-runtime: pyproject.toml | $(BIN)/activate
+	$(BIN)/python -m pip install -e .
+	touch $@
+
+# The runtime plus the test extras (which include the `bench` extra: the load-test harness).
 $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 	$(BIN)/python -m pip install -e '.[test]'
-	touch $@
+	touch $@ $(VENV)/.installed-runtime
+
+install: $(VENV)/.installed-runtime
 
 venv: $(VENV)/.installed
 
 # Download and convert a known model into the cache (`serve` does this itself on first use).
-pull: venv
+pull: install
 	$(BIN)/ortserve pull $(MODEL)
 
 # `ortserve serve` resolves the model first: a known name is pulled and converted once, a GGUF converted.
-serve: venv
+serve: install
 	$(BIN)/ortserve serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 test: venv

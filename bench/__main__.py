@@ -2,6 +2,11 @@
 
 import sys
 
-from bench.cli import main
+from bench import INSTALL_HINT, missing_requirements
+
+if missing := missing_requirements():
+    sys.exit(f"python -m bench needs {', '.join(missing)}: {INSTALL_HINT}")
+
+from bench.cli import main  # noqa: E402 (after the check: it imports the clients)
 
 sys.exit(main())

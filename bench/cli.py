@@ -14,6 +14,7 @@ import sys
 from bench.loadgen import HttpBackend, HttpSettings, RemoteUrlError, RssSampler, check_loopback, run_load
 from bench.metrics import Slo
 from bench.report import build_report, compare, format_compare, format_summary, load_report, run_entry, write_report
+from bench.features import FEATURE_SCENARIOS
 from bench.scenarios import SCENARIOS, iter_requests
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
@@ -70,23 +71,40 @@ def build_parser() -> argparse.ArgumentParser:
                       help="closed-loop users, comma-separated, one run per level (default 1)")
     load.add_argument("--rate", type=_float_list,
                       help="open loop instead: Poisson arrival rates in req/s, comma-separated, one run each")
-    load.add_argument("--num-requests", type=_positive_int, default=32, help="requests per run (default 32)")
+    load.add_argument("--num-requests", type=_positive_int,
+                      help="requests per run (default 32; multiturn: conversations, default 6; copy: 8)")
     load.add_argument("--prompt-tokens", type=_positive_int, default=128, help="prompt length (default 128)")
-    load.add_argument("--output-tokens", type=_positive_int, default=128,
-                      help="output tokens per request, sent as max_tokens (default 128)")
+    load.add_argument("--output-tokens", type=_positive_int,
+                      help="output tokens per request, sent as max_tokens (default 128; multiturn 32; copy 256)")
     load.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                       help="do not send ignore_eos/min_tokens (requests may stop early at EOS)")
     load.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     load.add_argument("--extra-body", type=json.loads, default={},
                       help="JSON object merged into every request body")
-    load.add_argument("--scenario", choices=SCENARIOS, default="fixed",
-                      help="fixed lengths, or soak: mixed prompt/output lengths + server RSS sampling")
+    load.add_argument("--scenario", choices=SCENARIOS + FEATURE_SCENARIOS, default="fixed",
+                      help="fixed lengths; soak: mixed prompt/output lengths + server RSS sampling; json_schema: "
+                      "fixed lengths, every answer constrained by response_format to a typical JSON schema; "
+                      "multiturn: growing conversations over a long system prompt (prefix reuse); copy: answers "
+                      "that repeat their input, beside free text (speculative decoding)")
     load.add_argument("--duration", type=float, default=600.0,
                       help="hard cap per run in seconds; in-flight requests are cut (default %(default)s)")
     load.add_argument("--request-timeout", type=float, default=300.0,
                       help="cap on one request in seconds (default %(default)s)")
     load.add_argument("--warmup", type=int, default=1, help="unrecorded requests before the first run (default 1)")
     load.add_argument("--seed", type=int, default=0, help="prompt and arrival seed (default 0)")
+    feat = p.add_argument_group("multiturn and copy scenarios")
+    feat.add_argument("--peer-url", action="append", metavar="URL",
+                      help="a server to interleave every request with (repeatable), e.g. the same server with "
+                      "--no-prefix-caching or --speculative-tokens 0: ratios against it")
+    feat.add_argument("--peer-label", action="append", metavar="NAME", help="name of each --peer-url in reports")
+    feat.add_argument("--turns", type=_positive_int, default=6, help="multiturn: turns per conversation (default 6)")
+    feat.add_argument("--system-tokens", type=_positive_int, default=1000,
+                      help="multiturn: system prompt length in tokens (default 1000)")
+    feat.add_argument("--user-tokens", type=_positive_int, default=40,
+                      help="multiturn: user message length in tokens (default 40)")
+    feat.add_argument("--pause", type=float, default=0.2,
+                      help="multiturn/copy: seconds between requests, so a server's spinning threads go idle "
+                      "before the next one runs (default 0.2)")
     slo = p.add_argument_group("goodput")
     slo.add_argument("--slo-ttft-ms", type=float, help="TTFT bound for goodput")
     slo.add_argument("--slo-tpot-ms", type=float, help="time-per-output-token bound for goodput")
@@ -116,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.compare:
         return _compare(args)
+    if args.scenario in FEATURE_SCENARIOS:
+        # copy: room for the longest passage (the model ends with EOS once it has copied it)
+        args.output_tokens = args.output_tokens or (32 if args.scenario == "multiturn" else 256)
+        return _features(args)
+    args.num_requests = args.num_requests or 32
+    args.output_tokens = args.output_tokens or 128
     if args.engine is None:
         try:
             check_loopback(args.url, args.allow_remote)
@@ -135,6 +159,35 @@ def main(argv: list[str] | None = None) -> int:
         from bench.plots import plot_report
 
         print(f"plot: {plot_report(report, args.plot)}")
+    return 0
+
+
+def _features(args: argparse.Namespace) -> int:
+    """The multiturn and copy scenarios (bench/features.py), HTTP only."""
+    from bench import features
+
+    if args.engine is not None:
+        print("ortserve bench: the multiturn and copy scenarios run over HTTP (drop --engine)", file=sys.stderr)
+        return 1
+    try:
+        for url in [args.url, *(args.peer_url or [])]:
+            check_loopback(url, args.allow_remote)
+    except RemoteUrlError as exc:
+        print(f"ortserve bench: {exc}", file=sys.stderr)
+        return 1
+    try:
+        report = asyncio.run(features.run(args))
+    except Exception as exc:  # noqa: BLE001 - unreachable server, no model: one line
+        print(f"ortserve bench: cannot use the target: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    names = [t["name"] for t in report["targets"]]
+    print(features.format_summary(args.scenario, report["summary"], names))
+    if args.out:
+        print(f"report: {write_report(report, args.out)}")
+    if args.plot:
+        from bench.plots import plot_features
+
+        print(f"plot: {plot_features([report], args.plot)}")
     return 0
 
 
@@ -196,7 +249,10 @@ async def _warmup(backend, args: argparse.Namespace) -> None:
     """Send --warmup requests one by one, unrecorded; fail fast if the server is unreachable."""
     if args.warmup <= 0:
         return
-    result = await run_load(backend, iter_requests("fixed", args.warmup, args.prompt_tokens, args.output_tokens,
+    # NOTE(bench): the json_schema scenario warms up with its own schema, so its compile (and the grammar
+    # tokenizer's one-time build) is not in the first recorded request.
+    scenario = "json_schema" if args.scenario == "json_schema" else "fixed"
+    result = await run_load(backend, iter_requests(scenario, args.warmup, args.prompt_tokens, args.output_tokens,
                                                    seed=10**6 + args.seed),
                             args.warmup, concurrency=1, duration_s=args.duration, label="warmup",
                             progress=args.progress)

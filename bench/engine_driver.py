@@ -6,6 +6,7 @@ Imports the engine lazily (only `--engine MODEL_DIR` pays for onnxruntime); no s
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -50,15 +51,17 @@ class EngineBackend:
     async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
         """Run one request through the engine and fill ``record``; engine errors are recorded by class."""
         from engine.types import (EngineDeadError, EngineOverloadedError, FinishReason, InvalidRequestError,
-                                  SamplingParams)
+                                  SamplingParams, StructuredOutput)
 
         request_id = f"bench-{spec.index}-{id(record)}"
         t_send = time.perf_counter()
         started = False
         try:
             prompt_ids = await asyncio.to_thread(self._prompt_ids, spec.prompt)
+            structured = (None if spec.json_schema is None
+                          else StructuredOutput("json_schema", json.dumps(spec.json_schema)))
             params = SamplingParams(max_tokens=spec.max_tokens, temperature=self.temperature,
-                                    ignore_eos=self.ignore_eos)
+                                    ignore_eos=self.ignore_eos, structured=structured)
             started = True
             async for out in self.engine.generate(prompt_ids, params, request_id):
                 now = time.perf_counter()

@@ -112,8 +112,12 @@ class HttpBackend:
         if self.settings.ignore_eos:
             extra.setdefault("ignore_eos", True)
             extra.setdefault("min_tokens", spec.max_tokens)
-        return {"model": self.model, "max_tokens": spec.max_tokens, "temperature": self.settings.temperature,
+        body = {"model": self.model, "max_tokens": spec.max_tokens, "temperature": self.settings.temperature,
                 "stream": True, "stream_options": {"include_usage": True}, "extra_body": extra}
+        if spec.json_schema is not None:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "bench", "schema": spec.json_schema, "strict": True}}
+        return body
 
     async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
         """Stream one request and fill ``record``; errors are recorded (by class), never raised.

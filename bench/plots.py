@@ -83,7 +83,7 @@ def plot_report(report: dict, path: str | Path) -> Path:
     for ax in (ax_tput, ax_ttft, ax_itl, ax_e2e):
         ax.grid(True, alpha=0.3)
     fig.suptitle(_title(report))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_compare(reports: Sequence[dict], path: str | Path) -> Path:
@@ -118,7 +118,7 @@ def plot_compare(reports: Sequence[dict], path: str | Path) -> Path:
         ax.grid(True, alpha=0.3)
         _legend(ax)
     fig.suptitle("comparison: " + ", ".join(r.get("label", "?") for r in reports))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _level_axis(ax, xs: Sequence[float]) -> None:
@@ -149,36 +149,57 @@ def _title(report: dict) -> str:
             f"- {s.get('mode', 'http')} - {cpu}")
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return path
 
 
-def plot_ceiling(data: dict, path: str | Path) -> Path:
-    """bench.ceiling's figures: decode tokens/s of the bare loop, the engine (and onnxruntime-genai) per batch,
-    each round a dot, the median a bar."""
-    runs, med = data["runs"], data["median"]
-    batches = sorted({int(k.rsplit("_b", 1)[1]) for k in med})
-    kinds = [("bare", "bare ONNX Runtime loop"), ("engine", "ortserve engine"), ("genai", "onnxruntime-genai")]
-    fig = Figure(figsize=(7.5, 4.2))
-    ax = fig.subplots()
-    width = 0.27
-    for j, (kind, label) in enumerate(kinds):
-        xs = [i + (j - 1) * width for i, b in enumerate(batches) if f"{kind}_b{b}" in med]
-        keys = [f"{kind}_b{b}" for b in batches if f"{kind}_b{b}" in med]
-        if not keys:
-            continue
-        ax.bar(xs, [med[k] for k in keys], width, label=label)
-        for x, k in zip(xs, keys):
-            ax.plot([x] * len(runs), [r[k] for r in runs], "k.", ms=3)
-            ax.annotate(f"{med[k]:.0f}", (x, med[k]), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
-    ax.set_ylabel("decode tokens/s (all rows)")
-    s = data.get("settings", {})
-    ax.set_title(f"decode ceiling - {s.get('threads', '?')} threads, prompt {s.get('prompt_tokens', '?')}, "
-                 f"{s.get('output_tokens', '?')} out, {len(runs)} rounds (dots)", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return _save(fig, path)
+def plot_features(reports: Sequence[dict], path: str | Path) -> Path:
+    """bench.features' figures, one panel per report: multiturn TTFT by turn (every request a dot, the median a
+    line) per server; copy decode tokens/s per kind of request (each request a dot, the median a bar)."""
+    fig = Figure(figsize=(6.5 * len(reports), 4.4), layout="constrained")
+    axes = fig.subplots(1, len(reports), squeeze=False)[0]
+    for ax, report in zip(axes, reports):
+        names = [t["name"] for t in report["targets"]]
+        replies = [r for r in report["replies"] if r["error"] is None]
+        if report["scenario"] == "multiturn":
+            turns = sorted({r["turn"] for r in replies})
+            for i, name in enumerate(names):
+                mine = [r for r in replies if r["target"] == name and r["ttft_s"] is not None]
+                offset = (i - (len(names) - 1) / 2) * 0.12
+                ax.plot([r["turn"] + offset for r in mine], [r["ttft_s"] * 1e3 for r in mine], ".", color=f"C{i}",
+                        alpha=0.5, ms=4)
+                med = [np.median([r["ttft_s"] * 1e3 for r in mine if r["turn"] == t] or [np.nan]) for t in turns]
+                ax.plot(turns, med, "o-", color=f"C{i}", label=name)
+            ax.set(xlabel="turn", ylabel="time to first token (ms)", yscale="log", xticks=turns,
+                   title=f"multiturn: {len({r['index'] for r in replies})} conversations, "
+                         f"{report['settings'].get('system_tokens', '?')}-token system prompt")
+        else:
+            kinds = ["copy", "free"]
+            width = 0.8 / len(names)
+            for i, name in enumerate(names):
+                for j, kind in enumerate(kinds):
+                    rates = [_decode_rate(r) for r in replies if r["target"] == name and r["kind"] == kind]
+                    rates = [v for v in rates if v is not None]
+                    x = j + (i - (len(names) - 1) / 2) * width
+                    if rates:
+                        ax.bar(x, np.median(rates), width * 0.9, color=f"C{i}", label=name if j == 0 else None)
+                        ax.plot([x] * len(rates), rates, "k.", ms=3)
+                        ax.annotate(f"{np.median(rates):.0f}", (x, np.median(rates)), ha="center", va="bottom",
+                                    fontsize=8)
+            ax.set_xticks(range(len(kinds)), ["copy its input", "free text"])
+            ax.set(ylabel="decode tokens/s (1 stream)", title="copy: greedy, single stream")
+        ax.grid(True, alpha=0.3)
+        _legend(ax)
+    cpu = reports[0].get("machine", {}).get("cpu_model") or "?" if reports else "?"
+    fig.suptitle(f"prefix reuse and speculative decoding - {cpu}", fontsize=10)
+    return save_figure(fig, path)
+
+
+def _decode_rate(reply: dict) -> float | None:
+    n, ttft, e2e = reply.get("num_completion_tokens") or 0, reply.get("ttft_s"), reply.get("e2e_s")
+    if ttft is None or e2e is None or n < 2 or e2e <= ttft:
+        return None
+    return (n - 1) / (e2e - ttft)

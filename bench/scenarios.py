@@ -23,12 +23,43 @@ COMMON_WORDS: tuple[str, ...] = tuple(
     "might us great old year off come since against go came right used take three".split()
 )
 
-SCENARIOS = ("fixed", "soak")
+SCENARIOS = ("fixed", "soak", "json_schema")
 
 # Soak mix: (prompt length, output length) as multiples of the requested --prompt-tokens/--output-tokens,
 # drawn uniformly; short and long requests interleave so slots are freed and reused at varied lengths.
 _SOAK_PROMPT_SCALES = (0.125, 0.25, 0.5, 1.0, 2.0)
 _SOAK_OUTPUT_SCALES = (0.125, 0.25, 0.5, 1.0)
+
+
+# NOTE(bench): every item of the json_schema scenario's array is at least 8 tokens of compact JSON
+# ({"id":N,"name":"","tags":[],"active":true} alone is more), so minItems = ceil(max_tokens / 8) keeps the
+# grammar from completing before max_tokens: every constrained request yields exactly max_tokens tokens, like
+# the unconstrained ones with ignore_eos, and time per output token compares like for like.
+_MIN_TOKENS_PER_ITEM = 8
+
+
+def json_schema_for(max_tokens: int) -> dict:
+    """A typical API-style schema (objects, required, additionalProperties false, enum, bounded strings and
+    integers, a nullable field, $defs/$ref) whose answer runs at least ``max_tokens`` tokens."""
+    return {
+        "$defs": {"record": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
+                "name": {"type": "string", "maxLength": 24},
+                "tags": {"type": "array", "items": {"enum": ["new", "used", "sale", "rare"]}, "maxItems": 3},
+                "active": {"type": "boolean"},
+                "note": {"type": ["string", "null"], "maxLength": 40},
+            },
+            "required": ["id", "name", "tags", "active", "note"],
+            "additionalProperties": False,
+        }},
+        "type": "object",
+        "properties": {"records": {"type": "array", "items": {"$ref": "#/$defs/record"},
+                                   "minItems": -(-max_tokens // _MIN_TOKENS_PER_ITEM)}},
+        "required": ["records"],
+        "additionalProperties": False,
+    }
 
 
 @dataclass(frozen=True)
@@ -40,12 +71,14 @@ class RequestSpec:
         prompt: the user text (chat) or the whole prompt (completions).
         num_prompt_tokens_target: the token count the prompt was built for (before any chat template).
         max_tokens: output tokens asked for (sent as max_tokens and min_tokens, with ignore_eos).
+        json_schema: the json_schema scenario's schema (sent as response_format), else None.
     """
 
     index: int
     prompt: str
     num_prompt_tokens_target: int
     max_tokens: int
+    json_schema: dict | None = None
 
 
 def make_prompt(num_tokens: int, rng: random.Random, *, encode: Callable[[str], list[int]] | None = None,
@@ -96,8 +129,9 @@ def iter_requests(scenario: str, num_requests: int, prompt_tokens: int, output_t
     """Yield the requests of one run, lazily (a 10,000-request soak does not hold every prompt).
 
     Args:
-        scenario: "fixed" (every request has prompt_tokens in, output_tokens out) or "soak" (mixed lengths
-            around those two numbers, see _SOAK_*_SCALES).
+        scenario: "fixed" (every request has prompt_tokens in, output_tokens out), "soak" (mixed lengths
+            around those two numbers, see _SOAK_*_SCALES) or "json_schema" (as fixed, every answer constrained
+            to json_schema_for(output_tokens): structured outputs at the same token counts).
         num_requests: how many to yield.
         prompt_tokens: prompt length in tokens (the mean scale for soak).
         output_tokens: output length in tokens (the maximum for soak).
@@ -118,7 +152,8 @@ def iter_requests(scenario: str, num_requests: int, prompt_tokens: int, output_t
             p, o = prompt_tokens, output_tokens
         # NOTE(bench): the request number, spelled in words, leads, so two prompts never share a prefix.
         prompt = make_prompt(p, rng, encode=encode, prefix_words=index_words(index))
-        yield RequestSpec(index=index, prompt=prompt, num_prompt_tokens_target=p, max_tokens=o)
+        schema = json_schema_for(o) if scenario == "json_schema" else None
+        yield RequestSpec(index=index, prompt=prompt, num_prompt_tokens_target=p, max_tokens=o, json_schema=schema)
 
 
 def poisson_offsets_s(rate_per_s: float, num_requests: int, *, seed: int = 0) -> list[float]:

@@ -20,9 +20,10 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.graph_capture import OpenedSession, open_session
 from engine.kv_cache import KVCache, KVShape, make_kv_allocator
 from engine.model_loader import ModelFolder, check_graph, read_model_folder, resolve_max_model_len
-from engine.output_processor import OutputProcessor, RequestState, merge_outputs
+from engine.output_processor import OutputProcessor, RequestState, merge_by_choice
 from engine.runner import Runner, make_input_allocator
 from engine.scheduler import Request, Scheduler
+from engine.structured_output import GrammarConstraint, StructuredOutputBackend
 from engine.tokenizer import Tokenizer
 from engine.types import (
     DevicePlacement, EngineDeadError, EngineOverloadedError, EngineStats, FinishReason, InvalidRequestError,
@@ -55,16 +56,28 @@ class AsyncEngine:
             self.config = config = dataclasses.replace(config, graph_capture=False)
             runner = self._make_runner(open_session(folder, config, planned_len), planned_len)
         kv = runner.kv
-        scheduler = Scheduler(config.max_batch, config.max_queue + config.max_batch, config.prefill_chunk)
+        # NOTE(engine): a draft check is a run of S > 1 tokens in one row; whole-buffer mode runs every row at
+        # S = 1 (GroupQueryAttention refuses S > 1 with a past at batch > 1), so no speculation there.
+        speculative_tokens = 0 if runner.whole_buffer else config.speculative_tokens
+        scheduler = Scheduler(config.max_batch, config.max_queue + config.max_batch, config.prefill_chunk,
+                              prefix_caching=config.prefix_caching, can_copy=kv.addressable,
+                              speculative_tokens=speculative_tokens,
+                              speculative_max_batch=config.speculative_max_batch)
         self.kv_cache_bytes = kv.shape.nbytes
         self._processor = OutputProcessor()
         self._seq = 0
+        # NOTE(engine): grammars compile in the backend's worker threads (its tokenizer is built on first use),
+        # never on the core thread; the core only fills masks and advances constraints.
+        self.structured = StructuredOutputBackend(
+            self.tokenizer.hf, self.vocab_size, self.eos_token_ids,
+            compile_timeout_s=config.grammar_compile_timeout_s, cache_size=config.grammar_cache_size)
         self._core = EngineCore(runner, scheduler, self._on_core_outputs, seed=config.seed,
-                                fault_injector=config.fault_injector)
+                                fault_injector=config.fault_injector, structured=self.structured)
         self._core.start()
         self._closed = False
-        log.info("engine ready: %s, max_model_len %d, %d slots, KV %.1f MiB", folder.model_name,
-                 self.max_model_len, config.max_batch, self.kv_cache_bytes / 2**20)
+        log.info("engine ready: %s, max_model_len %d, %d slots, KV %.1f MiB, prefix caching %s, "
+                 "speculative tokens %d", folder.model_name, self.max_model_len, config.max_batch,
+                 self.kv_cache_bytes / 2**20, "on" if config.prefix_caching else "off", speculative_tokens)
 
     def _make_runner(self, opened: OpenedSession, planned_len: int) -> Runner:
         """KV cache and runner over ``opened``; sets max_model_len, vocab_size and placement."""
@@ -155,8 +168,11 @@ class AsyncEngine:
                        request_id: str) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs: text deltas, exactly one with ``finished=True``.
 
-        Raises (at the first iteration): PromptTooLongError, InvalidRequestError, EngineOverloadedError
-        (the waiting queue is full), EngineDeadError. Cancelling the consumer aborts the request.
+        With ``params.n > 1`` the outputs of the n choices interleave (``RequestOutput.index``); the prompt is
+        computed once, and each choice has its own grammar state. Raises (at the first iteration):
+        PromptTooLongError, InvalidRequestError (also for n > max_batch, and for a ``params.structured`` spec
+        that does not compile, with its ``param``), EngineOverloadedError (the waiting queue is full),
+        EngineDeadError. Cancelling the consumer aborts the request.
         """
         self._check_alive()
         prompt_ids = list(prompt_ids)
@@ -164,18 +180,36 @@ class AsyncEngine:
         states = self._processor.states
         if request_id in states:
             raise InvalidRequestError(f"request_id {request_id!r} is already running", param="request_id")
+        if params.n > self.config.max_batch:
+            raise InvalidRequestError(f"n must be at most {self.config.max_batch} (the sequences this server runs "
+                                      f"at once, --max-batch), got {params.n}", param="n")
         # NOTE(engine): in flight = running + waiting; the waiting part is bounded by max_queue.
         if len(states) >= self.config.max_batch + self.config.max_queue:
             raise EngineOverloadedError()
-        detok = IncrementalDetokenizer(self.tokenizer.hf, prompt_ids, stop=params.stop,
-                                       include_stop_str_in_output=params.include_stop_str_in_output)
+        constraints: list[GrammarConstraint | None] = [None] * params.n
+        if params.structured is not None:
+            # compiled (or taken from the cache) before the request reaches the core: a bad spec is an
+            # InvalidRequestError here, before any output exists; the other choices copy the compiled one
+            constraints = [await self.structured.constraint_for(params.structured) for _ in range(params.n)]
+            self._check_alive()
+            if request_id in states:
+                raise InvalidRequestError(f"request_id {request_id!r} is already running", param="request_id")
+        preserved = [i for i in map(self.tokenizer.token_to_id, params.preserved_tokens) if i is not None]
+        detoks = [IncrementalDetokenizer(self.tokenizer.hf, prompt_ids, stop=params.stop,
+                                         include_stop_str_in_output=params.include_stop_str_in_output,
+                                         preserved_token_ids=preserved)
+                  for _ in range(params.n)]
         self._seq += 1
-        state = RequestState(request_id, len(prompt_ids), params, detok, loop=asyncio.get_running_loop(),
-                             seq=self._seq)
+        state = RequestState(request_id, len(prompt_ids), params, detoks[0], loop=asyncio.get_running_loop(),
+                             seq=self._seq, more_detokenizers=detoks[1:])
         self._processor.add(state)
+        request = Request(request_id, prompt_ids, params, eos_token_ids=self.eos_token_ids,
+                          max_model_len=self.max_model_len, seq=self._seq, constraint=constraints[0])
+        if params.n > 1:
+            for fork, constraint in zip(request.fork(params.n), constraints[1:]):
+                fork.constraint = constraint
         try:
-            self._core.add(Request(request_id, prompt_ids, params, eos_token_ids=self.eos_token_ids,
-                                   max_model_len=self.max_model_len, seq=self._seq))
+            self._core.add(request)
         except EngineDeadError:  # the core ended between the check above and now
             self._processor.remove(request_id)
             raise
@@ -188,9 +222,9 @@ class AsyncEngine:
                 for item in items:
                     if isinstance(item, BaseException):
                         raise item
-                out = merge_outputs(items)
-                finished = out.finished
-                yield out
+                for out in merge_by_choice(items):
+                    finished = out.finished
+                    yield out
         except (asyncio.CancelledError, GeneratorExit):
             if not finished:
                 self._abort_now([request_id])
@@ -224,13 +258,18 @@ class AsyncEngine:
             num_slots_free=snap.num_slots_free, num_slots_total=self.config.max_batch,
             prompt_tokens_total=snap.prompt_tokens_total, generation_tokens_total=snap.generation_tokens_total,
             decode_tokens_per_s=snap.decode_tokens_per_s,
-            extra={"kv_cache_bytes": float(self.kv_cache_bytes), "steps_total": float(snap.steps_total)})
+            extra={"kv_cache_bytes": float(self.kv_cache_bytes), "steps_total": float(snap.steps_total),
+                   "prefix_cache_queries_total": float(snap.prefix_cache_queries_total),
+                   "prefix_cache_hits_total": float(snap.prefix_cache_hits_total),
+                   "spec_draft_tokens_total": float(snap.spec_draft_tokens_total),
+                   "spec_accepted_tokens_total": float(snap.spec_accepted_tokens_total)})
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Abort what is in flight and join the engine thread (idempotent)."""
         if not self._closed:
             self._closed = True
             self._core.shutdown(timeout_s)
+            self.structured.shutdown()
 
     @property
     def is_running(self) -> bool:
@@ -279,9 +318,8 @@ class AsyncEngine:
 
     def _process(self, outputs: list[CoreOutput]) -> None:
         """Event loop: detokenize and queue; a stop string found here aborts the request in the core."""
-        to_abort = self._processor.process(outputs)
-        if to_abort:
-            self._core.abort(to_abort)
+        for request_id, index in self._processor.process(outputs):
+            self._core.abort([request_id], index)
 
 
 class _WarmupError(Exception):

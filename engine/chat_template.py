@@ -6,6 +6,7 @@ tojson, raise_exception, strftime_now). No onnxruntime import.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -66,6 +67,11 @@ def chat_template_source(value: str) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"--chat-template {value!r} is neither a built-in template "
                              f"({', '.join(BUILTIN_TEMPLATES)}) nor a readable Jinja file: {exc}") from exc
+# A tool whose name appears in the rendered prompt only if the template renders the `tools` variable.
+_PROBE_TOOL_NAME = "ortserve_probe_tool_7f3a"
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": _PROBE_TOOL_NAME, "description": "probe",
+    "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}
 
 
 def _raise_exception(message: str) -> None:
@@ -101,6 +107,7 @@ class ChatTemplate:
     def __init__(self, source: str | None, special_tokens: Mapping[str, str] | None = None,
                  tool_source: str | None = None) -> None:
         self.source = source
+        self._tool_source = tool_source
         self.special_tokens = dict(special_tokens or {})
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=[jinja2.ext.loopcontrols])
@@ -134,6 +141,28 @@ class ChatTemplate:
     @property
     def available(self) -> bool:
         return self._template is not None
+
+    @functools.cached_property
+    def supports_tools(self) -> bool:
+        """Whether the template renders tool definitions passed as ``tools`` (decided once per model).
+
+        NOTE(tools): decided by rendering a probe tool and looking for its name in the prompt, as llama.cpp's
+        minja does: reading the Jinja source for "tools" would also match templates that only mention it.
+        """
+        template = self._tool_template or self._template
+        if template is None:
+            return False
+        try:
+            out = template.render(messages=[{"role": "user", "content": "probe"}], tools=[_PROBE_TOOL],
+                                  add_generation_prompt=True, **self.special_tokens)
+        except Exception:  # noqa: BLE001 - any failure means the template cannot take tools
+            return False
+        return _PROBE_TOOL_NAME in out
+
+    @property
+    def tool_source(self) -> str:
+        """The Jinja source that renders tool requests (the tool_use template when the model has one)."""
+        return self._tool_source or self.source or ""
 
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
                add_generation_prompt: bool = True, **extra: Any) -> str:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from engine.core import StepInfo
+from engine.types import InvalidRequestError, StepInfo
 
-from engine.types import InvalidRequestError
+# Speculative decoding: the default longest draft (measured, docs/perf/engine-features.md) and the bound.
+DEFAULT_SPECULATIVE_TOKENS = 16
+MAX_SPECULATIVE_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,17 @@ class EngineConfig:
         seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
         chat_template: replaces the model's chat template: a built-in name (``engine.chat_template.
             BUILTIN_TEMPLATES``) or a Jinja file; None keeps the model's own.
+        grammar_compile_timeout_s: a structured-output grammar (JSON schema, regex, Lark, GBNF) that has not
+            compiled within this many seconds is refused (InvalidRequestError -> 400).
+        grammar_cache_size: compiled grammars kept for reuse (least recently used dropped first).
+        prefix_caching: keep finished requests' KV in their slots and reuse the longest matching prompt prefix
+            (engine/prefix_cache.py); False -> every prompt is computed in full.
+        speculative_tokens: the longest prompt-lookup draft checked per run (speculative decoding,
+            engine/speculative.py); 0 -> off. Off by itself on whole-buffer devices (a draft check needs a
+            row of its own).
+        speculative_max_batch: drafts are checked only while at most this many requests decode: a check runs
+            alone (GroupQueryAttention takes S > 1 new tokens with a past at batch 1 only), so beside other
+            streams it costs a run of its own instead of one row of the shared decode run.
         fault_injector: TEST-ONLY hook, called on the core thread with a ``StepInfo`` just before each model
             run; an exception it raises fails exactly that run's requests (finish_reason ERROR), as a device
             error would, and the engine goes on. None (the default) costs nothing.
@@ -60,6 +71,11 @@ class EngineConfig:
     graph_capture: bool | None = None
     seed: int | None = None
     chat_template: str | None = None
+    grammar_compile_timeout_s: float = 10.0
+    grammar_cache_size: int = 64
+    prefix_caching: bool = True
+    speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
+    speculative_max_batch: int = 1
     fault_injector: Callable[[StepInfo], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -70,8 +86,14 @@ class EngineConfig:
         _check(self.prefill_chunk >= self.max_batch + 1, "prefill_chunk",
                f"must be > max_batch ({self.max_batch}) so a prefill chunk fits beside a full decode batch",
                self.prefill_chunk)
+        _check(self.grammar_compile_timeout_s > 0, "grammar_compile_timeout_s", "must be > 0",
+               self.grammar_compile_timeout_s)
+        _check(self.grammar_cache_size >= 1, "grammar_cache_size", "must be >= 1", self.grammar_cache_size)
         _check(self.intra_op_threads is None or self.intra_op_threads >= 1, "intra_op_threads",
                "must be >= 1", self.intra_op_threads)
+        _check(0 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS, "speculative_tokens",
+               f"must be in [0, {MAX_SPECULATIVE_TOKENS}]", self.speculative_tokens)
+        _check(self.speculative_max_batch >= 1, "speculative_max_batch", "must be >= 1", self.speculative_max_batch)
 
 
 def _check(ok: bool, param: str, rule: str, value: object) -> None:

@@ -12,13 +12,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.runner import Runner
-from engine.sampler import RequestSampler, sample_batch
-from engine.scheduler import Finished, Request, Scheduler, SchedulerOutput
-from engine.types import EngineDeadError, EngineError, FinishReason, TokenLogprob
+from engine.sampler import RequestSampler, SampleResult, sample_batch
+from engine.scheduler import Finished, Request, Scheduler, SchedulerOutput, Verify
+from engine.types import EngineDeadError, EngineError, FinishReason, StepInfo, TokenLogprob
+
+if TYPE_CHECKING:
+    from engine.structured_output import StructuredOutputBackend
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +38,14 @@ class CoreOutput:
     error: str | None = None
     seq: int = 0  # the Request's seq
     first_scheduled_s: float | None = None  # Request.first_scheduled_s (time.monotonic seconds)
+    index: int = 0  # the choice (n > 1)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (set on choice 0's outputs)
     # NOTE(engine): set when the request was refused before it ran (EngineOverloadedError from the
     # scheduler, an invalid request); the async side raises it to the caller instead of an output.
     exception: BaseException | None = None
+    # NOTE(engine): STOP normally means the last token is a stop token (eos, stop_token_ids), which is not text;
+    # a request whose grammar completed (constrained decoding) stops on a token that is text.
+    grammar_complete: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,15 +60,10 @@ class CoreSnapshot:
     decode_tokens_per_s: float = 0.0
     steps_total: int = 0
     last_step_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """What a model run is about to compute; passed to the test-only fault injector."""
-
-    step: int  # steps_total before this step
-    kind: str  # "decode" or "prefill"
-    request_ids: tuple[str, ...]
+    prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits_total: int = 0  # of them, tokens whose KV was reused
+    spec_draft_tokens_total: int = 0  # tokens proposed by speculative drafts
+    spec_accepted_tokens_total: int = 0  # of them, tokens the model kept
 
 
 Sink = Callable[[list[CoreOutput]], None]
@@ -70,10 +74,11 @@ _SHUTDOWN = object()
 
 
 class _Abort:
-    __slots__ = ("request_ids",)
+    __slots__ = ("request_ids", "index")
 
-    def __init__(self, request_ids: Sequence[str]) -> None:
+    def __init__(self, request_ids: Sequence[str], index: int | None = None) -> None:
         self.request_ids = list(request_ids)
+        self.index = index  # None: every choice
 
 
 class EngineCore:
@@ -85,12 +90,18 @@ class EngineCore:
         sink: receives each step's outputs, called on the core thread (must only hand them over).
         seed: seeds the rng that unseeded requests draw from (None: fresh entropy).
         fault_injector: test-only; called with a StepInfo before every model run (None: no call at all).
+        structured: fills the token masks of requests with a ``constraint`` (constrained decoding).
     """
 
     def __init__(self, runner: Runner, scheduler: Scheduler, sink: Sink, seed: int | None = None,
-                 fault_injector: FaultInjector | None = None) -> None:
+                 fault_injector: FaultInjector | None = None,
+                 structured: StructuredOutputBackend | None = None) -> None:
         self.runner = runner
         self.fault_injector = fault_injector
+        self.structured = structured
+        # NOTE(engine): one preallocated bitmask, one row per batch position; only constrained rows are
+        # filled and read, so a batch without constraints never touches it.
+        self._bitmask = structured.allocate_bitmask(scheduler.num_slots) if structured is not None else None
         self.scheduler = scheduler
         self.sink = sink
         self.vocab_size = runner.vocab_size
@@ -107,6 +118,8 @@ class EngineCore:
         self._gen_total = 0
         self._steps = 0
         self._rate = 0.0
+        self._spec_drafted = 0
+        self._spec_accepted = 0
 
     # -- called from other threads ---------------------------------------------------------------------
 
@@ -121,8 +134,9 @@ class EngineCore:
                 raise EngineDeadError(f"the engine thread has stopped: {self.dead!r}")
             self._inbox.put(request)
 
-    def abort(self, request_ids: Sequence[str]) -> None:
-        self._inbox.put(_Abort(request_ids))
+    def abort(self, request_ids: Sequence[str], index: int | None = None) -> None:
+        """Stop requests (every choice, or only choice ``index`` of an n > 1 request)."""
+        self._inbox.put(_Abort(request_ids, index))
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Abort everything, stop the thread and wait for it."""
@@ -163,7 +177,7 @@ class EngineCore:
             if item is _SHUTDOWN:
                 return False
             if isinstance(item, _Abort):
-                for request in self.scheduler.abort(item.request_ids):
+                for request in self.scheduler.abort(item.request_ids, item.index):
                     self._release(request)
             elif isinstance(item, Request):
                 self._add(item)
@@ -171,8 +185,9 @@ class EngineCore:
     def _add(self, request: Request) -> None:
         """Queue one request; a problem with it (overload, bad params) fails only that request."""
         try:
-            rng = np.random.default_rng(self._seeds.spawn(1)[0]) if request.params.seed is None else None
-            request.sampler_state = RequestSampler(request.params, request.prompt_ids, self.vocab_size, rng)
+            for choice in (request, *request.forks):
+                choice.sampler_state = RequestSampler(choice.params, choice.prompt_ids, self.vocab_size,
+                                                      self._choice_rng(choice))
             self.scheduler.add(request)
         except Exception as exc:  # NOTE(engine): never let one request's problem stop the core thread
             refused = isinstance(exc, EngineError)  # overloaded, invalid: raised to the caller as is
@@ -181,73 +196,186 @@ class EngineCore:
             self.sink([CoreOutput(request.request_id, (), FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}",
                                   seq=request.seq, exception=exc if refused else None)])
 
+    def _choice_rng(self, request: Request) -> np.random.Generator | None:
+        """The rng of one choice: None for a seeded choice 0 (the sampler seeds it as with n = 1); choice i > 0
+        of a seeded request draws from (seed, i), so seeded n > 1 requests are reproducible too."""
+        seed = request.params.seed
+        if seed is None:
+            return np.random.default_rng(self._seeds.spawn(1)[0])
+        return None if request.index == 0 else np.random.default_rng([seed, request.index])
+
     def step(self) -> None:
-        """One scheduler step: the decode batch (outputs sent at once), then one prefill chunk."""
+        """One scheduler step: KV copies, the decode batch (outputs sent at once), draft checks, then one
+        prefill chunk."""
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
+        for copy in out.copies:  # NOTE(engine): before any run: a copy reads rows this step may overwrite
+            self.runner.copy_kv(copy.src, copy.dst, copy.start, copy.end)
         if out.decode:
             self._run_decode(out.decode)
+        num_verified = 0
+        for verify in out.verify:
+            num_verified += self._run_verify(verify)
         if out.prefill is not None:
             self._run_prefill(out)
         self._steps += 1
         elapsed = time.perf_counter() - t0
-        if out.decode and elapsed > 0:
+        num_decoded = len(out.decode) + num_verified
+        if num_decoded and elapsed > 0:
             # NOTE(engine): an exponential average of decode tokens/s over recent steps, for metrics.
-            self._rate = 0.8 * self._rate + 0.2 * (len(out.decode) / elapsed) if self._rate else \
-                len(out.decode) / elapsed
+            self._rate = 0.8 * self._rate + 0.2 * (num_decoded / elapsed) if self._rate else \
+                num_decoded / elapsed
         self._publish(time.monotonic())
 
     def _run_decode(self, batch: tuple[Request, ...]) -> None:
+        failed: dict[Request, str] = {}  # why a choice's constraint failed (that choice only)
         try:
+            masked = self._fill_masks(batch, failed)
             if self.fault_injector is not None:
                 self.fault_injector(StepInfo(self._steps, "decode", tuple(r.request_id for r in batch)))
             logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
                                         [r.num_computed_tokens for r in batch])
-            results = sample_batch(logits, [r.sampler_state for r in batch])
+            results = sample_batch(logits, [r.sampler_state for r in batch], self._bitmask, masked)
         except Exception as exc:
             self._fail(batch, exc)
             return
-        sampled = {r.request_id: res.token_id for r, res in zip(batch, results)}
-        finished = self.scheduler.update_from_output(SchedulerOutput(None, batch), sampled)
+        sampled = {r: res.token_id for r, res in zip(batch, results)}
+        complete = self._advance(batch, results, masked, failed)
+        finished = self.scheduler.update_from_output(SchedulerOutput(None, batch), sampled, complete)
         self._gen_total += len(batch)
-        self._emit(batch, results, finished)
+        self._emit([(r, (res,)) for r, res in zip(batch, results)], finished, failed, complete)
+
+    def _run_verify(self, verify: Verify) -> int:
+        """Check one request's draft in one run; returns the tokens it added."""
+        request = verify.request
+        try:
+            if self.fault_injector is not None:
+                self.fault_injector(StepInfo(self._steps, "verify", (request.request_id,)))
+            logits = self.runner.verify(request.slot, verify.token_ids, request.num_computed_tokens)  # [S, V]
+            results = request.sampler_state.verify(logits, verify.draft)
+        except Exception as exc:
+            self._fail((request,), exc)
+            return 0
+        num_before = len(request.output_ids)
+        finished = self.scheduler.update_from_output(SchedulerOutput(None, (), (verify,)),
+                                                     {request: [r.token_id for r in results]})
+        num_added = len(request.output_ids) - num_before  # fewer than results when a stop token came first
+        self._gen_total += num_added
+        self._spec_drafted += len(verify.draft)
+        self._spec_accepted += len(results) - 1
+        self._emit([(request, results[:num_added])], finished)
+        return num_added
 
     def _run_prefill(self, out: SchedulerOutput) -> None:
         chunk = out.prefill
         assert chunk is not None
         request = chunk.request
+        choices = (request, *request.forks)
+        failed: dict[Request, str] = {}
         try:
+            # NOTE(engine): only the last chunk of a prompt samples, so only it is masked.
+            masked = self._fill_masks(choices, failed) if chunk.is_last else []
             if self.fault_injector is not None:
                 self.fault_injector(StepInfo(self._steps, "prefill", (request.request_id,)))
-            logits = self.runner.prefill(request.slot, chunk.token_ids, chunk.start)
-            results = sample_batch(logits[None], [request.sampler_state]) if chunk.is_last else []
+            logits = self.runner.prefill(request.slot, chunk.token_ids, chunk.start,
+                                         also=[f.slot for f in request.forks])
+            # n > 1: every choice samples its first token from the same logits, each with its own sampler
+            results = sample_batch(np.broadcast_to(logits, (len(choices), len(logits))),
+                                   [c.sampler_state for c in choices], self._bitmask, masked) \
+                if chunk.is_last else []
         except Exception as exc:
-            self._fail((request,), exc)
+            self._fail(choices, exc)
             return
-        sampled = {request.request_id: results[0].token_id} if results else {}
-        finished = self.scheduler.update_from_output(SchedulerOutput(chunk, ()), sampled)
+        sampled = {c: res.token_id for c, res in zip(choices, results)}
+        complete = self._advance(choices, results, masked, failed) if results else set()
+        finished = self.scheduler.update_from_output(SchedulerOutput(chunk, ()), sampled, complete)
         self._prompt_total += chunk.num_tokens
         if results:
-            self._gen_total += 1
-            self._emit((request,), results, finished)
+            self._gen_total += len(results)
+            self._emit([(c, (res,)) for c, res in zip(choices, results)], finished, failed, complete)
 
-    def _emit(self, batch: Sequence[Request], results: Sequence, finished: list[Finished]) -> None:
-        reasons = {f.request.request_id: f.reason for f in finished}
+    def _fill_masks(self, batch: Sequence[Request], failed: dict[Request, str]) -> list[int]:
+        """Fill the bitmask rows of the constrained requests of ``batch`` (row i for batch[i]).
+
+        Returns the rows to mask; a constraint already in error (a grammar resource limit) goes to
+        ``failed`` instead, and its row is sampled unmasked and then dropped.
+        """
+        rows = [(r.constraint, i) for i, r in enumerate(batch) if r.constraint is not None]
+        if not rows:
+            return []
+        assert self.structured is not None and self._bitmask is not None
+        self.structured.fill(rows, self._bitmask)
+        masked = []
+        for constraint, i in rows:
+            error = constraint.error
+            if error is None:
+                masked.append(i)
+            else:
+                failed[batch[i]] = f"structured output failed: {error}"
+        return masked
+
+    def _advance(self, batch: Sequence[Request], results: Sequence[SampleResult], masked: Sequence[int],
+                 failed: dict[Request, str]) -> set[Request]:
+        """After sampling: advance each constraint by its token; returns the requests now complete.
+
+        A token the grammar rejects fails that choice only (into ``failed``). A stop token (eos) that
+        completes the grammar is left to the usual stop check.
+        """
+        complete = set()
+        for i in masked:
+            request, token_id = batch[i], results[i].token_id
+            try:
+                accepted = request.constraint.accept(token_id)
+                done = accepted and request.constraint.is_done
+            except Exception as exc:  # NOTE(engine): the library raises only on API misuse; still, one request
+                log.exception("constraint of %s raised", request.request_id)
+                failed[request] = f"structured output failed: {type(exc).__name__}: {exc}"
+                continue
+            if not accepted:
+                failed[request] = (f"structured output failed: the grammar rejected token {token_id} "
+                                   f"({request.constraint.error})")
+            elif done and not request.is_stop_token(token_id):
+                complete.add(request)
+        return complete
+
+    def _emit(self, items: Sequence[tuple[Request, Sequence[SampleResult]]], finished: list[Finished],
+              failed: dict[Request, str] | None = None, complete: set[Request] | None = None) -> None:
+        """Send one output per request of ``items`` (request, the results appended to it this step); a choice
+        in ``failed`` ends with ERROR instead (its constraint failed)."""
+        reasons = {id(f.request): f.reason for f in finished}
+        if failed:
+            for r, error in failed.items():
+                log.warning("request %s (choice %d) failed: %s", r.request_id, r.index, error)
+                if id(r) not in reasons:
+                    for dropped in self.scheduler.abort([r.request_id], r.index):
+                        self._release(dropped)
         for f in finished:
             self._release(f.request)
         self._publish(time.monotonic())  # stats agree with the outputs by the time they are seen
-        self.sink([CoreOutput(r.request_id, (res.token_id,), reasons.get(r.request_id),
-                              (res.logprob,) if res.logprob is not None else None, seq=r.seq,
-                              first_scheduled_s=r.first_scheduled_s)
-                   for r, res in zip(batch, results)])
+        outputs = []
+        for r, results in items:
+            if failed and r in failed:
+                outputs.append(CoreOutput(r.request_id, (), FinishReason.ERROR, error=failed[r], seq=r.seq,
+                                          first_scheduled_s=r.first_scheduled_s, index=r.index,
+                                          num_cached_tokens=r.num_cached_tokens))
+                continue
+            logprobs = tuple(res.logprob for res in results if res.logprob is not None)
+            outputs.append(CoreOutput(r.request_id, tuple(res.token_id for res in results), reasons.get(id(r)),
+                                      logprobs or None, seq=r.seq, first_scheduled_s=r.first_scheduled_s,
+                                      index=r.index, num_cached_tokens=r.num_cached_tokens,
+                                      grammar_complete=bool(complete) and r in complete))
+        self.sink(outputs)
 
     def _fail(self, batch: Sequence[Request], exc: Exception) -> None:
         """A run failed: its requests end with ERROR; the engine goes on with the others."""
         log.exception("engine step failed for %d request(s)", len(batch))
-        for request in self.scheduler.abort([r.request_id for r in batch]):
-            self._release(request)
+        for r in batch:
+            for request in self.scheduler.abort([r.request_id], r.index):
+                if request.slot is not None:
+                    self.scheduler.forget(request.slot)  # NOTE(engine): no reuse of a row a failed run touched
+                self._release(request)
         self.sink([CoreOutput(r.request_id, (), FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}",
-                              seq=r.seq) for r in batch])
+                              seq=r.seq, index=r.index) for r in batch])
 
     def _finish_all(self, reason: FinishReason, error: str | None, exception: BaseException | None = None) -> None:
         with self._inbox_lock:
@@ -260,6 +388,7 @@ class EngineCore:
                 break
             if isinstance(item, Request):
                 dropped.append(item)
+        dropped += [fork for r in dropped if r.index == 0 and r.slot is None for fork in r.forks]  # never admitted
         for request in dropped:
             try:  # NOTE(engine): a broken runner must not keep the final outputs from their consumers
                 self._release(request)
@@ -267,19 +396,22 @@ class EngineCore:
                 log.exception("could not release the slot of %s", request.request_id)
         if dropped:
             try:
-                self.sink([CoreOutput(r.request_id, (), reason, error=error, seq=r.seq, exception=exception)
-                           for r in dropped])
+                self.sink([CoreOutput(r.request_id, (), reason, error=error, seq=r.seq, exception=exception,
+                                      index=r.index) for r in dropped])
             except Exception:  # the loop may be gone at shutdown
                 log.debug("could not deliver final outputs", exc_info=True)
         self._publish(time.monotonic())
 
     def _release(self, request: Request) -> None:
         if request.slot is not None and self.scheduler.slot_owner(request.slot) is None:
-            self.runner.release(request.slot)
+            # NOTE(engine): the row keeps what the prefix cache says it holds (nothing once forgotten)
+            self.runner.release(request.slot, keep=len(self.scheduler.cache.cached(request.slot)))
 
     def _publish(self, now: float) -> None:
         s = self.scheduler
         self.snapshot = CoreSnapshot(
             num_running=len(s.running), num_waiting=len(s.waiting), num_slots_free=s.num_free_slots,
             prompt_tokens_total=self._prompt_total, generation_tokens_total=self._gen_total,
-            decode_tokens_per_s=self._rate if s.running else 0.0, steps_total=self._steps, last_step_s=now)
+            decode_tokens_per_s=self._rate if s.running else 0.0, steps_total=self._steps, last_step_s=now,
+            prefix_cache_queries_total=s.prefix_queries_total, prefix_cache_hits_total=s.prefix_hits_total,
+            spec_draft_tokens_total=self._spec_drafted, spec_accepted_tokens_total=self._spec_accepted)

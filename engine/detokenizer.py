@@ -5,7 +5,7 @@ Owns the text of one request; runs on the event-loop side. No onnxruntime import
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
@@ -30,15 +30,27 @@ class IncrementalDetokenizer:
         stop: stop strings; the first one that appears ends the request and is cut from the text.
         include_stop_str_in_output: keep the matched stop string in the text.
         skip_special_tokens: drop special tokens (eos, ChatML markers) from the text.
+        preserved_token_ids: special tokens kept in the text although ``skip_special_tokens`` (tool-call
+            markup a parser needs, e.g. Mistral's ``[TOOL_CALLS]``); the other special tokens are still dropped.
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int], *, stop: Sequence[str] = (),
-                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True) -> None:
+                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True,
+                 preserved_token_ids: Collection[int] = ()) -> None:
         self._tokenizer = tokenizer
+        # NOTE(tools): DecodeStream skips all special tokens or none. To keep a few, it decodes them all and
+        # this class never feeds it the special tokens that are not preserved (a byte-level special token is a
+        # whole string, so leaving one out never changes how its neighbours decode).
+        self._skip_ids: frozenset[int] = frozenset()
+        if skip_special_tokens and preserved_token_ids:
+            special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+            self._skip_ids = frozenset(special - set(preserved_token_ids))
+            skip_special_tokens = False
         self._skip_special_tokens = skip_special_tokens
-        self._stream = self._new_stream(list(prompt_ids[-_PRIME_TOKENS:]))
+        prime = [t for t in prompt_ids[-_PRIME_TOKENS:] if t not in self._skip_ids]
+        self._stream = self._new_stream(prime)
         self._pending: list[int] = []  # ids stepped since the stream last returned text
-        self._recent: list[int] = list(prompt_ids[-_PRIME_TOKENS:])
+        self._recent: list[int] = prime
         self.stop = tuple(s for s in stop if s)
         self.include_stop_str_in_output = include_stop_str_in_output
         # NOTE(engine): len(longest stop) - 1 characters could be the start of a stop string; they stay
@@ -64,6 +76,8 @@ class IncrementalDetokenizer:
         ids = token_ids[:-1] if stop_terminated and not self.include_stop_str_in_output else token_ids
         start = len(self.text)
         for token_id in ids:
+            if token_id in self._skip_ids:
+                continue
             try:
                 chunk = self._stream.step(self._tokenizer, token_id)
             except Exception:  # noqa: BLE001 (tokenizers raises a plain Exception)

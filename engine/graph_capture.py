@@ -208,7 +208,7 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
     if want:
         raise ModelLoadError(f"graph capture on {selected.ep_name} is not possible: {reason}")
     # NOTE(engine): with onnxruntime 1.30 and onnxruntime-ep-webgpu 0.4.0 (H200), an uncaptured run over a
-    # whole-buffer mask gave wrong logits (bench/gpu/probe_step.py); the captured step matched the CPU EP.
+    # whole-buffer mask gave wrong logits (bench/perf/gpu/probe_step.py); the captured step matched the CPU EP.
     log.warning("graph capture is off on %s (%s); uncaptured WebGPU runs were seen computing wrong logits",
                 selected.ep_name, reason)
     session, _ = create_session(folder, config, selected=selected)

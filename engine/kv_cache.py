@@ -110,6 +110,19 @@ class KVCache:
         values = [ort.OrtValue.ortvalue_from_numpy(a[lo:hi]) for a in self._value_arrays]
         return keys, values
 
+    def copy_positions(self, src: int, dst: int, start: int, end: int) -> None:
+        """Copy positions ``[start, end)`` of slot ``src`` into slot ``dst`` in every layer (keys and values).
+
+        Needs ``addressable`` (a host row copy); opaque device buffers can't be sliced from here.
+        """
+        if not self.addressable:
+            raise ValueError("the KV cache is not CPU-addressable; rows can't be copied")
+        if src == dst or end <= start:
+            return
+        for arrays in (self._key_arrays, self._value_arrays):
+            for a in arrays:
+                a[dst, :, start:end] = a[src, :, start:end]  # [kv_heads, end - start, head_size]
+
     def key_array(self, layer: int) -> np.ndarray | None:
         """The numpy view of a layer's key buffer (tests and debugging), None when opaque."""
         return self._key_arrays[layer]

@@ -112,8 +112,12 @@ class Runner:
         self.keep_last = LOGITS_TO_KEEP in {i.name for i in session.get_overridable_initializers()}
         self.prefill_logits = np.zeros((1 if self.keep_last else chunk) * vocab, dtype=np.float32)
         self._keep_one = ort.OrtValue.ortvalue_from_numpy(np.ones(1, dtype=np.int64))
+        self._keep_n = np.ones(1, dtype=np.int64)  # logits_to_keep of a verify run, written before each
+        self._keep_n_value = ort.OrtValue.ortvalue_from_numpy(self._keep_n)
+        self._verify_logits = np.zeros(0, dtype=np.float32)  # [S * V], grown on demand
         self._decode_bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._prefill_bindings: dict[int, ort.IOBinding] = {}
+        self._verify_bindings: dict[int, ort.IOBinding] = {}
         self.input_source = getattr(input_allocator, "source", "cpu")  # where the decode inputs live
         self.device_io: DeviceDecodeIO | None = None
         self._packed: np.ndarray | None = None
@@ -180,9 +184,13 @@ class Runner:
         binding = self._decode_bindings.get((0, self.num_slots)) or self._make_decode_binding(0, self.num_slots)
         self._run_decode(binding)
 
-    def prefill(self, slot: int, token_ids: Sequence[int], start: int) -> np.ndarray:
+    def prefill(self, slot: int, token_ids: Sequence[int], start: int, also: Sequence[int] = ()) -> np.ndarray:
         """Prompt tokens ``[start, start + S)`` of the request in ``slot``.
 
+        Args:
+            also: slots that must end up with the same KV (the other choices of an n > 1 request; their rows
+                already hold positions ``[0, start)``): row views copy this chunk's positions into them after
+                the run; the whole-buffer mode computes them in the same runs (it can't copy opaque rows).
         Returns:
             float32 ``[vocab]`` logits of the chunk's last token (a view, valid until the next prefill).
         """
@@ -190,39 +198,86 @@ class Runner:
         if not 0 < num <= self.prefill_chunk:
             raise ValueError(f"a prefill chunk holds 1..{self.prefill_chunk} tokens, got {num}")
         if self.whole_buffer:
-            return self._prefill_whole(slot, token_ids, start)
+            return self._prefill_whole(slot, token_ids, start, also)
+        logits = self._run_chunk(slot, token_ids, start, all_logits=False)[-1]
+        for other in also:
+            self.copy_kv(slot, other, start, start + num)
+        return logits
+
+    def verify(self, slot: int, token_ids: Sequence[int], start: int) -> np.ndarray:
+        """Tokens ``[start, start + S)`` of the request in ``slot`` with the logits of every one (speculative
+        decoding: the last sampled token and a draft, checked in one run; row views only).
+
+        The KV of all S tokens is written; the caller keeps only the accepted prefix (positions past it are
+        garbage the request overwrites before it attends to them).
+
+        Returns:
+            float32 ``[S, vocab]`` logits, row i predicting the token after ``token_ids[i]`` (a view, valid until
+            the next verify or prefill).
+        """
+        num = len(token_ids)
+        if self.whole_buffer:
+            raise ValueError("verify needs row views: GroupQueryAttention runs S > 1 tokens only at batch 1")
+        if not 0 < num <= self.prefill_chunk:
+            raise ValueError(f"a verify run holds 1..{self.prefill_chunk} tokens, got {num}")
+        return self._run_chunk(slot, token_ids, start, all_logits=True)
+
+    def copy_kv(self, src: int, dst: int, start: int, end: int) -> None:
+        """Copy KV positions ``[start, end)`` of slot ``src`` into slot ``dst`` (host rows only)."""
+        self.kv.copy_positions(src, dst, start, end)
+        self.slot_len[dst] = max(int(self.slot_len[dst]), end)
+
+    def release(self, slot: int, keep: int = 0) -> None:
+        """The slot's request left; its first ``keep`` KV positions stay valid (a prefix kept for reuse).
+
+        NOTE(engine): an idle row's dummy token is written at ``slot_len`` (see the class note), so a kept
+        prefix survives the steps that run this row idle.
+        """
+        self.slot_len[slot] = keep
+
+    # -- internals -------------------------------------------------------------------------------------
+
+    def _prefill_whole(self, slot: int, token_ids: Sequence[int], start: int, also: Sequence[int]) -> np.ndarray:
+        # NOTE(engine): GQA refuses S > 1 with past context at batch > 1 ("batch_size must be 1 when
+        # sequence_length > 1 and past context is given"), and an opaque buffer can't be bound one row at a
+        # time, so whole-buffer mode feeds the prompt one token per run beside idle rows. Slow; correct.
+        # Slots in ``also`` get the same token in the same run (their rows compute alike).
+        slots = sorted({slot, *also})
+        row = slots.index(slot)
+        logits = None
+        for i, token_id in enumerate(token_ids):
+            logits = self.decode(slots, [token_id] * len(slots), [start + i] * len(slots))
+        assert logits is not None
+        return logits[row]
+
+    def _run_chunk(self, slot: int, token_ids: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
+        """One row-view run of ``S = len(token_ids)`` tokens in ``slot``; returns float32 ``[1 or S, V]`` logits
+        (only the last position's unless ``all_logits``; all of them when the graph lacks logits_to_keep)."""
+        num = len(token_ids)
         ids = self.prefill_ids[:num].reshape(1, num)  # [1, S]
         pos = self.prefill_pos[:num].reshape(1, num)
         ids[0] = token_ids
         pos[0] = np.arange(start, start + num)
         self._set_ones(np.array([slot]), np.array([start + num]))
-        binding = self._prefill_bindings.get(slot) or self._make_prefill_binding(slot)
+        if self.keep_last and all_logits:
+            binding = self._verify_bindings.get(slot) or self._make_chunk_binding(slot, verify=True)
+            self._keep_n[0] = num
+            if len(self._verify_logits) < num * self.vocab_size:
+                self._verify_logits = np.zeros(num * self.vocab_size, dtype=np.float32)
+            logits = self._verify_logits[:num * self.vocab_size].reshape(1, num, self.vocab_size)  # [1, S, V]
+            binding.bind_ortvalue_output(self.io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
+        else:
+            binding = self._prefill_bindings.get(slot) or self._make_chunk_binding(slot)
+            if self.keep_last:  # [1, 1, V], bound once in _make_chunk_binding
+                logits = self.prefill_logits.reshape(1, 1, self.vocab_size)
+            else:
+                logits = self.prefill_logits[:num * self.vocab_size].reshape(1, num, self.vocab_size)  # [1, S, V]
+                binding.bind_ortvalue_output(self.io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
         binding.bind_ortvalue_input(self.io.input_ids, ort.OrtValue.ortvalue_from_numpy(ids))
         if self.io.position_ids:
             binding.bind_ortvalue_input(self.io.position_ids, ort.OrtValue.ortvalue_from_numpy(pos))
-        if self.keep_last:  # [1, 1, V], bound once in _make_prefill_binding
-            logits = self.prefill_logits.reshape(1, 1, self.vocab_size)
-        else:
-            logits = self.prefill_logits[:num * self.vocab_size].reshape(1, num, self.vocab_size)  # [1, S, V]
-            binding.bind_ortvalue_output(self.io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
         self.session.run_with_iobinding(binding)
         self.slot_len[slot] = start + num
-        return logits[0, -1]
-
-    def release(self, slot: int) -> None:
-        """The slot's request left: its KV is garbage from now on."""
-        self.slot_len[slot] = 0
-
-    # -- internals -------------------------------------------------------------------------------------
-
-    def _prefill_whole(self, slot: int, token_ids: Sequence[int], start: int) -> np.ndarray:
-        # NOTE(engine): GQA refuses S > 1 with past context at batch > 1 ("batch_size must be 1 when
-        # sequence_length > 1 and past context is given"), and an opaque buffer can't be bound one row at a
-        # time, so whole-buffer mode feeds the prompt one token per run beside idle rows. Slow; correct.
-        logits = None
-        for i, token_id in enumerate(token_ids):
-            logits = self.decode([slot], [token_id], [start + i])
-        assert logits is not None
         return logits[0]
 
     def _run_decode(self, binding: ort.IOBinding) -> np.ndarray:
@@ -284,14 +339,18 @@ class Runner:
         self._decode_bindings[(lo, hi)] = binding
         return binding
 
-    def _make_prefill_binding(self, slot: int) -> ort.IOBinding:
+    def _make_chunk_binding(self, slot: int, verify: bool = False) -> ort.IOBinding:
+        """A prefill binding of ``slot`` (logits of the last position), or with ``verify`` one whose
+        logits_to_keep is ``_keep_n`` (its logits output is bound per run)."""
         binding = self.session.io_binding()
         binding.bind_ortvalue_input(self.io.attention_mask, _value(self.mask[slot:slot + 1]))
         if self.keep_last:
-            binding.bind_ortvalue_input(LOGITS_TO_KEEP, self._keep_one)
-            binding.bind_ortvalue_output(self.io.logits, _value(self.prefill_logits.reshape(1, 1, self.vocab_size)))
+            binding.bind_ortvalue_input(LOGITS_TO_KEEP, self._keep_n_value if verify else self._keep_one)
+            if not verify:
+                binding.bind_ortvalue_output(self.io.logits,
+                                             _value(self.prefill_logits.reshape(1, 1, self.vocab_size)))
         self._bind_kv(binding, slot, slot + 1)
-        self._prefill_bindings[slot] = binding
+        (self._verify_bindings if verify else self._prefill_bindings)[slot] = binding
         return binding
 
 

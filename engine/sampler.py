@@ -18,6 +18,27 @@ from engine.types import SamplingParams, TokenLogprob
 _TOP_P_PROBE = 64
 
 
+def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> np.ndarray:
+    """Constrained decoding: tokens whose bit is 0 become ``-inf``.
+
+    Args:
+        logits: float32 ``[..., vocab]``.
+        bitmask: int32 ``[..., words]`` with ``words * 32 >= vocab`` (llguidance's layout: bit ``j`` of word
+            ``i`` allows token ``32 * i + j``); bits past ``vocab`` are ignored.
+    Returns:
+        New logits, same shape and dtype.
+    """
+    # NOTE(engine): viewing int32 words as bytes is little-endian on every platform onnxruntime ships for, so
+    # byte k // 8, bit k % 8 (bitorder="little") is token k; this is what llguidance's own numpy kernel does.
+    allowed = np.unpackbits(bitmask.view(np.uint8), axis=-1, count=logits.shape[-1], bitorder="little")
+    return np.where(allowed.view(np.bool_), logits, np.array(-np.inf, dtype=logits.dtype))
+
+
+def token_allowed(bitmask_row: np.ndarray, token_id: int) -> bool:
+    """Whether one int32 bitmask row (see apply_token_bitmask) allows ``token_id``."""
+    return bool((int(bitmask_row[token_id >> 5]) >> (token_id & 31)) & 1)
+
+
 def apply_logit_bias(logits: np.ndarray, token_ids: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """Add ``bias[i]`` to ``logits[..., token_ids[i]]`` (OpenAI's logit_bias, values in [-100, 100])."""
     out = logits.copy()
@@ -106,13 +127,16 @@ def sample_from(logits: np.ndarray, rng: np.random.Generator) -> int:
 
 
 def top_logprobs(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
-    """The ``n`` most likely (token_id, logprob) pairs of a 1-D row, most likely first."""
+    """The ``n`` most likely (token_id, logprob) pairs of a 1-D row, most likely first.
+
+    Tokens a mask excluded (``-inf``) are never listed, so a constrained row may give fewer than ``n``.
+    """
     n = min(n, logprobs.shape[-1])
     if n <= 0:
         return ()
     idx = np.argpartition(logprobs, -n)[-n:]
     idx = idx[np.argsort(-logprobs[idx], kind="stable")]
-    return tuple((int(i), float(logprobs[i])) for i in idx)
+    return tuple((int(i), float(logprobs[i])) for i in idx if logprobs[i] > -np.inf)
 
 
 def _nucleus(row: np.ndarray, p: float, min_keep: int) -> np.ndarray:
@@ -151,15 +175,15 @@ class RequestSampler:
         params: the request's SamplingParams.
         prompt_ids: the prompt (the repetition penalty looks at it).
         vocab_size: logits width.
-        rng: used when ``params.seed`` is None (the engine's spawned generator).
+        rng: the generator to draw from (the engine's spawned one for an unseeded request, a seed-derived one
+            for choice i > 0 of a seeded n > 1 request); None -> seeded from ``params.seed`` (else fresh entropy).
     """
 
     def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], vocab_size: int,
                  rng: np.random.Generator | None = None) -> None:
         self.params = params
         self.vocab_size = vocab_size
-        self.rng = np.random.default_rng(params.seed) if params.seed is not None else (
-            rng if rng is not None else np.random.default_rng())
+        self.rng = rng if rng is not None else np.random.default_rng(params.seed)
         self.greedy = params.greedy
         self.use_penalties = (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
                               or params.repetition_penalty != 1.0)
@@ -206,6 +230,34 @@ class RequestSampler:
         token = int(np.argmax(processed)) if self.greedy else sample_from(processed, self.rng)
         return SampleResult(token, self.logprob_of(logits, token) if self.want_logprobs else None)
 
+    def verify(self, logits: np.ndarray, draft: Sequence[int]) -> list[SampleResult]:
+        """Check a draft (speculative decoding) and record the tokens it yields.
+
+        Args:
+            logits: float32 ``[len(draft) + 1, vocab]``: row 0 follows the request's last token, row j + 1
+                follows ``draft[j]`` (one model run over the last token and the draft).
+            draft: the proposed next tokens.
+        Returns:
+            The tokens to append: the longest draft prefix the model's own choices reproduce, then the model's
+            choice where they part (or after the whole draft): 1 to ``len(draft) + 1`` results.
+
+        NOTE(engine): each position picks its token exactly as ``sample`` does on that row (same processing,
+        penalties counting the tokens accepted before it, one rng draw), and a draft token is kept when it
+        is that choice. The output is therefore plain decoding's, token for token and draw for draw, so a
+        seeded request gives the same text with or without drafts. For a deterministic (point-mass) draft
+        this is the speculative-sampling rule (Leviathan et al. 2023, Chen et al. 2023): draft token t is
+        kept with probability p(t), and on rejection the token comes from p without t, renormalized.
+        transformers' assisted generation checks drafts without logits (prompt lookup) the same way.
+        """
+        results: list[SampleResult] = []
+        for j, row in enumerate(logits[:len(draft) + 1]):
+            result = self.sample(row)
+            self.record(result.token_id)
+            results.append(result)
+            if j == len(draft) or result.token_id != draft[j]:
+                break
+        return results
+
     def logprob_of(self, logits: np.ndarray, token_id: int) -> TokenLogprob:
         """Log-probability of ``token_id`` under the model's raw distribution, plus the top alternatives."""
         lp = log_softmax(logits)
@@ -218,16 +270,34 @@ class RequestSampler:
             self.seen_mask[token_id] = True
 
 
-def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler]) -> list[SampleResult]:
+def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask: np.ndarray | None = None,
+                 masked_rows: Sequence[int] = ()) -> list[SampleResult]:
     """Sample one token per row of ``logits`` (float32 ``[n, vocab]``), row i by ``samplers[i]``.
 
     An all-plain-greedy batch is one vectorized argmax. Each sampler records its token.
+
+    Args:
+        bitmask: int32 ``[n, words]`` token masks of constrained decoding (see apply_token_bitmask), read
+            only for ``masked_rows``; the other rows pay nothing.
+        masked_rows: the rows whose mask applies.
+
+    NOTE(engine): the mask comes first, before logit_bias, the penalties and the greedy shortcut, so no
+    transform can bring back a token the grammar forbids. Returned logprobs are those of the masked row
+    (as vLLM's, whose grammar bitmask is applied before its sampler): forbidden tokens have probability 0
+    and the rest are renormalized; temperature and penalties are not in them.
     """
+    rows = list(masked_rows)
     if all(s.plain_greedy and not s.want_logprobs for s in samplers):
         tokens = np.argmax(logits, axis=-1)
+        for i in rows:
+            # NOTE(engine): exact shortcut: when the grammar allows the row's own argmax, it is the masked
+            # argmax too (first index on ties either way); only the other rows pay for the whole mask.
+            if not token_allowed(bitmask[i], int(tokens[i])):
+                tokens[i] = np.argmax(apply_token_bitmask(logits[i], bitmask[i]))
         results = [SampleResult(int(t)) for t in tokens]
     else:
-        results = [s.sample(row) for s, row in zip(samplers, logits)]
+        masked = dict(zip(rows, apply_token_bitmask(logits[rows], bitmask[rows]))) if rows else {}
+        results = [s.sample(masked.get(i, row)) for i, (s, row) in enumerate(zip(samplers, logits))]
     for s, r in zip(samplers, results):
         if s.output_counts is not None:
             s.record(r.token_id)

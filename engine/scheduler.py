@@ -1,17 +1,20 @@
-"""Token-budget continuous batching over a fixed set of KV slots (rows of the shared KV buffer).
+"""Token-budget continuous batching over a fixed set of KV slots (rows of the shared KV buffer), with prefix
+reuse across requests, n > 1 choices sharing one prefill, and prompt-lookup drafts for speculative decoding.
 
-Pure Python: owns the waiting queue, slot assignment and stop checks; must not import onnxruntime or numpy.
+Pure Python: owns the waiting queue, slot assignment (engine/prefix_cache.py picks the slot), stop checks
+and drafts (engine/speculative.py); must not import onnxruntime or numpy. It decides; the core runs.
 """
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.prefix_cache import KVCopy, SlotPrefixCache
+from engine.speculative import NgramDrafter
 from engine.types import EngineOverloadedError, FinishReason, SamplingParams
 
 
@@ -35,7 +38,15 @@ class Request:
     arrival_s: float = field(default_factory=time.monotonic)
     first_scheduled_s: float | None = None
     sampler_state: Any = None  # owned by the core (rng, penalty counts); opaque here
+    constraint: Any = None  # the grammar of constrained decoding (engine.structured_output), owned by the core
     seq: int = 0  # unique per engine: tells a reused request_id's outputs apart
+    index: int = 0  # the choice (n > 1: 0..n-1, all under one request_id)
+    # n > 1: on choice 0, the other choices. They are admitted with it, wait while it prefills the prompt
+    # (their rows get the same KV: copied, or computed alongside), then sample from its last logits.
+    forks: list[Request] = field(default_factory=list)
+    parent: Request | None = None  # on a fork: choice 0
+    num_cached_tokens: int = 0  # prompt tokens whose KV was reused at admission (usage.cached_tokens)
+    drafter: NgramDrafter | None = None  # speculative decoding state (scheduler-owned), None = no drafts
 
     def __post_init__(self) -> None:
         # Prompt + output never passes the context; max_tokens caps the output.
@@ -45,8 +56,29 @@ class Request:
         )
 
     @property
+    def key(self) -> tuple[str, int]:
+        """(request_id, choice index): unique among the requests the scheduler holds."""
+        return self.request_id, self.index
+
+    def fork(self, n: int) -> list[Request]:
+        """Make choices 1..n-1 of this request (n > 1); they are kept in ``forks``. Their ``sampler_state``
+        is left to the caller."""
+        self.forks = [Request(self.request_id, self.prompt_ids, self.params, self.eos_token_ids,
+                              self.max_model_len, arrival_s=self.arrival_s, seq=self.seq, index=i, parent=self)
+                      for i in range(1, n)]
+        return self.forks
+
+    @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def computed_ids(self) -> list[int]:
+        """The tokens whose KV is in the slot."""
+        n = self.num_computed_tokens
+        if n <= len(self.prompt_ids):
+            return self.prompt_ids[:n]
+        return self.prompt_ids + self.output_ids[:n - len(self.prompt_ids)]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -59,6 +91,10 @@ class Request:
     @property
     def last_token_id(self) -> int:
         return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    def is_stop_token(self, token_id: int) -> bool:
+        """``token_id`` ends the request (eos unless ignore_eos, or one of stop_token_ids)."""
+        return token_id in self._stop_ids
 
     def check_stop(self, token_id: int) -> FinishReason | None:
         """Why the request ends after appending ``token_id`` (already appended), or None."""
@@ -87,22 +123,38 @@ class PrefillChunk:
 
 
 @dataclass(frozen=True)
+class Verify:
+    """A request in decode that checks a draft this step: one run of ``[last token, *draft]`` in its slot."""
+
+    request: Request
+    draft: tuple[int, ...]
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [self.request.last_token_id, *self.draft]
+
+
+@dataclass(frozen=True)
 class SchedulerOutput:
-    """What one step runs: at most one prefill chunk and one decode token per running request.
+    """What one step runs: KV copies first, then one decode token per running request (batched, or a
+    draft check of its own in ``verify``), then at most one prefill chunk.
 
     ``decode`` is sorted by slot, so the rows it touches are ``[decode[0].slot, decode[-1].slot + 1)``.
     """
 
     prefill: PrefillChunk | None
     decode: tuple[Request, ...]
+    verify: tuple[Verify, ...] = ()
+    copies: tuple[KVCopy, ...] = ()  # run in order, before any model run of the step
 
     @property
     def num_tokens(self) -> int:
-        return len(self.decode) + (self.prefill.num_tokens if self.prefill else 0)
+        return (len(self.decode) + sum(len(v.draft) + 1 for v in self.verify)
+                + (self.prefill.num_tokens if self.prefill else 0))
 
     @property
     def is_empty(self) -> bool:
-        return self.prefill is None and not self.decode
+        return self.prefill is None and not self.decode and not self.verify
 
 
 @dataclass(frozen=True)
@@ -119,101 +171,148 @@ class Scheduler:
     Usage (the core thread's loop, one step)::
 
         out = scheduler.schedule()
-        sampled = {...}  # request_id -> token id, for out.decode and a last prefill chunk
+        ...  # run out.copies, out.decode, out.verify and out.prefill
+        sampled = {...}  # Request -> its new token ids, for out.decode, out.verify and a last prefill chunk
         finished = scheduler.update_from_output(out, sampled)
+
+    Slots: a slot is one KV row. A finished request leaves its computed tokens with its slot (prefix reuse,
+    see engine/prefix_cache.py); a new request takes the free slot whose tokens share the longest prefix with
+    its prompt (or an empty / least recently used one) and starts with ``num_computed_tokens`` = that prefix.
 
     Args:
         num_slots: KV slots (rows of the KV buffer), i.e. the most requests running at once.
         max_waiting: the bound of the waiting queue; ``add`` beyond it raises EngineOverloadedError.
         token_budget: tokens per step, decode tokens (one per running request) plus one prefill chunk.
+        prefix_caching: keep finished requests' KV and reuse the longest matching prefix.
+        can_copy: KV rows are host memory: prefixes may be copied between slots (else only a slot's own).
+        speculative_tokens: the longest draft (0: no speculative decoding).
+        speculative_max_batch: draft only while at most this many requests decode (a draft check runs alone:
+            GroupQueryAttention takes S > 1 new tokens with a past at batch 1 only).
     """
 
-    def __init__(self, num_slots: int, max_waiting: int, token_budget: int) -> None:
+    def __init__(self, num_slots: int, max_waiting: int, token_budget: int, *, prefix_caching: bool = False,
+                 can_copy: bool = False, speculative_tokens: int = 0, speculative_max_batch: int = 1) -> None:
         if token_budget <= num_slots:
             raise ValueError(f"token_budget must be > num_slots ({num_slots}), got {token_budget}")
         self.num_slots = num_slots
         self.max_waiting = max_waiting
         self.token_budget = token_budget
+        self.speculative_tokens = max(0, min(speculative_tokens, token_budget - 2))
+        self.speculative_max_batch = speculative_max_batch
         self.waiting: deque[Request] = deque()
-        self.running: dict[str, Request] = {}  # admission order (dicts keep insertion order)
-        self._free_slots: list[int] = list(range(num_slots))  # a heap: lowest free slot first
+        self.running: dict[tuple[str, int], Request] = {}  # by Request.key, in admission order
+        self.cache = SlotPrefixCache(num_slots, enabled=prefix_caching, can_copy=can_copy)
+        self._free: set[int] = set(range(num_slots))
         self._by_slot: list[Request | None] = [None] * num_slots
+        self.prefix_queries_total = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits_total = 0  # of them, tokens whose KV was reused
 
     # -- requests in and out ---------------------------------------------------------------------------
 
     def add(self, request: Request) -> None:
-        """Queue a request; raises EngineOverloadedError when ``max_waiting`` are already waiting."""
+        """Queue a request (with its ``forks``); raises EngineOverloadedError when ``max_waiting`` wait."""
         if len(self.waiting) >= self.max_waiting:
             raise EngineOverloadedError()
+        if len(request.forks) + 1 > self.num_slots:
+            raise ValueError(f"{len(request.forks) + 1} choices need as many slots; there are {self.num_slots}")
         self.waiting.append(request)
 
-    def abort(self, request_ids: Iterable[str]) -> list[Request]:
-        """Drop requests wherever they are, freeing their slots at once. Unknown ids are ignored."""
+    def abort(self, request_ids: Iterable[str], index: int | None = None) -> list[Request]:
+        """Drop requests (every choice, or only choice ``index``) wherever they are, freeing their slots at
+        once. Unknown ids are ignored."""
         ids = set(request_ids)
-        dropped = [r for r in self.waiting if r.request_id in ids]
-        if dropped:
-            self.waiting = deque(r for r in self.waiting if r.request_id not in ids)
-        for request_id in ids:
-            request = self.running.get(request_id)
-            if request is not None:
-                self._release(request)
-                dropped.append(request)
+        dropped: list[Request] = []
+        if index in (None, 0):
+            dropped = [r for r in self.waiting if r.request_id in ids]
+            if dropped:
+                self.waiting = deque(r for r in self.waiting if r.request_id not in ids)
+        for request in [r for r in self.running.values()
+                        if r.request_id in ids and (index is None or r.index == index)]:
+            self._release(request)
+            dropped.append(request)
         return dropped
 
     def abort_all(self) -> list[Request]:
-        return self.abort([r.request_id for r in self.waiting] + list(self.running))
+        return self.abort({r.request_id for r in self.waiting} | {r.request_id for r in self.running.values()})
 
     # -- one step --------------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Admit waiting requests into free slots, then pick this step's decode batch and prefill chunk.
+        """Admit waiting requests into free slots, then pick this step's decode batch, drafts and prefill chunk.
 
-        NOTE(engine): there are no phases: every running request in decode gets its one token, and what
-        is left of the budget goes to the oldest request still in prefill (one per step).
+        NOTE(engine): there are no phases: every running request in decode gets its one token (or checks a
+        draft), and what is left of the budget goes to the oldest request still in prefill (one per step).
         """
-        # 1. Admission: FIFO into the lowest free slots.
-        while self.waiting and self._free_slots:
-            request = self.waiting.popleft()
-            request.slot = heapq.heappop(self._free_slots)
-            self._by_slot[request.slot] = request
-            self.running[request.request_id] = request
-        # 2. Decode: one token for each request past its prompt, in slot order.
+        # 1. Admission, FIFO: each request into the slot the prefix cache picks; a request with n choices
+        #    waits until n slots are free (and holds the queue meanwhile, so it can't starve).
+        copies: list[KVCopy] = []
+        while self.waiting and len(self._free) > len(self.waiting[0].forks):
+            self._admit(self.waiting.popleft(), copies)
+        # 2. Decode: one token for each request past its prompt, in slot order; alone, it may check a draft.
         decode = tuple(r for r in self._by_slot if r is not None and not r.in_prefill)
-        # 3. Prefill: one chunk of the oldest admitted request still in its prompt.
-        prefill = None
         budget = self.token_budget - len(decode)
+        verify: tuple[Verify, ...] = ()
+        if self.speculative_tokens and 0 < len(decode) <= self.speculative_max_batch:
+            verify = self._drafts(decode, budget - 1)
+            if verify:
+                drafting = {id(v.request) for v in verify}
+                decode = tuple(r for r in decode if id(r) not in drafting)
+                budget -= sum(len(v.draft) for v in verify)
+        # 3. Prefill: one chunk of the oldest admitted request still in its prompt (forks wait for choice 0).
+        prefill = None
         for request in self.running.values():
-            if request.in_prefill:
+            if request.in_prefill and request.parent is None:
                 start = request.num_computed_tokens
-                prefill = PrefillChunk(request, start, min(len(request.prompt_ids) - start, budget))
+                remaining = len(request.prompt_ids) - start
+                num = min(remaining, budget)
+                if remaining - num == 1 and num > 1:
+                    num -= 1  # NOTE(engine): no 1-token last chunk (see prefix_cache.MIN_RECOMPUTED)
+                prefill = PrefillChunk(request, start, num)
                 break
         if prefill is not None and prefill.request.first_scheduled_s is None:
             prefill.request.first_scheduled_s = time.monotonic()
-        return SchedulerOutput(prefill, decode)
+        return SchedulerOutput(prefill, decode, verify, tuple(copies))
 
-    def update_from_output(self, out: SchedulerOutput, sampled: Mapping[str, int]) -> list[Finished]:
+    def update_from_output(self, out: SchedulerOutput, sampled: Mapping[Request, int | Sequence[int]],
+                           complete: Collection[Request] = ()) -> list[Finished]:
         """Advance the requests of ``out`` by what ran; append sampled tokens; free finished slots.
 
         Args:
             out: the step that ran.
-            sampled: request_id -> token id for every request in ``out.decode`` and for the prefill
-                request when its chunk was the last of the prompt.
+            sampled: Request -> its new token id(s): one for each request in ``out.decode``, one for the prefill
+                request and each of its forks when the chunk was the prompt's last, and for each verify the
+                tokens its check produced (the accepted draft prefix plus the model's own next token).
+            complete: requests whose output is complete after their (last) token (their grammar allows
+                nothing more): they finish with STOP, whatever else holds.
         Returns:
             The requests that finished in this step (their slots are already free).
         """
         finished: list[Finished] = []
+
+        def advance(request: Request, tokens: int | Sequence[int]) -> None:
+            for token_id in [tokens] if isinstance(tokens, int) else tokens:
+                request.num_computed_tokens += 1  # NOTE(engine): the token before it is now in the KV
+                reason = self._append(request, token_id, complete)
+                if reason is not None:
+                    finished.append(Finished(request, reason))
+                    return
+
         if out.prefill is not None:
             request = out.prefill.request
             request.num_computed_tokens += out.prefill.num_tokens
             if out.prefill.is_last:
-                reason = self._append(request, sampled[request.request_id])
-                if reason is not None:
-                    finished.append(Finished(request, reason))
+                for r in (request, *request.forks):  # the forks' rows hold the prompt's KV too by now
+                    r.num_computed_tokens = len(r.prompt_ids) - 1  # advance() counts the last prompt token
+                    r.first_scheduled_s = request.first_scheduled_s
+                    advance(r, sampled[r])
         for request in out.decode:
-            request.num_computed_tokens += 1
-            reason = self._append(request, sampled[request.request_id])
-            if reason is not None:
-                finished.append(Finished(request, reason))
+            advance(request, sampled[request])
+        for v in out.verify:
+            tokens = sampled[v.request]
+            tokens = [tokens] if isinstance(tokens, int) else list(tokens)
+            if v.request.drafter is not None:
+                v.request.drafter.record(len(v.draft), len(tokens) - 1)
+            advance(v.request, tokens)
         for item in finished:
             self._release(item.request)
         return finished
@@ -222,7 +321,7 @@ class Scheduler:
 
     @property
     def num_free_slots(self) -> int:
-        return len(self._free_slots)
+        return len(self._free)
 
     @property
     def has_work(self) -> bool:
@@ -231,13 +330,64 @@ class Scheduler:
     def slot_owner(self, slot: int) -> Request | None:
         return self._by_slot[slot]
 
-    def _append(self, request: Request, token_id: int) -> FinishReason | None:
+    def forget(self, slot: int) -> None:
+        """Drop what a free slot's KV was said to hold (its last run failed midway)."""
+        self.cache.drop(slot)
+
+    def _admit(self, request: Request, copies: list[KVCopy]) -> None:
+        running = ((r.slot, r.computed_ids, r.num_computed_tokens) for r in self.running.values()
+                   if r.num_computed_tokens > 0 and r.slot is not None)
+        free = sorted(self._free)
+        placement = self.cache.place(request.prompt_ids, free, running if self.cache.can_copy else ())
+        if request.forks and not self.cache.can_copy and placement.num_reused:
+            # NOTE(engine): the other choices' rows can't receive this prefix by copy (opaque KV): all rows
+            # compute the prompt together from position 0 instead.
+            placement = type(placement)(placement.slot)
+        if placement.copy is not None:
+            copies.append(placement.copy)
+        self._take(request, placement.slot)
+        request.num_computed_tokens = request.num_cached_tokens = placement.num_reused
+        self.prefix_queries_total += len(request.prompt_ids)
+        self.prefix_hits_total += placement.num_reused
+        for fork in request.forks:
+            slot = self.cache.victim(self._free)
+            self._take(fork, slot)
+            if placement.num_reused:
+                copies.append(KVCopy(request.slot, slot, 0, placement.num_reused))
+
+    def _take(self, request: Request, slot: int) -> None:
+        self._free.discard(slot)
+        self.cache.drop(slot)
+        request.slot = slot
+        self._by_slot[slot] = request
+        self.running[request.key] = request
+
+    def _drafts(self, decode: tuple[Request, ...], budget: int) -> tuple[Verify, ...]:
+        """Draft checks for the requests in ``decode`` that have a draft, within ``budget`` draft tokens."""
+        verify = []
+        for request in decode:
+            if request.drafter is None:
+                if request.params.structured is not None:  # NOTE(engine): the grammar advances per token
+                    continue
+                request.drafter = NgramDrafter(self.speculative_tokens)
+            # never past max_tokens / the context: the check emits up to len(draft) + 1 tokens
+            limit = min(budget, request.max_num_tokens - request.num_tokens - 1)
+            draft = request.drafter.propose(request.prompt_ids, request.output_ids, limit) if limit > 0 else ()
+            if draft:
+                verify.append(Verify(request, draft))
+                budget -= len(draft)
+        return tuple(verify)
+
+    def _append(self, request: Request, token_id: int, complete: Collection[Request]) -> FinishReason | None:
         request.output_ids.append(token_id)
+        if complete and request in complete:
+            return FinishReason.STOP
         return request.check_stop(token_id)
 
     def _release(self, request: Request) -> None:
-        if self.running.pop(request.request_id, None) is None:
+        if self.running.pop(request.key, None) is None:
             return
         assert request.slot is not None
         self._by_slot[request.slot] = None
-        heapq.heappush(self._free_slots, request.slot)
+        self._free.add(request.slot)
+        self.cache.keep(request.slot, request.computed_ids)

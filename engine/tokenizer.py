@@ -5,10 +5,14 @@ No onnxruntime import.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models
 
 from engine.types import ModelLoadError
 
@@ -26,6 +30,8 @@ class Tokenizer:
 
     def __init__(self, hf: HFTokenizer) -> None:
         self.hf = hf
+        # L and the characters that can vanish (see token_bound); None: no bound for this tokenizer.
+        self.max_chars_per_token, self._vanishing = token_bound(hf) or (None, "")
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
@@ -45,7 +51,17 @@ class Tokenizer:
         ``add_special_tokens`` adds what the tokenizer's post-processor adds (e.g. BOS); rendered chat
         templates already contain their special tokens, so the default is False.
         """
-        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        # NOTE(engine): encode_batch, because `encode` holds the GIL for the whole call (seconds for a long
+        # text), which would freeze every other thread, the event loop included; encode_batch releases it.
+        return self.hf.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    def min_num_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))`` that costs no tokenizing (0 when the tokenizer gives no
+        bound; see ``token_bound``)."""
+        if self.max_chars_per_token is None:
+            return 0
+        num_kept = len(text) - sum(text.count(char) for char in self._vanishing)
+        return math.ceil(num_kept / self.max_chars_per_token)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
@@ -58,3 +74,113 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.hf.id_to_token(token_id)
+
+    def special_token_id(self, token: str) -> int | None:
+        """The id of ``token`` if a grammar must name it as a token rather than spell it, else None.
+
+        That is a special added token (``[TOOL_CALLS]``), and also any added token written ``<...>`` (Qwen's
+        ``<tool_call>`` is added but not special): NOTE(tools): llguidance treats those as special too, so
+        their bytes never match grammar text.
+        """
+        token_id = self.hf.token_to_id(token)
+        if token_id is None:
+            return None
+        added = self.hf.get_added_tokens_decoder().get(token_id)
+        if added is None:
+            return None
+        return token_id if added.special or (token.startswith("<") and token.endswith(">")) else None
+
+
+# --- how many characters one token can cover -----------------------------------------------------------
+# NOTE(engine): a prompt that cannot fit the context is refused before it is tokenized (seconds and hundreds
+# of MB for a few MB of text) when a bound proves it: if every character of the (normalized) text ends up in
+# the string of some token, and no token's string is longer than L characters, the text has at least
+# len(text) / L tokens. The pieces below are those known to keep every character; anything else (a
+# normalizer or pre-tokenizer that drops characters, unknown-token fusing, added tokens that swallow the
+# whitespace around them) gives no bound, and such a prompt is tokenized in full before the length check.
+
+_KEEPING_NORMALIZERS = {"Prepend", "NFD", "NFKD", "Lowercase"}  # each character stays (maybe expanded)
+# Unicode composition joins at most 4 code points into one: the longest canonical decomposition is 4 long
+# (e.g. U+1FAF, omega with three diacritics).
+_COMPOSING_NORMALIZERS = {"NFC", "NFKC"}
+_MAX_COMPOSED = 4
+_KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Digits", "Metaspace", "UnicodeScripts"}
+_SPLITTING_PRE_TOKENIZERS = {"Split", "Punctuation"}  # keep everything unless their behavior is "Removed"
+
+
+def _normalizer_shrink(spec: dict[str, Any] | None) -> int | None:
+    """The most a normalizer can shorten a text (1: never), or None when it may drop characters."""
+    if spec is None:
+        return 1
+    kind = spec.get("type")
+    if kind == "Sequence":
+        factor = 1
+        for item in spec.get("normalizers", []):
+            item_factor = _normalizer_shrink(item)
+            if item_factor is None:
+                return None
+            factor *= item_factor
+        return factor
+    if kind in _KEEPING_NORMALIZERS:
+        return 1
+    if kind in _COMPOSING_NORMALIZERS:
+        return _MAX_COMPOSED
+    if kind == "Replace":
+        pattern = spec.get("pattern", {}).get("String")
+        return 1 if isinstance(pattern, str) and len(spec.get("content", "")) >= len(pattern) else None
+    return None
+
+
+def _pre_tokenizer_keeps_all(spec: dict[str, Any] | None) -> bool:
+    if spec is None:
+        return True
+    kind = spec.get("type")
+    if kind == "Sequence":
+        return all(_pre_tokenizer_keeps_all(item) for item in spec.get("pretokenizers", []))
+    if kind in _SPLITTING_PRE_TOKENIZERS:
+        return spec.get("behavior") != "Removed"
+    return kind in _KEEPING_PRE_TOKENIZERS
+
+
+def _vanishing_characters(hf: HFTokenizer, pre: dict[str, Any] | None, vocab: dict[str, int]) -> str | None:
+    """The characters the model drops without a token ("" when it drops none), or None when it may drop
+    characters it cannot spell or stand for several with one unknown-token."""
+    model = hf.model
+    if getattr(model, "byte_fallback", False):
+        return ""
+    if not isinstance(model, models.BPE):  # Unigram fuses unknown runs; WordPiece/WordLevel map words to one
+        return None
+    if model.unk_token is not None:
+        return None if model.fuse_unk else ""
+    if "ByteLevel" not in json.dumps(pre):
+        return None
+    # NOTE(engine): byte-level BPE without an unknown token drops the bytes missing from its vocabulary
+    # (SmolLM2's lacks a few ASCII control characters). A character vanishes only if all of its UTF-8 bytes
+    # are missing; with every continuation byte (0x80-0xBF) present, only one-byte characters can.
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    def symbols(text: str) -> str:  # the byte-level spelling of `text`, one symbol per UTF-8 byte
+        return ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(text)[0][0]
+
+    if any(symbols(chr(c))[1] not in vocab for c in range(0x80, 0xC0)):  # U+0080-U+00BF end in 0x80-0xBF
+        return None
+    return "".join(chr(c) for c in range(0x80) if symbols(chr(c)) not in vocab)
+
+
+def token_bound(hf: HFTokenizer) -> tuple[int, str] | None:
+    """(L, vanishing) such that a text has at least (len(text) - its vanishing characters) / L tokens, or
+    None when this tokenizer allows no such bound (see the note above).
+
+    L is measured on the tokenizer: the longest token string of the vocabulary and the added tokens (in the
+    tokenizer's own alphabet, which spells a character with at least one symbol: ByteLevel one per UTF-8
+    byte, Metaspace "▁" for a space), times what the normalizer can shrink a text by.
+    """
+    normalizer, pre = (json.loads(part.__getstate__()) if part is not None else None
+                       for part in (hf.normalizer, hf.pre_tokenizer))
+    shrink = _normalizer_shrink(normalizer)
+    vocab = hf.get_vocab(with_added_tokens=True)
+    vanishing = _vanishing_characters(hf, pre, vocab)
+    if (shrink is None or vanishing is None or not vocab or not _pre_tokenizer_keeps_all(pre)
+            or any(t.lstrip or t.rstrip for t in hf.get_added_tokens_decoder().values())):
+        return None
+    return shrink * max(len(token) for token in vocab), vanishing

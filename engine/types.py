@@ -39,15 +39,18 @@ class StructuredOutput:
             llguidance's Lark dialect (``%json {...}`` embeds a schema; tool calls are built this way);
             "gbnf": ``spec`` is a llama.cpp GBNF grammar.
         spec: the text described above.
+        param: the request field the constraint came from ("response_format", "structured_outputs",
+            "guided_json", "tools", ...); a spec the engine cannot compile is a 400 naming it.
     """
 
     kind: str
     spec: str = ""
+    param: str = "response_format"
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_KINDS:
             raise InvalidRequestError(f"structured output kind must be one of {list(STRUCTURED_KINDS)}, "
-                                      f"got {self.kind!r}", param="response_format")
+                                      f"got {self.kind!r}", param=self.param)
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,14 @@ class SamplingParams:
     top_logprobs: int = 0  # [0, 20]
     include_stop_str_in_output: bool = False
     structured: StructuredOutput | None = None  # constrained decoding; None = free text
+    # Special tokens kept in the output text (tool-call markup such as "[TOOL_CALLS]" or "<|python_tag|>");
+    # every other special token is still skipped. Names the tokenizer does not know are ignored.
+    preserved_tokens: tuple[str, ...] = ()
+    n: int = 1  # choices; they share one prefill (the engine's max_batch bounds it)
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)
+        _check(self.n >= 1, "n", "must be >= 1", self.n)
         _check(0.0 <= self.temperature <= 2.0, "temperature", "must be in [0, 2]", self.temperature)
         _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]", self.top_p)
         _check(self.top_k >= 0, "top_k", "must be >= 0 (0 disables)", self.top_k)
@@ -118,17 +126,19 @@ class TokenLogprob:
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """What ``AsyncEngine.generate()`` yields: the delta since the previous output of one request.
+    """What ``AsyncEngine.generate()`` yields: the delta since the previous output of one choice of a request.
 
     ``text`` is only ever whole UTF-8 characters and never contains a (partial) stop string.
-    Exactly one output per request has ``finished=True``; it may carry text too.
+    Exactly one output per request has ``finished=True`` (the last one); it may carry text too. Each choice
+    (``index``; n > 1) ends with exactly one output that has ``finish_reason`` set; with n = 1 that is the
+    finished one.
     """
 
     request_id: str
     text: str
     token_ids: tuple[int, ...]
     num_prompt_tokens: int
-    num_generated_tokens: int  # cumulative
+    num_generated_tokens: int  # cumulative, all choices together
     finished: bool = False
     finish_reason: FinishReason | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
@@ -136,6 +146,8 @@ class RequestOutput:
     # time.monotonic() seconds when the core first scheduled the request (left the waiting queue); set
     # on its outputs once known, so the server can tell queue time from prefill time.
     first_scheduled_s: float | None = None
+    index: int = 0  # the choice this delta belongs to (n > 1)
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (usage.cached_tokens)
 
 
 @dataclass(frozen=True)
@@ -150,6 +162,15 @@ class EngineStats:
     generation_tokens_total: int = 0
     decode_tokens_per_s: float = 0.0  # recent, all streams together
     extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What a model run is about to compute; passed to the test-only EngineConfig.fault_injector."""
+
+    step: int  # steps_total before this step
+    kind: str  # "decode" or "prefill"
+    request_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -186,11 +207,14 @@ class InvalidRequestError(EngineError, ValueError):
 class PromptTooLongError(InvalidRequestError):
     """Prompt plus at least one generated token exceeds the context (-> 400, names both numbers)."""
 
-    def __init__(self, num_prompt_tokens: int, max_model_len: int) -> None:
+    def __init__(self, num_prompt_tokens: int, max_model_len: int, *, lower_bound: bool = False,
+                 param: str = "messages") -> None:
+        # lower_bound: num_prompt_tokens is a bound from the prompt's length, the prompt was not tokenized.
         super().__init__(
             f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
-            f"{num_prompt_tokens} tokens (at least one token must be left for the completion).",
-            param="messages",
+            f"{'at least ' if lower_bound else ''}{num_prompt_tokens} tokens (at least one token must be left "
+            f"for the completion).",
+            param=param,
             code="context_length_exceeded",
         )
         self.num_prompt_tokens = num_prompt_tokens

@@ -20,8 +20,9 @@ from server.settings import DEFAULT_MODEL, Settings, add_settings_arguments, loa
 
 logger = logging.getLogger("ortserve")
 
-# uvicorn's own graceful timeout is the streams' grace plus this slack, so sse-starlette's cancel
-# (which aborts the engine requests) runs before uvicorn cancels whatever is left.
+# uvicorn's own graceful timeout is the streams' grace plus this slack: streams still running when the grace
+# ends are cut and end well-formed (server.streaming.event_source), and sse-starlette cancels the few whose
+# clients stopped reading one second later, all before uvicorn cancels whatever is left.
 _UVICORN_SHUTDOWN_SLACK_S = 2.0
 
 
@@ -90,6 +91,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ortserve serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     _configure_logging(settings.log_level)
+    # 0. One malloc arena for the whole process, before any thread starts, so memory can be given back.
+    from server.memory import use_one_arena
+
+    use_one_arena()
 
     # 1. Backend env flags, before any library that reads them can load (ep.device, the first session).
     from ep import flags
@@ -126,6 +131,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.app import create_app
+    from server.http_timeouts import with_header_timeout
 
     app = create_app(settings)
     config = uvicorn.Config(
@@ -133,6 +139,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        http=with_header_timeout(settings.header_timeout_s),
         timeout_graceful_shutdown=settings.shutdown_grace_s + _UVICORN_SHUTDOWN_SLACK_S,
     )
     server = uvicorn.Server(config)
@@ -194,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `ortserve` and `python -m server`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
+        from bench import INSTALL_HINT, missing_requirements
+
+        if missing := missing_requirements():
+            print(f"ortserve bench needs {', '.join(missing)}: {INSTALL_HINT}", file=sys.stderr)
+            return 2
         from bench.cli import main as bench_main
 
         return bench_main(argv[1:])

@@ -1,7 +1,7 @@
 """create_app(settings, engine=None): the FastAPI app, its lifespan (engine loading and shutdown) and middleware.
 
-The engine lives on app.state.ortserve (no module globals). Imports the engine package only lazily,
-inside the loader, so importing the app never loads onnxruntime.
+The engine lives on app.state.ortserve, a server.state.ServerState (no module globals). Imports the engine
+package only lazily, inside the loader, so importing the app never loads onnxruntime.
 """
 
 from __future__ import annotations
@@ -9,68 +9,23 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from server.engine_client import EngineClient
-from server.errors import EngineNotReadyError, install_error_handlers
-from server.metrics import ServerMetrics
+from server.errors import install_error_handlers
 from server.security import AuthMiddleware, BodyLimitMiddleware
 from server.settings import Settings
+from server.state import ServerState
 
 logger = logging.getLogger("ortserve")
 
 EngineLoader = Callable[[Settings], EngineClient]
-
-
-@dataclass
-class ServerState:
-    """Everything one app instance owns; stored on `app.state.ortserve`."""
-
-    settings: Settings
-    metrics: ServerMetrics = field(default_factory=ServerMetrics)
-    engine: EngineClient | None = None
-    status: str = "loading"  # loading -> ready | failed -> stopping
-    load_error: str | None = None
-    owns_engine: bool = False
-    started_at: int = field(default_factory=lambda: int(time.time()))
-    # Called (from the event loop) when loading fails, e.g. by the CLI to stop the server with exit 1.
-    on_load_failed: Callable[[str], None] | None = None
-
-    @property
-    def served_model_name(self) -> str:
-        if self.settings.served_model_name:
-            return self.settings.served_model_name
-        if self.engine is not None:
-            return self.engine.model_name
-        return Path(self.settings.model).name or self.settings.model
-
-    def accepts_model(self, name: str | None) -> bool:
-        """None, the served name, the engine's own name or the --model value all mean this model."""
-        if name is None:
-            return True
-        names = {self.served_model_name, self.settings.model}
-        if self.engine is not None:
-            names.add(self.engine.model_name)
-        return name in names
-
-    def require_engine(self) -> EngineClient:
-        if self.engine is None or self.status != "ready":
-            if self.status == "failed":
-                raise EngineNotReadyError(f"The model failed to load: {self.load_error}", code="model_load_failed")
-            if self.status == "stopping":
-                raise EngineNotReadyError("The server is shutting down.", code="shutting_down")
-            raise EngineNotReadyError("The model is still loading; retry shortly.", code="model_loading",
-                                      headers={"Retry-After": "1"})
-        return self.engine
 
 
 def engine_config_from(settings: Settings) -> Any:
@@ -88,9 +43,13 @@ def engine_config_from(settings: Settings) -> Any:
         "intra_op_threads": settings.intra_op_threads,
         "graph_capture": settings.graph_capture,
         "chat_template": settings.chat_template,
+        "grammar_compile_timeout_s": settings.grammar_compile_timeout_s,
+        "prefix_caching": settings.prefix_caching,
     }
     if settings.prefill_chunk is not None:
         kwargs["prefill_chunk"] = settings.prefill_chunk
+    if settings.speculative_tokens is not None:
+        kwargs["speculative_tokens"] = settings.speculative_tokens
     return EngineConfig(**kwargs)
 
 
@@ -108,10 +67,6 @@ def load_engine(settings: Settings) -> EngineClient:
 
     model_dir = resolve_model(settings.model)
     return AsyncEngine.from_model_dir(model_dir, engine_config_from(settings))
-
-
-def get_state(request: Request) -> ServerState:
-    return request.app.state.ortserve
 
 
 @asynccontextmanager
@@ -175,7 +130,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
         The app; run it with uvicorn. `/health` answers 503 until the engine is ready.
     """
     from server import __version__
-    from server.routes import chat, completions, health, metrics, models
+    from server.routes import chat, completions, health, metrics, models, responses
 
     app = FastAPI(
         title="ortserve",
@@ -190,18 +145,19 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     app.state.engine_loader = loader if engine is None else None
 
     install_error_handlers(app)
-    for module in (chat, completions, models, health, metrics):
+    for module in (chat, completions, responses, models, health, metrics):
         app.include_router(module.router)
 
     # Middleware: the last added runs first. Order seen by a request: CORS -> auth -> body limit.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
+                       body_timeout_s=settings.body_timeout_s)
     app.add_middleware(AuthMiddleware, api_key=settings.api_key_value(),
                        open_paths=_open_paths(settings))
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["*"],  # SDKs send their own headers (x-stainless-*, openai-*)
         )
     return app

@@ -16,8 +16,15 @@ class TokenizerLike(Protocol):
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
+    def min_num_tokens(self, text: str) -> int: ...
+
+    def special_token_id(self, token: str) -> int | None: ...
+
 
 class ChatTemplateLike(Protocol):
+    supports_tools: bool
+    tool_source: str
+
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                add_generation_prompt: bool = True) -> str: ...
 

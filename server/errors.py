@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import sys
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -53,6 +54,17 @@ class ModelNotFoundError(ServerError):
         )
 
 
+class ResponseNotFoundError(ServerError):
+    """GET/DELETE /v1/responses/{id} for an id the store does not hold (never stored, deleted or evicted)."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(f"Response with id {response_id!r} not found (responses are kept in memory, in a "
+                         f"bounded store, only while this server runs).", param="response_id", code="not_found")
+
+
 class EngineNotReadyError(ServerError):
     status_code = 503
     error_type = "service_unavailable"
@@ -75,6 +87,7 @@ _HTTP_TYPES = {
     403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",
@@ -140,6 +153,23 @@ def validation_error_response(exc: RequestValidationError) -> tuple[int, dict[st
     return 400, error_body(message, "invalid_request_error", param, code)
 
 
+def _unparsable_body(exc: StarletteHTTPException) -> str | None:
+    """The message for a body FastAPI could not parse for a reason other than a JSON syntax error (its bare
+    400 "There was an error parsing the body"), or None when `exc` is something else."""
+    if exc.status_code != 400:
+        return None
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return (f"The request body is not valid JSON: it is not UTF-8 text (byte 0x{cause.object[cause.start]:02x} "
+                f"at offset {cause.start}).")
+    if isinstance(cause, RecursionError):
+        return "The request body cannot be parsed: its JSON is nested too deeply."
+    if isinstance(cause, ValueError):  # json.loads' only other ValueError: an integer past the digit limit
+        return (f"The request body cannot be parsed: a number in it has more than {sys.get_int_max_str_digits()} "
+                f"digits.")
+    return None
+
+
 def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
     """(status, OpenAI error body, extra headers) for any exception, by class.
 
@@ -160,8 +190,11 @@ def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
                                "engine_unavailable"), {}
     if isinstance(exc, EngineError):
         return 500, error_body(f"The engine failed: {exc}", "internal_error", None, "engine_error"), {}
+    if isinstance(exc, StarletteHTTPException) and (message := _unparsable_body(exc)) is not None:
+        return 400, error_body(message, "invalid_request_error", None, "invalid_json"), {}
     if isinstance(exc, StarletteHTTPException):
-        code = {413: "request_too_large", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        code = {413: "request_too_large", 404: "not_found", 405: "method_not_allowed",
+                408: "request_timeout"}.get(exc.status_code)
         return exc.status_code, error_body(str(exc.detail), _HTTP_TYPES.get(exc.status_code, "server_error"),
                                            None, code), dict(exc.headers or {})
     # NOTE(server): anything else is our bug; the client gets no details, the log gets the traceback.
@@ -186,7 +219,7 @@ async def _handle_http(request: Request, exc: StarletteHTTPException) -> JSONRes
 
 
 # Generation routes whose outcomes ortserve_requests_total counts.
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 
 
 def _count_outcome(request: Request, status: int) -> None:

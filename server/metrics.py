@@ -50,6 +50,19 @@ class ServerMetrics:
         self.requests = Counter("ortserve_requests", "Requests by outcome.", ["status"], registry=r)
         for status in [*(str(reason) for reason in FinishReason), REJECTED]:
             self.requests.labels(status=status)  # NOTE(server): export zeros so dashboards see every series.
+        # Engine totals (EngineStats.extra key -> counter), advanced by their growth at each scrape.
+        self._engine_counters = {
+            "prefix_cache_queries_total": Counter(
+                "ortserve_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", registry=r),
+            "prefix_cache_hits_total": Counter(
+                "ortserve_prefix_cache_hits", "Prompt tokens whose KV the prefix cache supplied.", registry=r),
+            "spec_draft_tokens_total": Counter(
+                "ortserve_spec_decode_draft_tokens", "Tokens proposed by speculative (prompt-lookup) drafts.",
+                registry=r),
+            "spec_accepted_tokens_total": Counter(
+                "ortserve_spec_decode_accepted_tokens", "Draft tokens the model accepted.", registry=r),
+        }
+        self._engine_seen: dict[str, float] = {}
 
     def render(self, stats: EngineStats | None) -> bytes:
         """The text exposition format, with the gauges refreshed from `stats` (None while loading)."""
@@ -57,6 +70,11 @@ class ServerMetrics:
             self.requests_running.set(stats.num_running)
             self.requests_waiting.set(stats.num_waiting)
             self.kv_slots_free.set(stats.num_slots_free)
+            for key, counter in self._engine_counters.items():
+                value = stats.extra.get(key, 0.0)
+                if value > self._engine_seen.get(key, 0.0):
+                    counter.inc(value - self._engine_seen.get(key, 0.0))
+                    self._engine_seen[key] = value
         return generate_latest(self.registry)
 
     def tracker(self, arrival_s: float | None = None) -> RequestTracker:

@@ -6,15 +6,20 @@ Must not import onnxruntime or any engine module other than engine.types.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.types import FinishReason, InvalidRequestError, SamplingParams, TokenLogprob
+from server.protocol_structured import StructuredOutputFields
+from server.tools.plan import ToolRequest
 
 logger = logging.getLogger(__name__)
 
@@ -24,12 +29,35 @@ BEAM_SEARCH_MESSAGE = (
 )
 
 
+def _nullable_when_optional(schema: dict[str, Any]) -> None:
+    """JSON schema of a request model: every optional field also accepts null (see _null_means_absent)."""
+    required = set(schema.get("required", ()))
+    for name, prop in schema.get("properties", {}).items():
+        if name in required or any(v.get("type") == "null" for v in prop.get("anyOf", [prop])):
+            continue
+        meta = {key: prop.pop(key) for key in ("title", "description", "default") if key in prop}
+        schema["properties"][name] = {"anyOf": [prop, {"type": "null"}], **meta}
+
+
 class OpenAIBaseModel(BaseModel):
-    """Accepts unknown fields and logs them at debug level (clients send vendor extras freely)."""
+    """Accepts unknown fields and logs them at debug level (clients send vendor extras freely); null in an
+    optional field means the field is absent."""
 
     # NOTE(server): strict=True rejects "10" for an int and "true" for a bool, as OpenAI does;
     # ints are still accepted where floats are expected.
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_nullable_when_optional)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_absent(cls, data: Any) -> Any:
+        # NOTE(server): OpenAI's schema marks most optional request fields nullable (n, stream, stop, temperature,
+        # logprobs, stream_options, ...) and clients send null for "not set"; as vLLM and llama.cpp do, null
+        # takes the default. A required field (messages, prompt, role) stays required.
+        if not isinstance(data, dict):
+            return data
+        optional = {key for name, field in cls.model_fields.items() if not field.is_required()
+                    for key in (name, field.alias) if key}
+        return {key: value for key, value in data.items() if value is not None or key not in optional}
 
     @model_validator(mode="after")
     def _log_extra_fields(self) -> OpenAIBaseModel:
@@ -47,14 +75,29 @@ def _unsupported(param: str, message: str, code: str = "unsupported_parameter") 
 # --- chat request -----------------------------------------------------------------------------------
 
 
+class FunctionCall(OpenAIBaseModel):
+    name: str = Field(description="The function called.")
+    arguments: str | dict[str, Any] = Field(description="The arguments, as JSON text.")
+
+
+class AssistantToolCall(OpenAIBaseModel):
+    """A call in an assistant message of the history."""
+
+    id: str = Field(description="The call's id; the tool message that answers it repeats it.")
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIBaseModel):
-    role: Literal["system", "developer", "user", "assistant"] = Field(
-        description="Who wrote the message ('developer' is treated as 'system')."
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"] = Field(
+        description="Who wrote the message ('developer' is treated as 'system'; 'tool' answers a tool call)."
     )
     content: str | list[dict[str, Any]] | None = Field(
         None, description="A string or an array of {'type': 'text', 'text': ...} parts."
     )
     name: str | None = None
+    tool_calls: list[AssistantToolCall] | None = Field(None, description="Calls an assistant message made.")
+    tool_call_id: str | None = Field(None, description="In a tool message: the id of the call it answers.")
 
     @field_validator("content")
     @classmethod
@@ -73,8 +116,15 @@ class ChatMessage(OpenAIBaseModel):
 
     @model_validator(mode="after")
     def _content_present(self) -> ChatMessage:
-        if self.model_extra and self.model_extra.get("tool_calls"):
-            raise _unsupported("tool_calls", "tool calls are not supported yet")
+        if self.role == "function":
+            raise _unsupported("role", "'function' messages (the deprecated functions API) are not supported; "
+                                       "use tools and 'tool' messages")
+        if self.tool_calls and self.role != "assistant":
+            raise _unsupported("tool_calls", f"only assistant messages carry tool_calls, not {self.role}",
+                               code="invalid_value")
+        if self.role == "tool" and not self.tool_call_id:
+            raise InvalidRequestError("a tool message needs the tool_call_id of the call it answers",
+                                      param="tool_call_id", code="missing_required_parameter")
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content")
         return self
@@ -88,12 +138,79 @@ class ChatMessage(OpenAIBaseModel):
         return "".join(part["text"] for part in self.content)
 
 
+_FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+# Deeper parameter schemas are refused before anything walks them recursively (the schema check, the grammar).
+MAX_SCHEMA_DEPTH = 64
+
+
+def _nesting_depth(value: Any) -> int:
+    """How deep JSON containers nest in ``value`` (iterative: a hostile depth cannot overflow the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+class FunctionDefinition(OpenAIBaseModel):
+    name: str = Field(description="a-z, A-Z, 0-9, '_' and '-', at most 64 characters.")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="JSON Schema of the arguments (none: no arguments).")
+    strict: bool | None = Field(None, description="Accepted; calls always follow the schema when forced.")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _FUNCTION_NAME.match(value):
+            raise InvalidRequestError(f"function names are 1-64 characters of a-z, A-Z, 0-9, '_' and '-', "
+                                      f"got {value!r}", code="invalid_value")
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _check_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return value
+        depth = _nesting_depth(value)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise InvalidRequestError(f"parameters nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are "
+                                      "supported", code="invalid_value")
+        try:
+            jsonschema.validators.validator_for(value).check_schema(value)
+        except RecursionError:
+            raise InvalidRequestError("parameters nests too deeply to be checked", code="invalid_value") from None
+        except jsonschema.SchemaError as exc:
+            where = "/".join(str(p) for p in exc.path)
+            raise InvalidRequestError(f"parameters is not a valid JSON Schema: {exc.message}"
+                                      + (f" (at {where})" if where else ""), code="invalid_value") from None
+        if value.get("type", "object") != "object":
+            raise InvalidRequestError(f"parameters must describe an object (the arguments), got type "
+                                      f"{value.get('type')!r}", code="invalid_value")
+        return value
+
+
+class ToolDefinition(OpenAIBaseModel):
+    type: Literal["function"] = Field(description="Only function tools exist.")
+    function: FunctionDefinition
+
+
+class NamedToolChoice(OpenAIBaseModel):
+    class Function(OpenAIBaseModel):
+        name: str
+
+    type: Literal["function"]
+    function: Function
+
+
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = Field(False, description="Send a last chunk with `usage` and empty `choices`.")
 
 
-class _SamplingFields(OpenAIBaseModel):
-    """Fields shared by chat and completions; ranges are checked once, by SamplingParams."""
+class _SamplingFields(OpenAIBaseModel, StructuredOutputFields):
+    """Fields shared by chat and completions (structured outputs: StructuredOutputFields); ranges are checked
+    once, by SamplingParams."""
 
     model: str | None = Field(None, description="The served model name (see GET /v1/models).")
     max_tokens: int | None = Field(None, description="Most tokens to generate (>= 1).")
@@ -105,7 +222,7 @@ class _SamplingFields(OpenAIBaseModel):
     stop: str | list[str] | None = Field(None, description="Stop string(s); never part of the output.")
     stop_token_ids: list[int] | None = Field(None, description="Extra token ids that end generation.")
     ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence (benchmarks).")
-    n: int = Field(1, description="Number of choices; only 1 is supported.")
+    n: int = Field(1, description="Number of choices (>= 1, at most the server's --max-batch); the prompt runs once.")
     presence_penalty: float | None = Field(None, description="[-2, 2]; penalizes tokens already present.")
     frequency_penalty: float | None = Field(None, description="[-2, 2]; penalizes tokens by their count.")
     repetition_penalty: float | None = Field(None, description="[0.01, 2]; 1 disables (multiplicative, as HF).")
@@ -118,8 +235,11 @@ class _SamplingFields(OpenAIBaseModel):
 
     @model_validator(mode="after")
     def _check_supported(self) -> _SamplingFields:
-        if self.n != 1:
-            raise _unsupported("n", f"n must be 1 (several choices per request are not supported yet), got {self.n}")
+        if self.best_of is not None and self.best_of < 1:
+            raise InvalidRequestError(f"best_of must be >= 1, got {self.best_of}", param="best_of",
+                                      code="invalid_value")
+        if self.n < 1:
+            raise InvalidRequestError(f"n must be >= 1, got {self.n}", param="n", code="invalid_value")
         if self.use_beam_search or (self.best_of is not None and self.best_of != 1):
             raise _unsupported("best_of" if not self.use_beam_search else "use_beam_search", BEAM_SEARCH_MESSAGE)
         if self.stream_options is not None and not self.stream:
@@ -164,11 +284,17 @@ class _SamplingFields(OpenAIBaseModel):
             logit_bias=self._logit_bias(),
             logprobs=logprobs,
             top_logprobs=top_logprobs,
+            structured=self.structured_output(),
+            n=self.n,
         )
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+def _arguments_text(arguments: str | dict[str, Any]) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
 def _resolve_max_tokens(requested: int | None, param: str, default_max_tokens: int, max_model_len: int) -> int:
@@ -187,34 +313,75 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(None, description="Alias of max_tokens (wins when both are set).")
     logprobs: bool = Field(False, description="Return the log-probability of each generated token.")
     top_logprobs: int | None = Field(None, description="Alternatives per token with logprobs=true, [0, 20].")
-    response_format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'} is supported.")
-    tools: list[dict[str, Any]] | None = Field(None, description="Not supported yet.")
-    tool_choice: str | dict[str, Any] | None = Field(None, description="Not supported yet ('none' is accepted).")
-    functions: list[dict[str, Any]] | None = Field(None, description="Not supported.")
+    tools: list[ToolDefinition] | None = Field(None, description="Functions the model may call.")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="'auto' (the default with tools), 'none', 'required', or {'type': 'function', "
+                          "'function': {'name': ...}} to force that function.")
+    parallel_tool_calls: bool | None = Field(None, description="Allow several calls in one answer (default: true where "
+                                             "the model has a native tool format, one call in the generic format).")
+    functions: list[dict[str, Any]] | None = Field(None, description="Deprecated; not supported (use tools).")
+    function_call: str | dict[str, Any] | None = Field(None, description="Deprecated; not supported (use "
+                                                                         "tool_choice).")
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
         if not self.messages:
             raise InvalidRequestError("messages must contain at least one message", param="messages",
                                       code="invalid_value")
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise _unsupported("response_format", "response_format is not supported yet (only {'type': 'text'})")
-        if self.tools:
-            raise _unsupported("tools", "tools are not supported yet")
         if self.functions:
-            raise _unsupported("functions", "functions are not supported")
-        if self.tool_choice not in (None, "none"):
-            raise _unsupported("tool_choice", "tool_choice is not supported yet (tools are not supported)")
+            raise _unsupported("functions", "functions (deprecated) is not supported; use tools")
+        if self.function_call is not None:
+            raise _unsupported("function_call", "function_call (deprecated) is not supported; use tool_choice")
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs",
                                       code="invalid_value")
         return self
 
-    def template_messages(self) -> list[dict[str, str]]:
-        """Messages for the chat template: plain role/content strings ('developer' becomes 'system')."""
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages
-        ]
+    @model_validator(mode="after")
+    def _check_tools(self) -> ChatCompletionRequest:
+        choice = self.tool_choice
+        names = [t.function.name for t in self.tools or ()]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise InvalidRequestError(f"tools has two functions named {dup!r}", param="tools", code="invalid_value")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise InvalidRequestError(f"tool_choice names the function {choice.function.name!r}, which is not in "
+                                      f"tools ({names})", param="tool_choice", code="invalid_value")
+        if choice == "required" and not names:
+            raise InvalidRequestError("tool_choice 'required' needs tools", param="tool_choice",
+                                      code="invalid_value")
+        structured = self.structured_output()
+        if structured is not None and self.tool_request().calls_possible:
+            raise _unsupported(structured.param, f"{structured.param} cannot be combined with tools that may be "
+                               "called (tool calls are constrained by their own grammar); send tool_choice 'none' "
+                               "or leave out one of them")
+        return self
+
+    def tool_request(self) -> ToolRequest:
+        """The tool fields as the tool planner takes them (choice 'auto' when tools are given, as OpenAI)."""
+        tools = tuple(t.model_dump(exclude_none=True) for t in self.tools or ())
+        choice = self.tool_choice if self.tool_choice is not None else ("auto" if tools else "none")
+        if isinstance(choice, NamedToolChoice):
+            return ToolRequest(tools, "function", choice.function.name, self.parallel_tool_calls)
+        return ToolRequest(tools, choice, None, self.parallel_tool_calls)
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """Messages for the chat template: role/content strings ('developer' becomes 'system'), plus
+        ``tool_calls`` (arguments as JSON text) on assistant messages and ``tool_call_id`` on tool results."""
+        out: list[dict[str, Any]] = []
+        for m in self.messages:
+            message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            if m.tool_calls:
+                message["tool_calls"] = [
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.function.name, "arguments": _arguments_text(c.function.arguments)}}
+                    for c in m.tool_calls]
+            if m.role == "tool":
+                message["tool_call_id"] = m.tool_call_id
+                if m.name:
+                    message["name"] = m.name
+            out.append(message)
+        return out
 
     def to_sampling_params(self, default_max_tokens: int, max_model_len: int) -> SamplingParams:
         """The engine's SamplingParams for this request.
@@ -253,6 +420,11 @@ class CompletionRequest(_SamplingFields):
             raise _unsupported("echo", "echo is not supported")
         if self.suffix:
             raise _unsupported("suffix", "suffix is not supported")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            # NOTE(server): checked here, as `logprobs` (the completions name); SamplingParams would name it
+            # top_logprobs.
+            raise InvalidRequestError(f"logprobs must be in [0, 20], got {self.logprobs}", param="logprobs",
+                                      code="invalid_value")
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], (str, list)):
             if len(self.prompt) != 1:
                 raise _unsupported("prompt", f"one prompt per request is supported, got {len(self.prompt)}")
@@ -286,11 +458,13 @@ def now_s() -> int:
     return int(time.time())
 
 
-def usage(num_prompt_tokens: int, num_generated_tokens: int) -> dict[str, int]:
+def usage(num_prompt_tokens: int, num_generated_tokens: int, num_cached_tokens: int = 0) -> dict[str, Any]:
+    """`usage`; prompt tokens served from the prefix cache are `prompt_tokens_details.cached_tokens`."""
     return {
         "prompt_tokens": num_prompt_tokens,
         "completion_tokens": num_generated_tokens,
         "total_tokens": num_prompt_tokens + num_generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": num_cached_tokens},
     }
 
 
@@ -336,15 +510,16 @@ def chat_chunk(
     finish_reason: str | None = None,
     logprobs: dict[str, Any] | None = None,
     with_usage_field: bool = False,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One `chat.completion.chunk` with a single choice."""
+    """One `chat.completion.chunk` with a single choice (``index``: which of n)."""
     chunk: dict[str, Any] = {
         "id": request_id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
         "system_fingerprint": None,
-        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
     }
     if with_usage_field:
         chunk["usage"] = None
@@ -365,9 +540,15 @@ def chat_usage_chunk(request_id: str, created: int, model: str, usage_dict: dict
 
 
 def chat_completion(
-    request_id: str, created: int, model: str, text: str, finish_reason: str | None,
+    request_id: str, created: int, model: str, text: str | None, finish_reason: str | None,
     usage_dict: dict[str, int], logprobs: dict[str, Any] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """The whole `chat.completion`; ``tool_calls`` ([{id, type, function: {name, arguments}}]) when the
+    answer made calls (``text`` is then None unless it also has text)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return {
         "id": request_id,
         "object": "chat.completion",
@@ -376,7 +557,7 @@ def chat_completion(
         "system_fingerprint": None,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": logprobs,
             "finish_reason": finish_reason,
         }],
@@ -387,7 +568,7 @@ def chat_completion(
 def completion_chunk(
     request_id: str, created: int, model: str, text: str, finish_reason: str | None = None,
     logprobs: dict[str, Any] | None = None, usage_dict: dict[str, int] | None = None, with_choice: bool = True,
-    with_usage_field: bool = False,
+    with_usage_field: bool = False, index: int = 0,
 ) -> dict[str, Any]:
     """A `text_completion` object: one streamed chunk, or the whole response when not streaming."""
     body: dict[str, Any] = {
@@ -397,11 +578,19 @@ def completion_chunk(
         "model": model,
         "system_fingerprint": None,
         "choices": (
-            [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}] if with_choice else []
+            [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}] if with_choice
+            else []
         ),
     }
     if usage_dict is not None or with_usage_field:
         body["usage"] = usage_dict
+    return body
+
+
+def with_choices(bodies: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One response of n choices (n > 1) from one single-choice response per choice, in choice order."""
+    body = dict(bodies[0])
+    body["choices"] = [{**b["choices"][0], "index": index} for index, b in enumerate(bodies)]
     return body
 
 

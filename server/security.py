@@ -1,4 +1,5 @@
-"""ASGI middleware for the API key (Bearer, constant-time compare) and the request body size limit.
+"""ASGI middleware for the API key (Bearer, constant-time compare) and the request body (size limit, read
+timeout; memory given back after large ones).
 
 Both answer in the OpenAI error shape before any route runs. No onnxruntime import.
 """
@@ -8,9 +9,11 @@ from __future__ import annotations
 import hmac
 import json
 
+import anyio
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.memory import MemoryReclaim
 from server.protocol import error_body
 
 
@@ -30,8 +33,11 @@ class AuthMiddleware:
         self._open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (self._key is None or scope["type"] != "http" or scope["path"] in self._open_paths
-                or scope["method"] == "OPTIONS"):  # CORS preflight carries no credentials
+        # NOTE(server): OPTIONS needs the key like any other method, or its 405-versus-404 would tell a client
+        # without one which routes exist. CORS preflights (which carry no credentials) never get here: when
+        # CORS is on, its middleware runs first and answers them. "/health/" is "/health".
+        if (self._key is None or scope["type"] != "http"
+                or (scope["path"].rstrip("/") or "/") in self._open_paths):
             await self.app(scope, receive, send)
             return
         header = b""
@@ -49,6 +55,10 @@ class AuthMiddleware:
                          [(b"www-authenticate", b"Bearer")])
 
 
+# Bodies at least this large make the server give memory back shortly after their request (server.memory).
+_LARGE_BODY_BYTES = 64 << 10
+
+
 class _BodyTooLarge(HTTPException):
     """Raised from `receive`; FastAPI re-raises HTTPExceptions from body reading, errors.py answers 413."""
 
@@ -56,16 +66,28 @@ class _BodyTooLarge(HTTPException):
         super().__init__(413, f"The request body is larger than {max_body_bytes} bytes.")
 
 
+class _BodyTimedOut(HTTPException):
+    """Raised from `receive` when the client pauses too long mid-body; answered 408, then the connection closes."""
+
+    def __init__(self, body_timeout_s: float) -> None:
+        super().__init__(408, f"The request body stopped arriving: nothing for {body_timeout_s:g} s.",
+                         headers={"Connection": "close"})
+
+
 class BodyLimitMiddleware:
-    """Answers 413 when a body is larger than `max_body_bytes` (by Content-Length or while streaming in).
+    """Answers 413 when a body is larger than `max_body_bytes` (by Content-Length or while streaming in), and 408
+    when the client pauses longer than `body_timeout_s` while sending it (e.g. a body shorter than its
+    Content-Length).
 
     Also labels every POST body as JSON: the API takes no other body, and `curl -d` sends a form
     content type; bad JSON then gets the same 400 whatever the client claimed.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = 30.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self._reclaim = MemoryReclaim()
 
     def _too_large(self) -> dict:
         return error_body(f"The request body is larger than {self.max_body_bytes} bytes.",
@@ -88,22 +110,34 @@ class BodyLimitMiddleware:
             headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         received = 0
+        body_complete = False
 
         async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise _BodyTooLarge(self.max_body_bytes)
-            return message
+            nonlocal received, body_complete
+            if body_complete:  # what comes now is http.disconnect, whenever the client leaves: no deadline
+                return await receive()
+            with anyio.move_on_after(self.body_timeout_s):
+                message = await receive()
+                if message["type"] == "http.request":
+                    received += len(message.get("body", b""))
+                    if received > self.max_body_bytes:
+                        raise _BodyTooLarge(self.max_body_bytes)
+                body_complete = message["type"] != "http.request" or not message.get("more_body", False)
+                return message
+            raise _BodyTimedOut(self.body_timeout_s)
 
-        # NOTE(server): `send` goes to the app untouched (no wrapper on every streamed chunk). The limit
-        # is raised only while the body is read, and every route reads it whole before it answers
-        # (FastAPI parses the body before the endpoint runs); starlette's ExceptionMiddleware turns it into
-        # the 413 then. If it reaches here, no response has started: a handled exception after the start
-        # surfaces as starlette's RuntimeError instead.
+        # NOTE(server): `send` goes to the app untouched (no wrapper on every streamed chunk). The limit and
+        # the timeout are raised only while the body is read, and every route reads it whole before it
+        # answers (FastAPI parses the body before the endpoint runs); starlette's ExceptionMiddleware turns
+        # them into the 413 or 408 then. If one reaches here, no response has started: a handled exception
+        # after the start surfaces as starlette's RuntimeError instead.
         try:
             await self.app(scope, limited_receive, send)
         except _BodyTooLarge:
             await _send_json(send, 413, self._too_large())
+        except _BodyTimedOut as exc:
+            await _send_json(send, 408, error_body(exc.detail, "invalid_request_error", None, "request_timeout"),
+                             [(b"connection", b"close")])
+        finally:
+            if received >= _LARGE_BODY_BYTES:
+                self._reclaim.soon()

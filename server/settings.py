@@ -57,6 +57,16 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, le=1024**3, description="Largest accepted request body in bytes (413 above)."
     )
+    header_timeout_s: float = Field(
+        10.0, gt=0.0, le=3600.0,
+        description="Seconds a client has to send a request's headers, from its first byte (or from connecting); "
+        "a slower one gets 408 and is disconnected.",
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0.0, le=3600.0,
+        description="Seconds a client may pause while sending a request body (e.g. one shorter than its "
+        "Content-Length); a longer pause gets 408.",
+    )
 
     # --- device ------------------------------------------------------------------------------------
     provider: str = Field(
@@ -93,6 +103,29 @@ class Settings(BaseSettings):
     )
     default_max_tokens: int | None = Field(
         None, ge=1, description="max_tokens when a request gives none (default: the rest of the context)."
+    )
+    grammar_compile_timeout_s: float = Field(
+        10.0, gt=0.0, le=3600.0,
+        description="Seconds a structured-output schema or grammar may take to compile; longer is a 400.",
+    )
+
+    response_store_size: int = Field(
+        1000, ge=0, le=1_000_000,
+        description="Responses kept in memory for GET /v1/responses/{id} and previous_response_id (least "
+        "recently used evicted first; not persistent; 0 keeps none).",
+    )
+    response_store_bytes: int = Field(
+        256 * 1024 * 1024, ge=0, le=1024**4,
+        description="Bytes (estimated as JSON) the stored responses may hold together.",
+    )
+    prefix_caching: bool = Field(
+        True, description="Keep finished requests' KV and reuse the longest matching prompt prefix "
+        "(--no-prefix-caching turns it off)."
+    )
+    speculative_tokens: int | None = Field(
+        None, ge=0, le=64,
+        description="Longest prompt-lookup draft checked per decode run (speculative decoding; default: the "
+        "engine's, 16; 0 turns it off).",
     )
 
     sse_ping_s: float = Field(

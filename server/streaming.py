@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from sse_starlette import EventSourceResponse
@@ -19,11 +19,15 @@ from starlette.requests import Request
 
 from engine.types import EngineError, FinishReason, RequestOutput, TokenLogprob
 from server import protocol
+from server.protocol_responses import response_usage
+from server.response_events import Event, ResponseAssembler
 from server.engine_client import EngineClient
-from server.errors import ServerError, error_for
+from server.errors import EngineNotReadyError, ServerError, error_for
 from server.metrics import REJECTED, RequestTracker
+from server.tools.stream import ToolCallStream
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ClientDisconnectedError(ServerError):
@@ -35,6 +39,10 @@ class ClientDisconnectedError(ServerError):
 
 class EngineRequestError(EngineError):
     """The engine ended a request with finish_reason=ERROR (-> 500, or an error event in a stream)."""
+
+
+class CutAtShutdownError(EngineNotReadyError):
+    """The server's shutdown grace period ended before this request did (503, code shutting_down)."""
 
 
 async def _until_disconnected(request: Request) -> None:
@@ -67,7 +75,7 @@ async def _race_disconnect(request: Request, awaitable: Any) -> Any:
 
 def outcome_of(exc: BaseException) -> str:
     """The ortserve_requests_total status an exception stands for: abort, rejected or error."""
-    if not isinstance(exc, Exception):  # CancelledError, GeneratorExit: the client or the server left
+    if not isinstance(exc, Exception) or isinstance(exc, CutAtShutdownError):  # the client or the server left
         return str(FinishReason.ABORT)
     status = error_for(exc)[0]
     if status == ClientDisconnectedError.status_code:
@@ -95,6 +103,7 @@ class EngineRun:
         self._closed = False
         self._agen = engine.generate(prompt_ids, params, request_id)
         self._first: RequestOutput | None = None
+        self._cut: ServerError | None = None
         tracker.submitted()
 
     async def start(self, request: Request) -> None:
@@ -129,12 +138,26 @@ class EngineRun:
             if first.finished:
                 return
         async for out in self._agen:
+            if self._cut is not None and out.finished and out.finish_reason == FinishReason.ABORT:
+                if out.text or out.logprobs:  # what was generated before the cut still goes out
+                    partial = replace(out, finished=False, finish_reason=None)
+                    self._observe(partial)
+                    yield partial
+                raise self._cut
             self._observe(out)
             yield out
             if out.finished:
                 return
         if not self.finished:
             raise EngineRequestError("the engine ended the request without a final output")
+
+    async def cut(self, exc: ServerError) -> None:
+        """End the request from outside (the shutdown grace is over): the engine aborts it, and `outputs()`
+        raises `exc` after the text generated so far, so a stream still ends with an error event and [DONE]."""
+        if self.finished or self._closed or self._cut is not None:
+            return
+        self._cut = exc
+        await self.engine.abort(self.request_id)  # the consumer gets a final ABORT output at once
 
     async def close(self) -> None:
         """Abort the request in the engine unless it finished; idempotent and safe under cancellation."""
@@ -166,16 +189,18 @@ class StreamContext:
     include_usage: bool
     token_text: Callable[[int], str]
     want_logprobs: bool = False
+    n: int = 1  # choices
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
-    text_offset: int = 0
+    num_cached_tokens: int = 0
 
     def account(self, out: RequestOutput) -> None:
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_generated_tokens = max(self.num_generated_tokens, out.num_generated_tokens)
+        self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
 
-    def usage(self) -> dict[str, int]:
-        return protocol.usage(self.num_prompt_tokens, self.num_generated_tokens)
+    def usage(self) -> dict[str, Any]:
+        return protocol.usage(self.num_prompt_tokens, self.num_generated_tokens, self.num_cached_tokens)
 
 
 def _dump(obj: Any) -> str:
@@ -212,34 +237,86 @@ class _ChunkTemplate:
 
 
 def _check_error(out: RequestOutput) -> None:
-    if out.finished and out.finish_reason == FinishReason.ERROR:
+    if out.finish_reason == FinishReason.ERROR:
         raise EngineRequestError(out.error or "the engine failed while running this request")
 
 
-async def _with_error_event(events: AsyncIterator[bytes], run: EngineRun) -> AsyncIterator[bytes]:
-    """End the stream with an OpenAI error event on failure (then [DONE]); always close the run."""
+def _error_events(exc: Exception) -> list[bytes]:
+    """The end of a failed chat or completions stream: an OpenAI error event, then [DONE]."""
+    return [_event(error_for(exc)[1]), _DONE]
+
+
+async def _with_error_event(events: AsyncIterator[bytes], run: EngineRun,
+                            error_events: Callable[[Exception], list[bytes]] = _error_events) -> AsyncIterator[bytes]:
+    """End the stream with `error_events(exc)` on failure; always close the run."""
     try:
         async for event in events:
             yield event
     except Exception as exc:
         run.tracker.finish(outcome_of(exc))
-        status, body, _ = error_for(exc)
-        if status >= 500:
+        status, _, _ = error_for(exc)
+        if isinstance(exc, CutAtShutdownError):
+            logger.warning("stream %s cut: %s", run.request_id, exc)
+        elif status >= 500:
             logger.error("stream %s failed: %s", run.request_id, exc)
-        yield _event(body)
-        yield _DONE
+        for event in error_events(exc):
+            yield event
     finally:
         with anyio.CancelScope(shield=True):
             await events.aclose()  # type: ignore[attr-defined]
         await run.close()
 
 
+def tool_finish_reason(reason: str | None, calls: ToolCallStream) -> str | None:
+    """OpenAI's finish_reason for an answer read by a tool-call parser: 'tool_calls' when it made calls and
+    ended by itself ('length' stays 'length': the last call may be cut)."""
+    return "tool_calls" if calls.has_calls and reason == str(FinishReason.STOP) else reason
+
+
+def _tool_chat_events(run: EngineRun, ctx: StreamContext, calls: Sequence[ToolCallStream]) -> AsyncIterator[bytes]:
+    """As _chat_events, with each choice's text read by its own tool-call parser (``calls[index]``): content
+    deltas and delta.tool_calls."""
+
+    def chunk(index: int, delta: dict[str, Any], **extra: Any) -> bytes:
+        return _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, delta,
+                                          with_usage_field=ctx.include_usage, index=index, **extra))
+
+    async def events() -> AsyncIterator[bytes]:
+        for index in range(ctx.n):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        async for out in run.outputs():
+            ctx.account(out)
+            _check_error(out)
+            parser = calls[out.index]
+            done = out.finish_reason is not None  # this choice's last output
+            deltas = parser.feed(out.text, final=done)
+            if ctx.want_logprobs and out.logprobs:
+                # NOTE(tools): a parser holds text back, so a step's logprobs ride on its first delta (or on an
+                # empty content delta when the step's text is still held).
+                logprobs = protocol.chat_logprobs(out.logprobs, ctx.token_text)
+                first, deltas = (deltas[0], deltas[1:]) if deltas else ({"content": ""}, [])
+                yield chunk(out.index, first, logprobs=logprobs)
+            for delta in deltas:
+                yield chunk(out.index, delta)
+            if done:
+                reason = tool_finish_reason(protocol.finish_reason_str(out.finish_reason), parser)
+                yield chunk(out.index, {}, finish_reason=reason)
+        if ctx.include_usage:
+            yield _event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, ctx.usage()))
+        yield _DONE
+
+    return _with_error_event(events(), run)
+
+
 def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
     async def events() -> AsyncIterator[bytes]:
-        yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model,
-                                         {"role": "assistant", "content": ""}, with_usage_field=ctx.include_usage))
-        content = _ChunkTemplate(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {"content": _SLOT},
-                                                     with_usage_field=ctx.include_usage))
+        for index in range(ctx.n):
+            yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model,
+                                             {"role": "assistant", "content": ""},
+                                             with_usage_field=ctx.include_usage, index=index))
+        content = [_ChunkTemplate(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {"content": _SLOT},
+                                                      with_usage_field=ctx.include_usage, index=index))
+                   for index in range(ctx.n)]
         async for out in run.outputs():
             ctx.account(out)
             _check_error(out)
@@ -247,14 +324,15 @@ def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
                         if ctx.want_logprobs and out.logprobs else None)
             if logprobs:
                 yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {"content": out.text},
-                                                 logprobs=logprobs, with_usage_field=ctx.include_usage))
+                                                 logprobs=logprobs, with_usage_field=ctx.include_usage,
+                                                 index=out.index))
             elif out.text:
-                yield content.render(out.text)
-            if out.finished:
-                # NOTE(server): exactly one chunk carries finish_reason, with an empty delta (as OpenAI).
+                yield content[out.index].render(out.text)
+            if out.finish_reason is not None:
+                # NOTE(server): exactly one chunk per choice carries finish_reason, with an empty delta (as OpenAI).
                 yield _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, {},
                                                  finish_reason=protocol.finish_reason_str(out.finish_reason),
-                                                 with_usage_field=ctx.include_usage))
+                                                 with_usage_field=ctx.include_usage, index=out.index))
         if ctx.include_usage:
             yield _event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, ctx.usage()))
         yield _DONE
@@ -264,24 +342,27 @@ def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
 
 def _completion_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
     async def events() -> AsyncIterator[bytes]:
-        text = _ChunkTemplate(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, _SLOT,
-                                                        with_usage_field=ctx.include_usage))
+        text = [_ChunkTemplate(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, _SLOT,
+                                                         with_usage_field=ctx.include_usage, index=index))
+                for index in range(ctx.n)]
+        text_offsets = [0] * ctx.n
         async for out in run.outputs():
             ctx.account(out)
             _check_error(out)
             logprobs = None
             if ctx.want_logprobs and out.logprobs:
-                logprobs = protocol.completion_logprobs(out.logprobs, ctx.token_text, ctx.text_offset)
-            ctx.text_offset += len(out.text)
+                logprobs = protocol.completion_logprobs(out.logprobs, ctx.token_text, text_offsets[out.index])
+            text_offsets[out.index] += len(out.text)
             if logprobs:
                 yield _event(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, out.text,
-                                                       logprobs=logprobs, with_usage_field=ctx.include_usage))
+                                                       logprobs=logprobs, with_usage_field=ctx.include_usage,
+                                                       index=out.index))
             elif out.text:
-                yield text.render(out.text)
-            if out.finished:
+                yield text[out.index].render(out.text)
+            if out.finish_reason is not None:
                 yield _event(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, "",
                                                        finish_reason=protocol.finish_reason_str(out.finish_reason),
-                                                       with_usage_field=ctx.include_usage))
+                                                       with_usage_field=ctx.include_usage, index=out.index))
         if ctx.include_usage:
             yield _event(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, "",
                                                    usage_dict=ctx.usage(), with_choice=False))
@@ -290,29 +371,63 @@ def _completion_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[byte
     return _with_error_event(events(), run)
 
 
-def event_source(events: AsyncIterator[bytes], ping_s: float, shutdown_grace_s: float) -> EventSourceResponse:
+# sse-starlette cancels a stream still open this long after the grace period: only one whose client has
+# stopped reading, so that its error event and [DONE] cannot be sent (uvicorn's own limit is later still).
+_FORCE_CANCEL_AFTER_GRACE_S = 1.0
+
+
+def event_source(events: AsyncIterator[bytes], run: EngineRun, ping_s: float,
+                 shutdown_grace_s: float) -> EventSourceResponse:
     """SSE response: `data: ...` events (framed bytes) separated by blank lines, keep-alive pings as comments.
 
-    On server shutdown sse-starlette waits `shutdown_grace_s` for the stream to end by itself, then
-    cancels it, which aborts the engine request through EngineRun.close().
+    On server shutdown (sse-starlette sees uvicorn's exit signal) the stream may finish during
+    `shutdown_grace_s`; one still running then is cut (EngineRun.cut): it ends with an OpenAI error event
+    (code shutting_down) and `data: [DONE]`, and the chunked body is terminated, so clients read it to the end.
     """
+    shutdown = anyio.Event()
+
+    async def cut_when_the_grace_ends() -> None:
+        await shutdown.wait()
+        await anyio.sleep(shutdown_grace_s)
+        await run.cut(CutAtShutdownError(f"The server is shutting down: this stream was ended after the "
+                                         f"{shutdown_grace_s:g} s shutdown grace period.", code="shutting_down"))
+
     return EventSourceResponse(
         events,
         sep="\n",
         ping=ping_s,
-        shutdown_event=anyio.Event(),
-        shutdown_grace_period=shutdown_grace_s,
+        shutdown_event=shutdown,
+        shutdown_grace_period=shutdown_grace_s + _FORCE_CANCEL_AFTER_GRACE_S,
+        data_sender_callable=cut_when_the_grace_ends,
         headers={"Cache-Control": "no-cache"},
     )
 
 
-def stream_chat(run: EngineRun, ctx: StreamContext, ping_s: float, shutdown_grace_s: float) -> EventSourceResponse:
-    return event_source(_chat_events(run, ctx), ping_s, shutdown_grace_s)
+def stream_chat(run: EngineRun, ctx: StreamContext, ping_s: float, shutdown_grace_s: float,
+                tool_calls: Sequence[ToolCallStream] | None = None) -> EventSourceResponse:
+    """The chat stream; with ``tool_calls`` (the request can make calls; one parser per choice) the text goes
+    through its choice's parser."""
+    events = _chat_events(run, ctx) if tool_calls is None else _tool_chat_events(run, ctx, tool_calls)
+    return event_source(events, run, ping_s, shutdown_grace_s)
 
 
 def stream_completion(run: EngineRun, ctx: StreamContext, ping_s: float,
                       shutdown_grace_s: float) -> EventSourceResponse:
-    return event_source(_completion_events(run, ctx), ping_s, shutdown_grace_s)
+    return event_source(_completion_events(run, ctx), run, ping_s, shutdown_grace_s)
+
+
+class TextDeltas:
+    """The chat deltas of plain text: each output's text is one content delta (no tools, no parsing)."""
+
+    def feed(self, piece: str, final: bool = False) -> list[dict[str, Any]]:
+        return [{"content": piece}] if piece else []
+
+
+class DeltaSource(Protocol):
+    """Turns the growing output into chat deltas ({"content"} / {"tool_calls"}): TextDeltas, or a tool-call
+    parser's stream when the request has tools."""
+
+    def feed(self, piece: str, final: bool = False) -> list[dict[str, Any]]: ...
 
 
 @dataclass
@@ -320,30 +435,97 @@ class Collected:
     text: str
     finish_reason: str | None
     logprobs: list[TokenLogprob]
+    more: list[Collected] = field(default_factory=list)  # n > 1: choices 1..n-1
 
 
 async def collect(run: EngineRun, ctx: StreamContext, request: Request) -> Collected:
-    """Run a non-streaming request to the end; a client that leaves aborts it."""
+    """Run a non-streaming request to the end; a client that leaves aborts it. Returns choice 0 (the others,
+    n > 1, in its ``more``)."""
 
     async def gather() -> Collected:
-        parts: list[str] = []
-        entries: list[TokenLogprob] = []
-        reason: str | None = None
+        choices = [Collected("", None, []) for _ in range(ctx.n)]
+        parts: list[list[str]] = [[] for _ in range(ctx.n)]
         async for out in run.outputs():
             ctx.account(out)
             _check_error(out)
-            parts.append(out.text)
+            choice = choices[out.index]
+            parts[out.index].append(out.text)
             if out.logprobs:
-                entries.extend(out.logprobs)
-            if out.finished:
-                reason = protocol.finish_reason_str(out.finish_reason)
-        return Collected("".join(parts), reason, entries)
+                choice.logprobs.extend(out.logprobs)
+            if out.finish_reason is not None:
+                choice.finish_reason = protocol.finish_reason_str(out.finish_reason)
+        for choice, texts in zip(choices, parts):
+            choice.text = "".join(texts)
+        choices[0].more = choices[1:]
+        return choices[0]
 
+    return await _collected(run, request, gather())
+
+
+async def _collected(run: EngineRun, request: Request, gathering: Awaitable[T]) -> T:
+    """Await a non-streamed request's gathering; a client that leaves aborts it; always close the run."""
     try:
-        return await _race_disconnect(request, gather())
+        return await _race_disconnect(request, gathering)
     except BaseException as exc:
         run.tracker.finish(outcome_of(exc))
         raise
     finally:
         await run.close()
 
+
+# --- the Responses API (POST /v1/responses) ------------------------------------------------------------
+
+
+def _named_event(event: Event) -> bytes:
+    """A Responses event: `event: <type>` then its JSON on one `data:` line (no [DONE] ends these streams)."""
+    return b"event: " + event["type"].encode("ascii") + b"\ndata: " + _dump(event).encode("utf-8") + b"\n\n"
+
+
+async def _response_event_lists(run: EngineRun, ctx: StreamContext, assembler: ResponseAssembler,
+                                deltas: DeltaSource, on_finished: Callable[[ResponseAssembler], None],
+                                ) -> AsyncIterator[list[Event]]:
+    """The events of each engine output; `on_finished` runs (e.g. stores the response) before the last ones."""
+    yield assembler.start()
+    async for out in run.outputs():
+        ctx.account(out)
+        _check_error(out)
+        events: list[Event] = []
+        for delta in deltas.feed(out.text, final=out.finished):
+            events += assembler.feed(delta)
+        if out.finished:
+            events += assembler.finish(protocol.finish_reason_str(out.finish_reason),
+                                       response_usage(ctx.num_prompt_tokens, ctx.num_generated_tokens))
+            on_finished(assembler)
+        yield events
+
+
+def stream_response(run: EngineRun, ctx: StreamContext, assembler: ResponseAssembler, deltas: DeltaSource,
+                    on_finished: Callable[[ResponseAssembler], None], ping_s: float,
+                    shutdown_grace_s: float) -> EventSourceResponse:
+    """A Responses stream: response.created ... response.completed (or .incomplete); an engine failure
+    mid-stream ends it with response.failed. A client that goes away aborts the request."""
+
+    async def events() -> AsyncIterator[bytes]:
+        async for batch in _response_event_lists(run, ctx, assembler, deltas, on_finished):
+            for event in batch:
+                yield _named_event(event)
+
+    def failed(exc: Exception) -> list[bytes]:
+        message = error_for(exc)[1]["error"]["message"]  # never a traceback: error_for hides our own bugs
+        batch = assembler.fail(message, response_usage(ctx.num_prompt_tokens, ctx.num_generated_tokens))
+        on_finished(assembler)
+        return [_named_event(event) for event in batch]
+
+    return event_source(_with_error_event(events(), run, failed), run, ping_s, shutdown_grace_s)
+
+
+async def collect_response(run: EngineRun, ctx: StreamContext, request: Request, assembler: ResponseAssembler,
+                           deltas: DeltaSource, on_finished: Callable[[ResponseAssembler], None]) -> dict[str, Any]:
+    """Run a non-streamed Responses request to the end through the same assembler; returns the Response."""
+
+    async def gather() -> dict[str, Any]:
+        async for _ in _response_event_lists(run, ctx, assembler, deltas, on_finished):
+            pass
+        return assembler.response()
+
+    return await _collected(run, request, gather())

@@ -46,6 +46,8 @@ class SyntheticSpec:
     tie_word_embeddings: bool = True
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
+    chat_template: str | None = None  # None: ChatML
+    added_tokens: tuple[str, ...] = ()  # non-special added tokens at the last ids (e.g. "<tool_call>")
 
     def __post_init__(self) -> None:
         if self.quant not in QUANTS:
@@ -123,7 +125,8 @@ def build_synthetic(out_dir: str | Path, spec: SyntheticSpec, *, accuracy_level:
     ms = spec.model_spec()
     weights = synthetic_weights(spec)
     model = build_graph(ms, weights, dtype=spec.dtype, accuracy_level=accuracy_level)
-    tok, special = synthetic_tokenizer(spec.vocab_size)
-    tok_cfg = tokenizer_config(tok, special, chat_template=CHATML_TEMPLATE, model_max_length=spec.max_length)
+    tok, special = synthetic_tokenizer(spec.vocab_size, spec.added_tokens)
+    tok_cfg = tokenizer_config(tok, special, chat_template=spec.chat_template or CHATML_TEMPLATE,
+                               model_max_length=spec.max_length)
     return write_model_folder(Path(out_dir), model, ms, tok, special, tok_cfg, max_length=spec.max_length,
                               overwrite=overwrite)

@@ -7,6 +7,7 @@ Imports tokenizers, never onnx/onnxruntime.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -234,14 +235,18 @@ def _set_post_processor(tok: Tokenizer, tokens: list[str], bos_id: int | None, e
         special_tokens=list(dict.fromkeys(specials)))
 
 
-def synthetic_vocab(vocab_size: int) -> tuple[list[str], list[tuple[str, str]], list[int]]:
+def synthetic_vocab(vocab_size: int, added_tokens: Sequence[str] = ()) -> tuple[list[str], list[tuple[str, str]], list[int]]:
     """A deterministic byte-level BPE vocabulary of exactly ``vocab_size`` tokens.
 
     Ids 0-2 are the ChatML specials (<|endoftext|>, <|im_start|>, <|im_end|>, as in SmolLM2), 3-258 the
     256 bytes, the rest merges of letter n-grams, so every id decodes to text and any text encodes.
+    ``added_tokens`` (e.g. ``<tool_call>``, as Qwen has them) take the last ids, as non-special added tokens.
     """
-    if vocab_size < len(CHATML_SPECIALS) + 256:
-        raise ValueError(f"vocab_size must be >= {len(CHATML_SPECIALS) + 256}, got {vocab_size}")
+    if vocab_size < len(CHATML_SPECIALS) + 256 + len(added_tokens):
+        raise ValueError(f"vocab_size must be >= {len(CHATML_SPECIALS) + 256 + len(added_tokens)}, got {vocab_size}")
+    if added_tokens:
+        tokens, merges, types = synthetic_vocab(vocab_size - len(added_tokens))
+        return tokens + list(added_tokens), merges, types + [TOKEN_USER_DEFINED] * len(added_tokens)
     b2u = bytes_to_unicode()
     tokens = list(CHATML_SPECIALS) + [b2u[b] for b in range(256)]
     types = [TOKEN_CONTROL] * len(CHATML_SPECIALS) + [TOKEN_NORMAL] * 256
@@ -268,9 +273,9 @@ def synthetic_vocab(vocab_size: int) -> tuple[list[str], list[tuple[str, str]], 
     return tokens, merges, types
 
 
-def synthetic_tokenizer(vocab_size: int) -> tuple[Tokenizer, SpecialTokens]:
+def synthetic_tokenizer(vocab_size: int, added_tokens: Sequence[str] = ()) -> tuple[Tokenizer, SpecialTokens]:
     """A real byte-level BPE tokenizer with ChatML specials for synthetic models (bos 1, eos/pad 2)."""
-    tokens, merges, types = synthetic_vocab(vocab_size)
+    tokens, merges, types = synthetic_vocab(vocab_size, added_tokens)
     return build_bpe_tokenizer(tokens, merges, types, pre="smollm"), SpecialTokens(1, 2, 2)
 
 

@@ -7,15 +7,8 @@ from fastapi.responses import JSONResponse, Response
 
 from server import protocol
 from server.protocol import ChatCompletionRequest
-from server.routes.common import (
-    chat_prompt_ids,
-    checked_params,
-    engine_for,
-    remaining_context,
-    start_run,
-    start_tracking,
-)
-from server.streaming import collect, stream_chat
+from server.routes.common import engine_for, prepare_chat, start_run, start_tracking
+from server.streaming import collect, stream_chat, tool_finish_reason
 
 router = APIRouter(tags=["generation"])
 
@@ -25,16 +18,26 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state, engine = engine_for(request, body.model)
     settings = state.settings
     tracker = start_tracking(request, state)
-    prompt_ids = await chat_prompt_ids(engine, body.template_messages())
-    default_max_tokens = settings.default_max_tokens or remaining_context(engine, len(prompt_ids))
-    params = checked_params(engine, prompt_ids,
-                            body.to_sampling_params(default_max_tokens, engine.max_model_len), "messages")
+    prepared = await prepare_chat(engine, settings, body)
+    params = prepared.params
 
-    run, ctx = await start_run(request, state, engine, tracker, "chatcmpl", prompt_ids, params,
+    run, ctx = await start_run(request, state, engine, tracker, "chatcmpl", prepared.prompt_ids, params,
                                body.include_usage)
+    calls = prepared.tool_call_streams()  # one parser per choice
     if body.stream:
-        return stream_chat(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s)
+        return stream_chat(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s, tool_calls=calls)
     result = await collect(run, ctx, request)
-    logprobs = protocol.chat_logprobs(result.logprobs, ctx.token_text) if params.logprobs else None
-    return JSONResponse(protocol.chat_completion(ctx.request_id, ctx.created, ctx.model, result.text,
-                                                 result.finish_reason, ctx.usage(), logprobs))
+    bodies = []
+    for i, choice in enumerate((result, *result.more)):  # n > 1: one body per choice, merged
+        logprobs = protocol.chat_logprobs(choice.logprobs, ctx.token_text) if params.logprobs else None
+        if calls is None:
+            bodies.append(protocol.chat_completion(ctx.request_id, ctx.created, ctx.model, choice.text,
+                                                   choice.finish_reason, ctx.usage(), logprobs))
+            continue
+        calls[i].feed(choice.text, final=True)
+        message = calls[i].message()
+        bodies.append(protocol.chat_completion(
+            ctx.request_id, ctx.created, ctx.model, message["content"],
+            tool_finish_reason(choice.finish_reason, calls[i]), ctx.usage(), logprobs,
+            tool_calls=message["tool_calls"]))
+    return JSONResponse(protocol.with_choices(bodies))

@@ -6,17 +6,23 @@ No onnxruntime import; tokenizing and templating run in a worker thread, never o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 import anyio
 from starlette.requests import Request
 
-from engine.types import InvalidRequestError, SamplingParams
+from engine.types import InvalidRequestError, PromptTooLongError, SamplingParams
 from server import protocol
-from server.app import ServerState, get_state
 from server.engine_client import EngineClient
 from server.errors import ModelNotFoundError
 from server.metrics import RequestTracker
+from server.settings import Settings
+from server.state import ServerState, get_state
 from server.streaming import EngineRun, StreamContext
+from server.tools.parsers import make_parser
+from server.tools.plan import ToolPlan, ToolRequest, plan_tools
+from server.tools.stream import ToolCallStream
 
 # Completions give 16 tokens by default (OpenAI's documented default); chat runs to the context end.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -42,8 +48,12 @@ def _encode(engine: EngineClient, text: str, param: str, add_special_tokens: boo
     """Tokenize `text`; a string that is not valid Unicode is the client's error (400), not ours.
 
     ``add_special_tokens``: what the tokenizer adds around a text (BOS for Gemma, Llama): a completion prompt
-    gets it, as llama.cpp and vLLM give it; a rendered chat template already holds its special tokens.
+    gets it, as llama.cpp and vLLM give it; a rendered chat template already holds its special tokens. A text
+    too long for the context by its length alone is refused before any of it is tokenized.
     """
+    at_least = engine.tokenizer.min_num_tokens(text)
+    if at_least >= engine.max_model_len:
+        raise PromptTooLongError(at_least, engine.max_model_len, lower_bound=True, param=param)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -55,14 +65,28 @@ def _encode(engine: EngineClient, text: str, param: str, add_special_tokens: boo
     return list(engine.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
-def _render_and_encode(engine: EngineClient, messages: list[dict[str, str]]) -> list[int]:
-    text = engine.chat_template.render(messages, tools=None, add_generation_prompt=True)
+def _render_and_encode(engine: EngineClient, messages: list[dict[str, Any]],
+                       tools: list[dict[str, Any]] | None = None) -> list[int]:
+    text = engine.chat_template.render(messages, tools=tools, add_generation_prompt=True)
     return _encode(engine, text, "messages")
 
 
-async def chat_prompt_ids(engine: EngineClient, messages: list[dict[str, str]]) -> list[int]:
+async def chat_prompt_ids(engine: EngineClient, messages: list[dict[str, Any]],
+                          tools: list[dict[str, Any]] | None = None) -> list[int]:
     """Render the chat template and tokenize, in a worker thread (long prompts take milliseconds)."""
-    return await anyio.to_thread.run_sync(_render_and_encode, engine, messages)
+    return await anyio.to_thread.run_sync(_render_and_encode, engine, messages, tools)
+
+
+def _plan_and_encode(engine: EngineClient, messages: list[dict[str, Any]],
+                     tools: ToolRequest) -> tuple[ToolPlan, list[int]]:
+    plan = plan_tools(messages, tools, engine.chat_template, engine.tokenizer)
+    return plan, _render_and_encode(engine, plan.messages, plan.template_tools)
+
+
+async def chat_prompt(engine: EngineClient, messages: list[dict[str, Any]],
+                      tools: ToolRequest) -> tuple[ToolPlan, list[int]]:
+    """The tool plan (format, grammar, parser) and the prompt ids, in a worker thread."""
+    return await anyio.to_thread.run_sync(_plan_and_encode, engine, messages, tools)
 
 
 async def completion_prompt_ids(engine: EngineClient, prompt: str | list[int]) -> list[int]:
@@ -99,12 +123,42 @@ def remaining_context(engine: EngineClient, num_prompt_tokens: int) -> int:
     return max(1, engine.max_model_len - num_prompt_tokens)
 
 
+@dataclass(frozen=True)
+class PreparedChat:
+    """A chat request made ready for the engine: its prompt, sampling parameters and tool plan."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    plan: ToolPlan
+
+    def tool_calls(self) -> ToolCallStream | None:
+        """A fresh reader of the output's tool calls when the request can make calls (None: plain text)."""
+        return ToolCallStream(make_parser(self.plan.parser), self.plan.max_calls) if self.plan.parser else None
+
+    def tool_call_streams(self) -> list[ToolCallStream] | None:
+        """One fresh reader per choice (``params.n``), or None when the request makes no calls."""
+        return [ToolCallStream(make_parser(self.plan.parser), self.plan.max_calls)
+                for _ in range(self.params.n)] if self.plan.parser else None
+
+
+async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.ChatCompletionRequest) -> PreparedChat:
+    """Tool plan, template + tokenize (in a thread) and the checked SamplingParams; shared by chat and Responses."""
+    plan, prompt_ids = await chat_prompt(engine, body.template_messages(), body.tool_request())
+    default_max_tokens = settings.default_max_tokens or remaining_context(engine, len(prompt_ids))
+    params = body.to_sampling_params(default_max_tokens, engine.max_model_len)
+    if plan.structured is not None or plan.preserved_tokens:
+        params = replace(params, structured=plan.structured or params.structured,
+                         preserved_tokens=plan.preserved_tokens)
+    params = checked_params(engine, prompt_ids, params, "messages")
+    return PreparedChat(prompt_ids, params, plan)
+
+
 async def start_run(request: Request, state: ServerState, engine: EngineClient, tracker: RequestTracker,
                     id_prefix: str, prompt_ids: list[int], params: SamplingParams,
-                    include_usage: bool) -> tuple[EngineRun, StreamContext]:
+                    include_usage: bool, request_id: str | None = None) -> tuple[EngineRun, StreamContext]:
     """Hand the request to the engine (429/503 still become HTTP statuses here) and build its response
-    context; the caller streams it or collects it."""
-    request_id = protocol.new_id(id_prefix)
+    context; the caller streams it or collects it. `request_id` defaults to a new `<id_prefix>-<hex>`."""
+    request_id = request_id or protocol.new_id(id_prefix)
     run = EngineRun(engine, request_id, prompt_ids, params, tracker)
     await run.start(request)
     ctx = StreamContext(
@@ -114,5 +168,6 @@ async def start_run(request: Request, state: ServerState, engine: EngineClient, 
         include_usage=include_usage,
         token_text=lambda token_id: engine.tokenizer.decode([token_id]),
         want_logprobs=params.logprobs,
+        n=params.n,
     )
     return run, ctx

@@ -35,7 +35,10 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     if body.stream:
         return stream_completion(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s)
     result = await collect(run, ctx, request)
-    logprobs = protocol.completion_logprobs(result.logprobs, ctx.token_text, 0) if params.logprobs else None
-    return JSONResponse(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, result.text,
-                                                  finish_reason=result.finish_reason, logprobs=logprobs,
-                                                  usage_dict=ctx.usage()))
+    bodies = []
+    for choice in (result, *result.more):  # n > 1: one body per choice, merged
+        logprobs = protocol.completion_logprobs(choice.logprobs, ctx.token_text, 0) if params.logprobs else None
+        bodies.append(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, choice.text,
+                                                finish_reason=choice.finish_reason, logprobs=logprobs,
+                                                usage_dict=ctx.usage()))
+    return JSONResponse(protocol.with_choices(bodies))

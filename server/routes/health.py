@@ -8,12 +8,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from server import __version__
-from server.app import get_state
+from server.state import get_state
 
 router = APIRouter(tags=["service"])
 
 
+# NOTE(server): HEAD too (load balancers check health with it), and "/health/" answered, not redirected; both
+# kept out of the OpenAPI schema, which describes GET /health once.
 @router.get("/health", summary="Liveness and readiness")
+@router.head("/health", include_in_schema=False)
+@router.api_route("/health/", methods=["GET", "HEAD"], include_in_schema=False)
 async def health(request: Request) -> JSONResponse:
     """200 {"status": "ok"} once the model is ready; 503 with "loading", "failed" or "stopping" before/after."""
     state = get_state(request)
@@ -37,6 +41,7 @@ def _dist_version(name: str) -> str | None:
 
 
 @router.get("/version", summary="Server and runtime versions")
+@router.head("/version", include_in_schema=False)
 async def version(request: Request) -> dict:
     state = get_state(request)
     return {

@@ -6,12 +6,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.app import get_state
+from server.state import get_state
 
 router = APIRouter(tags=["service"])
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.head("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     state = get_state(request)
     stats = state.engine.stats() if state.engine is not None else None

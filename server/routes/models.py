@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from server import protocol
-from server.app import get_state
 from server.errors import ModelNotFoundError
+from server.state import get_state
 
 router = APIRouter(tags=["models"])
 
@@ -18,11 +18,13 @@ def _card(request: Request) -> dict:
 
 
 @router.get("/v1/models", summary="List models")
+@router.head("/v1/models", include_in_schema=False)
 async def list_models(request: Request) -> dict:
     return {"object": "list", "data": [_card(request)]}
 
 
 @router.get("/v1/models/{model:path}", summary="Retrieve a model")
+@router.head("/v1/models/{model:path}", include_in_schema=False)
 async def retrieve_model(model: str, request: Request) -> dict:
     state = get_state(request)
     if not state.accepts_model(model):

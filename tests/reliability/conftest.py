@@ -2,33 +2,29 @@
 
 `rel_server` is the server that gets abused (with a test-only fault injector in its engine); `fresh_server`
 serves the same model and is never abused, so it gives the reference output of a fresh server.
-`serve_process` runs `python -m server serve` as its own process (exit codes, RSS).
+`serve_process` (from tests/integration/server/conftest.py) runs `python -m server serve` as its own process.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from engine.core import StepInfo
-from server.app import create_app, engine_config_from
+from engine.types import StepInfo
+from server.app import create_app
 from server.settings import Settings
-from tests.integration.server.conftest import RunningServer, free_socket, serve_app, stop_process, wait_healthy
+from tests.integration.server.conftest import (  # noqa: F401 (fault_loader and serve_process re-exported)
+    RunningServer, fault_loader, serve_app, serve_process,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [{"role": "user", "content": "Tell me a story about a robot"}]
 
 
@@ -74,17 +70,6 @@ def rel_settings(model: Path, **overrides: Any) -> Settings:
                               "max_queue": 64, "shutdown_grace_s": 2.0, "log_level": "warning"}
     values.update(overrides)
     return Settings(**values)
-
-
-def fault_loader(plan: FaultPlan):
-    """An app loader that builds the real engine with `plan` as its fault injector."""
-
-    def load(settings: Settings):
-        from engine.async_engine import AsyncEngine
-
-        return AsyncEngine.from_model_dir(settings.model, replace(engine_config_from(settings), fault_injector=plan))
-
-    return load
 
 
 @dataclass
@@ -175,38 +160,3 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-@dataclass
-class ServeProcess:
-    base: str
-    proc: subprocess.Popen
-    log: Any  # the process's stderr, a temporary file
-
-    def stderr(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-
-@contextlib.contextmanager
-def serve_process(model: Path, *args: str, ready_timeout_s: float = 120.0,
-                  env: dict[str, str] | None = None) -> Iterator[ServeProcess]:
-    """`python -m server serve --model MODEL ARGS` on a free 127.0.0.1 port until the block exits."""
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
-    cmd = [sys.executable, "-m", "server", "serve", "--model", str(model), "--host", "127.0.0.1",
-           "--port", str(port), "--log-level", "warning", *args]
-    # NOTE: stderr goes to a file, not a pipe: a full pipe nobody reads would block the server.
-    log = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=log, text=True)
-    served = ServeProcess(f"http://127.0.0.1:{port}", proc, log)
-    base = served.base
-    try:
-        try:
-            wait_healthy(base, lambda: proc.poll() is None, ready_timeout_s, poll_s=0.1)
-        except RuntimeError as exc:
-            raise RuntimeError(f"{exc}: {served.stderr()[-2000:]}") from None
-        yield served
-    finally:
-        stop_process(proc, 30)
-        log.close()

@@ -13,7 +13,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.core import StepInfo
+from engine.types import StepInfo
 from engine.types import EngineDeadError, EngineOverloadedError, FinishReason, InvalidRequestError, SamplingParams
 from tests.reliability.conftest import FaultPlan, wait_idle_engine
 

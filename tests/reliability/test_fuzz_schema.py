@@ -74,7 +74,6 @@ def test_every_operation_with_a_key_configured(case, keyed_server: RunningServer
     assert authorized.status_code != 401, case.path
     anonymous = case.call(base_url=base, headers={"Authorization": "Bearer not-the-key"}, timeout=TIMEOUT_S)
     check(anonymous, case.path)
-    # NOTE: CORS preflights (OPTIONS) carry no credentials by design; they never reach a route's handler.
-    if case.path not in OPEN_PATHS and case.method.upper() != "OPTIONS":
+    if case.path not in OPEN_PATHS:
         assert anonymous.status_code == 401, (case.method, case.path, anonymous.status_code)
         assert json.loads(anonymous.text)["error"]["type"] == "authentication_error"

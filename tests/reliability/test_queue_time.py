@@ -12,8 +12,9 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.types import SamplingParams
 from server.app import create_app
+from tests.conftest import DecodeGate
 from tests.integration.server.conftest import serve_app
-from tests.reliability.conftest import rel_settings
+from tests.reliability.conftest import fault_loader, rel_settings
 
 LONG = SamplingParams(max_tokens=150, temperature=0.0, ignore_eos=True)
 
@@ -42,23 +43,34 @@ def test_first_scheduled_s_is_when_the_request_got_its_slot(tiny_model: Path) ->
 
 
 def test_the_queue_time_metric_counts_the_wait_not_the_run(tiny_model: Path) -> None:
-    with serve_app(create_app(rel_settings(tiny_model, max_batch=1))) as running:
+    gate = DecodeGate()
+    with serve_app(create_app(rel_settings(tiny_model, max_batch=1), loader=fault_loader(gate))) as running:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200,
                 "temperature": 0, "ignore_eos": True}
 
         async def main() -> tuple[float, float, float]:
             async with httpx.AsyncClient(base_url=running.base, timeout=60) as http:
+                # NOTE: the first request holds the only slot at the gate while the second one queues, for 0.3 s
+                # at least: the wait the metric must show is the test's doing, not the machine's speed.
+                gate.shut()
                 first = asyncio.ensure_future(http.post("/v1/chat/completions", json=body))
                 while "ortserve_requests_running 1.0" not in (await http.get("/metrics")).text:
                     await asyncio.sleep(0.001)  # until the first one holds the only slot
                 t_sent = time.perf_counter()
                 second = asyncio.ensure_future(http.post("/v1/chat/completions", json=body))
+                while "ortserve_requests_waiting 1.0" not in (await http.get("/metrics")).text:
+                    await asyncio.sleep(0.001)  # until the second one waits for it
+                await asyncio.sleep(0.3)
+                gate.open()
                 await first
                 t_first_done = time.perf_counter()
                 await second
                 return t_sent, t_first_done, time.perf_counter()
 
-        t_sent, t_first_done, t_second_done = asyncio.run(main())
+        try:
+            t_sent, t_first_done, t_second_done = asyncio.run(main())
+        finally:
+            gate.open()
         m = running.metrics()
         assert m["ortserve_request_queue_time_seconds_count"] == 2
         queued = m["ortserve_request_queue_time_seconds_sum"]

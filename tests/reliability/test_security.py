@@ -19,7 +19,7 @@ from tests.reliability.conftest import PROMPT, AbusedServer, assert_no_internals
 
 KEY = "s3cret-key-for-tests"
 # What may be reached without the key: liveness and /metrics (unless configured); the docs need the key.
-OPEN_PATHS = {"/health", "/metrics"}
+OPEN_PATHS = {"/health", "/metrics", "/health/", "/metrics/"}
 CHAT = {"model": "tiny", "messages": PROMPT, "max_tokens": 2}
 
 
@@ -42,7 +42,10 @@ def test_every_route_but_the_open_ones_needs_the_key(keyed: RunningServer) -> No
     requests = _route_requests(keyed.app)
     assert {p for _, p in requests} >= {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/tiny",
                                         "/version", "/health", "/metrics", "/openapi.json"}
-    requests += [("GET", "/no/such/route"), ("POST", "/v1/embeddings"), ("DELETE", "/v1/models/tiny")]
+    requests += [("GET", "/no/such/route"), ("POST", "/v1/embeddings"), ("DELETE", "/v1/models/tiny"),
+                 ("GET", "/health/"), ("GET", "/metrics/"), ("GET", "/v1/models/")]
+    # OPTIONS and HEAD on every path too: without the key neither may tell a real route from an unknown one.
+    requests += [(method, path) for path in sorted({p for _, p in requests}) for method in ("OPTIONS", "HEAD")]
     bad_headers = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"},
                    {"Authorization": KEY}, {"Authorization": f"Bearer {KEY}x"}, {"X-Api-Key": KEY}]
     with httpx.Client(base_url=keyed.base, timeout=30) as http:
@@ -51,6 +54,9 @@ def test_every_route_but_the_open_ones_needs_the_key(keyed: RunningServer) -> No
                 r = http.request(method, path, headers=headers, json=CHAT if method == "POST" else None)
                 if path in OPEN_PATHS:
                     assert r.status_code != 401, (method, path, headers)
+                    continue
+                if method == "HEAD":  # no body to read
+                    assert r.status_code == 401 and r.content == b"", (method, path)
                     continue
                 error = assert_openai_error(r.status_code, r.content, expect_status=401)
                 assert error["type"] == "authentication_error", (method, path)

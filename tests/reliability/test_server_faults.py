@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -16,10 +17,9 @@ import openai
 import pytest
 
 from server.app import create_app
-from tests.integration.server.conftest import RunningServer, serve_app
+from tests.integration.server.conftest import ROOT, RunningServer, free_socket, serve_app
 from tests.reliability.conftest import (
-    PROMPT, ROOT, AbusedServer, assert_openai_error, fault_loader, free_socket, greedy_chat, rel_settings,
-    wait_idle_engine,
+    PROMPT, AbusedServer, assert_openai_error, fault_loader, greedy_chat, rel_settings, wait_idle_engine,
 )
 
 LONG = {"model": "tiny", "messages": PROMPT, "temperature": 0, "ignore_eos": True}  # raw JSON bodies
@@ -41,10 +41,11 @@ def test_a_failed_step_ends_its_stream_with_an_error_event_and_the_server_recove
                 async for line in r.aiter_lines():
                     if line.startswith("data: "):
                         events.append(line[6:])
-                        if len(events) == 2:  # streaming: fail this request's next decode run
-                            rel_server.faults.arm("decode", json.loads(events[0])["id"])
         return events
 
+    # NOTE: armed before the request, by step: its second decode run fails, mid-stream on any machine (armed
+    # after some chunks had arrived instead, a fast machine could have finished the stream first).
+    rel_server.faults.arm("decode", None, skip=1)
     events = asyncio.run(failing())
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     error = assert_openai_error(500, events[-2])
@@ -145,10 +146,15 @@ class _CoreBug(BaseException):
 
 
 def test_a_dead_engine_thread_answers_503_and_health_says_so(tiny_model: Path) -> None:
-    armed = threading.Event()
+    num_decodes = itertools.count(1)
+    streaming = threading.Event()
 
     def die(info) -> None:
-        if armed.is_set() and info.kind == "decode":
+        # NOTE: the stream's second decode step waits until the client has seen the stream start, then kills the
+        # core thread: mid-stream by construction (a fast machine cannot finish the stream first, nor kill the
+        # core before the response has started).
+        if info.kind == "decode" and next(num_decodes) >= 2:
+            streaming.wait(30)
             raise _CoreBug("bug in the core loop")
 
     with serve_app(create_app(rel_settings(tiny_model), loader=fault_loader(die))) as running:
@@ -163,7 +169,7 @@ def test_a_dead_engine_thread_answers_503_and_health_says_so(tiny_model: Path) -
                         if line.startswith("data: "):
                             events.append(line[6:])
                             if len(events) == 2:
-                                armed.set()  # the next decode step kills the core thread
+                                streaming.set()
                 after = await http.post(f"{running.url}/chat/completions", json={**LONG, "max_tokens": 3})
                 return events, after
 

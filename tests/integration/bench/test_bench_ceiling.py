@@ -1,17 +1,20 @@
-"""bench.ceiling: the bare ONNX Runtime loop does the engine's work (same greedy tokens) and reports figures."""
+"""bench.perf.ceiling: the bare ONNX Runtime loop does the engine's work (same greedy tokens) and reports figures."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from bench import ceiling
+from bench.perf import ceiling
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.types import SamplingParams
+from engine.types import SamplingParams, StepInfo
 
 PROMPT = [5, 17, 99, 230, 41, 7, 300, 12]
 STEPS = 12
@@ -46,7 +49,16 @@ def test_bare_loop_generates_the_engines_greedy_tokens(tiny_model: Path) -> None
     assert not np.array_equal(bare.tokens[0], np.full(STEPS, bare.tokens[0, 0])), "a degenerate (constant) run"
 
 
-def test_ceiling_cli_writes_its_figures(tiny_model: Path, tmp_path: Path) -> None:
+def _pace(info: StepInfo) -> None:
+    if info.kind == "decode":
+        time.sleep(0.005)
+
+
+def test_ceiling_cli_writes_its_figures(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # NOTE: the engine's decode steps are paced (a test-only fault injector sleeping 5 ms before each): the
+    # batch-2 run's first request then lasts 0.24 s at least, so the second one, added by the event loop
+    # right after it, always decodes beside it, however fast the machine runs the tiny model.
+    monkeypatch.setattr("engine.config.EngineConfig", functools.partial(EngineConfig, fault_injector=_pace))
     out, png = tmp_path / "ceiling.json", tmp_path / "ceiling.png"
     assert ceiling.main(["--model", str(tiny_model), "--batch", "1,2", "--threads", "1", "--rounds", "1",
                          "--prompt-tokens", "8", "--output-tokens", "48", "--json", str(out),

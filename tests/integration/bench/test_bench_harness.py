@@ -45,19 +45,24 @@ def test_timing_and_token_counts_match_the_peer(peer, peer_stats):
     name = model(ttft=ttft_s, itl=itl_s)
     result = run(peer, name, n=4, concurrency=1, output_tokens=out)
     s = summarize(result.records, result.duration_s)
+    records = result.records
 
     assert s["num_ok"] == 4 and s["errors"] == {}
-    for r in result.records:
+    # NOTE: no upper bound on any time: a loaded machine only ever adds to it. What holds on any machine:
+    for r in records:
         assert r.num_chunks == out and r.usage_completion_tokens == out and r.finish_reason == "length"
-        assert len(r.itl_s) == out - 1
-    # The peer sleeps ttft before the first token and itl between tokens; sleeps never end early, and
-    # loopback plus scheduling on a busy 2-core machine adds some ms (the upper bounds are loose but far
-    # below what a wrong measurement, e.g. a gap taken from the send time, would give).
-    assert ttft_s * 1e3 <= s["ttft"]["min_ms"] and s["ttft"]["p50_ms"] <= ttft_s * 1e3 + 50
-    assert 0.75 * itl_s * 1e3 <= s["itl"]["p50_ms"] <= itl_s * 1e3 + 15
-    assert itl_s * 1e3 <= s["tpot"]["mean_ms"] <= itl_s * 1e3 + 15
-    expected_e2e_ms = (ttft_s + (out - 1) * itl_s) * 1e3
-    assert expected_e2e_ms <= s["e2e"]["min_ms"] and s["e2e"]["p50_ms"] <= expected_e2e_ms + 80
+        assert len(r.itl_s) == out - 1 and min(r.itl_s) >= 0
+        # The peer sleeps ttft before the first token and itl between tokens, and sleeps never end early.
+        assert r.ttft_s >= ttft_s and r.e2e_s >= ttft_s + (out - 1) * itl_s
+        # One clock and one origin, the send: the first chunk plus the gaps is the last chunk, inside the
+        # request (a gap taken from the send, or a TTFT from the run's start, breaks this).
+        assert r.ttft_s + sum(r.itl_s) == pytest.approx(r.last_chunk_s) and r.last_chunk_s <= r.e2e_s
+    for previous, current in zip(records, records[1:]):  # one user: each request after the previous ended
+        assert current.start_s >= previous.start_s + previous.e2e_s
+    # The figures are those of these records.
+    assert s["ttft"]["min_ms"] == pytest.approx(min(r.ttft_s for r in records) * 1e3, abs=1e-3)
+    assert s["e2e"]["max_ms"] == pytest.approx(max(r.e2e_s for r in records) * 1e3, abs=1e-3)
+    assert s["tpot"]["mean_ms"] == pytest.approx(sum(r.tpot_s for r in records) / 4 * 1e3, abs=1e-3)
     # What the server was asked: the prompt's word count is its token count, and the bench asks for
     # exactly `out` tokens with EOS ignored and usage in the stream.
     seen = peer_stats(name)["requests"]
@@ -68,30 +73,27 @@ def test_timing_and_token_counts_match_the_peer(peer, peer_stats):
     assert s["token_count_check"]["num_mismatched"] == 0
 
 
-def test_agrees_with_a_simple_client(peer):
-    """The harness's TTFT and e2e match a bare httpx SSE reader hitting the same peer.
-
-    Minima are compared: load from other processes only ever adds time, so the fastest of a few requests
-    is what both clients measure when undisturbed.
-    """
-    name = model(ttft=0.06, itl=0.015)
-    simple_ttft, simple_e2e = [], []
+def test_ttft_is_the_first_content_chunk_as_a_simple_client_sees_it(peer):
+    """The peer sends the chat role chunk at once and the first content after 0.3 s: the harness, like a bare
+    httpx SSE reader, times the content (its TTFT is at least 0.3 s, never the role chunk's few ms)."""
+    ttft_s = 0.3
+    name = model(ttft=ttft_s, itl=0.01)
+    simple_ttft = []
     with httpx.Client(timeout=30) as client:
-        for _ in range(5):
+        for _ in range(2):
             t0 = time.perf_counter()
             first = None
-            body = {"model": name, "max_tokens": 8, "stream": True,
+            body = {"model": name, "max_tokens": 4, "stream": True,
                     "messages": [{"role": "user", "content": "the of and"}]}
             with client.stream("POST", f"{peer.url}/chat/completions", json=body) as resp:
                 for line in resp.iter_lines():
                     if first is None and '"content": "w' in line:
                         first = time.perf_counter() - t0
             simple_ttft.append(first)
-            simple_e2e.append(time.perf_counter() - t0)
-    result = run(peer, name, n=5, concurrency=1, output_tokens=8, prompt_tokens=3)
-    s = summarize(result.records, result.duration_s)
-    assert abs(s["ttft"]["min_ms"] - min(simple_ttft) * 1e3) < 10
-    assert abs(s["e2e"]["min_ms"] - min(simple_e2e) * 1e3) < 10
+    result = run(peer, name, n=2, concurrency=1, output_tokens=4, prompt_tokens=3)
+    assert all(t >= ttft_s for t in simple_ttft)
+    assert all(r.ok and r.ttft_s >= ttft_s for r in result.records)
+    assert all(r.e2e_s >= ttft_s + 3 * 0.01 for r in result.records)
 
 
 def test_closed_loop_holds_the_concurrency_and_throughput_follows(peer, peer_stats):
@@ -101,10 +103,12 @@ def test_closed_loop_holds_the_concurrency_and_throughput_follows(peer, peer_sta
     s = summarize(result.records, result.duration_s)
     assert s["num_ok"] == 12
     assert peer_stats(name)["max_in_flight"] == users
-    # 4 users back to back, each request lasting ttft + (out-1)*itl: 3 rounds.
+    # 4 users back to back, each request lasting ttft + (out-1)*itl at least (sleeps never end early): the
+    # throughput cannot exceed that (a loaded machine only lowers it, so there is no lower bound).
     ideal_tok_s = users * out / (ttft_s + (out - 1) * itl_s)
-    assert 0.5 * ideal_tok_s <= s["output_tokens_per_s"] <= 1.02 * ideal_tok_s
+    assert s["output_tokens_per_s"] <= 1.02 * ideal_tok_s
     assert s["num_output_tokens"] == 12 * out
+    assert s["output_tokens_per_s"] == pytest.approx(12 * out / result.duration_s)
 
 
 def test_errors_are_recorded_by_kind_not_raised(peer):
@@ -134,19 +138,20 @@ def test_request_timeout(peer):
     name = model(stall=2)  # every 2nd request waits 60 s for its first token
     t0 = time.perf_counter()
     result = run(peer, name, n=4, concurrency=4, request_timeout_s=0.5)
-    assert time.perf_counter() - t0 < 5
+    # Bounded by what they tell apart: the 0.5 s timeout against the peer's 60 s stall.
+    assert time.perf_counter() - t0 < 30
     assert [r.error_kind for r in result.records].count("timeout") == 2
-    assert all(r.e2e_s < 2 for r in result.records)
+    assert all(r.e2e_s < 30 for r in result.records)
 
 
 def test_duration_cap_cuts_the_run(peer):
-    name = model(itl=0.1)  # 50 tokens: 5 s per request
+    name = model(itl=0.2)  # 50 tokens: 10 s per request at least, on any machine
     t0 = time.perf_counter()
     result = run(peer, name, n=10, concurrency=2, output_tokens=50, duration_s=1.0)
-    assert time.perf_counter() - t0 < 3
+    assert time.perf_counter() - t0 < 10  # cut at the 1 s cap: the first requests alone would take 10 s
     assert result.num_not_sent == 8
     assert [r.error_kind for r in result.records] == ["deadline", "deadline"]
-    assert all(r.num_chunks >= 5 for r in result.records)  # ~1 s of 0.1 s tokens each
+    assert all(r.num_chunks < 50 for r in result.records)  # kept what had arrived when cut
 
 
 def test_open_loop_sends_on_schedule(peer, peer_stats):
@@ -156,11 +161,12 @@ def test_open_loop_sends_on_schedule(peer, peer_stats):
     result = run(peer, name, n=n, rate_per_s=rate, seed=5, output_tokens=10)
     offsets = poisson_offsets_s(rate, n, seed=5)
     starts = [r.start_s for r in result.records]
-    # A closed loop would space starts by a whole request (>= 0.23 s); timers may run late under load.
-    assert all(abs(a - b) < 0.1 for a, b in zip(starts, offsets)), list(zip(starts, offsets))
-    assert starts[-1] < 0.23 * (n - 1) / 2
+    # Never before its time (timers may run late under load, never early beyond the loop's clock resolution).
+    assert all(start >= offset - 0.005 for start, offset in zip(starts, offsets)), list(zip(starts, offsets))
     assert all(r.ok for r in result.records)
+    # Not a closed loop: a request went out while an earlier one was still streaming (the peer saw both).
     assert peer_stats(name)["max_in_flight"] > 1
+    assert any(b.start_s < a.start_s + a.e2e_s for a, b in zip(result.records, result.records[1:]))
 
 
 def test_soak_mixes_lengths_and_samples_server_rss(peer, peer_stats):
@@ -184,7 +190,14 @@ def test_soak_mixes_lengths_and_samples_server_rss(peer, peer_stats):
 def test_goodput_counts_requests_within_the_slo(peer):
     name = model(ttft=0.05, itl=0.01)
     result = run(peer, name, n=4, concurrency=1, output_tokens=5)
-    tight = summarize(result.records, result.duration_s, Slo(ttft_ms=10))  # nobody makes 10 ms
-    loose = summarize(result.records, result.duration_s, Slo(ttft_ms=500, tpot_ms=200))
+    records = result.records
+    tight = summarize(records, result.duration_s, Slo(ttft_ms=10))  # nobody makes 10 ms: the peer waits 50
+    # SLOs from the measured figures (no machine makes a fixed one for sure): the slowest request's met all,
+    # the second fastest TTFT is met by two.
+    ttfts_ms = sorted(r.ttft_s * 1e3 for r in records)
+    loose = summarize(records, result.duration_s,
+                      Slo(ttft_ms=ttfts_ms[-1], tpot_ms=max(r.tpot_s for r in records) * 1e3))
+    half = summarize(records, result.duration_s, Slo(ttft_ms=ttfts_ms[1]))
     assert tight["goodput"]["num_met"] == 0
     assert loose["goodput"]["num_met"] == 4 and loose["goodput"]["fraction"] == 1.0
+    assert half["goodput"]["num_met"] == 2

@@ -65,3 +65,34 @@ def test_http_and_engine_direct_serve_the_same_requests(ortserve, tiny_model, tm
             assert rh["ttft_ms"] > 0 and re_["ttft_ms"] > 0
         rss = run_http["rss"]
         assert rss["pid"] == pid and rss["rss_end_bytes"] > 10e6
+
+
+def test_json_schema_scenario_sends_constrained_requests(ortserve, tiny_model, tmp_path):
+    import json
+
+    import jsonschema
+    import openai
+
+    from bench.loadgen import HttpBackend, HttpSettings
+    from bench.scenarios import iter_requests
+
+    url, _ = ortserve
+    for mode in (["--url", url], ["--engine", str(tiny_model)]):
+        name = "json-" + mode[0].strip("-")
+        assert main([*mode, "--scenario", "json_schema", "--concurrency", "2", *_args(tmp_path, name)]) == 0
+        run = load_report(tmp_path / f"{name}.json")["runs"][0]
+        assert run["scenario"] == "json_schema"
+        for record in run["records"]:
+            # the schema's minItems keeps the grammar open past max_tokens: every answer is max_tokens long
+            assert record["error_kind"] is None and record["finish_reason"] == "length"
+            assert record["usage_completion_tokens"] == OUTPUT_TOKENS
+    # what the bench sends is a response_format the server enforces
+    spec = next(iter_requests("json_schema", 1, 8, 400))
+    body = HttpBackend(HttpSettings(url=url, model=None))._body(spec)
+    body.update(stream=False, max_tokens=2000)
+    del body["stream_options"], body["model"]
+    text = openai.OpenAI(base_url=url, api_key="x").chat.completions.create(
+        model="model", messages=[{"role": "user", "content": spec.prompt}], **body).choices[0].message.content
+    assert text.startswith('{"records":[{"id":')
+    if text.endswith("}"):  # completed within 2000 tokens: then it is valid
+        jsonschema.validate(json.loads(text), spec.json_schema)

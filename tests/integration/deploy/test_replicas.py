@@ -53,6 +53,10 @@ def _ttft_count(base_url: str) -> float:
     return sum(s.value for s in family.samples if s.name == f"{TTFT}_count")
 
 
+def _gauge(base_url: str, name: str) -> float:
+    return _families(base_url)[name].samples[0].value
+
+
 def _model_id(base_url: str) -> str:
     return _client(base_url).models.list().data[0].id
 
@@ -202,27 +206,36 @@ def test_sigterm_drains_a_running_stream_then_exits(replicas: dict[str, Replica]
     serves."""
     replica = replicas["container"]
     max_tokens = MODEL_MAX_LENGTH - 64
+    body = {"model": _model_id(replica.base_url), "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0.0,
+            "stream": True, "logprobs": True, "top_logprobs": 20, "ignore_eos": True}
     # NOTE(deploy): the premise holds by construction, not by the machine's speed: this stream is larger
     # than the socket buffers (see MODEL_MAX_LENGTH), and the test reads nothing of it until the server is
-    # shutting down, so the response is still open then however fast the model ran.
-    stream = _client(replica.base_url).chat.completions.create(
-        model=_model_id(replica.base_url), messages=MESSAGES, max_tokens=max_tokens, temperature=0.0, stream=True,
-        logprobs=True, top_logprobs=20, extra_body={"ignore_eos": True},
-    )
-    # The response head has arrived, so the request is generating: signal now, mid-stream.
-    replica.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while "Shutting down" not in replica.log_tail(100_000):
-        assert time.monotonic() < deadline, replica.log_tail()
-        time.sleep(0.05)
-    time.sleep(0.5)  # five of uvicorn's exit polls
-    assert replica.proc.poll() is None, "the server exited with a stream still open:\n" + replica.log_tail()
-    chunks = list(stream)
-    assert chunks[0].choices[0].delta.role == "assistant"
-    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    # shutting down, so the response is still open then however fast the model ran. It is then read as raw
+    # bytes (parsing 8,000 chunks through the SDK's models would make the drain depend on this client's speed).
+    # Nor may the machine's slowness decide: the signal waits until the engine has generated every token (the
+    # response, held back by the unread socket, is still open), so only sending the rest is left for the drain.
+    with httpx.stream("POST", f"{replica.base_url}/v1/chat/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        deadline = time.monotonic() + 600
+        while _gauge(replica.base_url, "ortserve_requests_running") > 0:
+            assert time.monotonic() < deadline, "the request never finished generating"
+            time.sleep(0.2)
+        replica.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while "Shutting down" not in replica.log_tail(100_000):
+            assert time.monotonic() < deadline, replica.log_tail()
+            time.sleep(0.05)
+        time.sleep(0.5)  # five of uvicorn's exit polls
+        assert replica.proc.poll() is None, "the server exited with a stream still open:\n" + replica.log_tail()
+        raw = response.read()
+    events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", events[-2:]
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert finishes == ["length"], "the stream was cut instead of drained"
-    assert sum(len(c.choices[0].logprobs.content) for c in chunks if c.choices and c.choices[0].logprobs) \
-        == max_tokens
+    assert sum(len(c["choices"][0]["logprobs"]["content"]) for c in chunks
+               if c["choices"] and c["choices"][0].get("logprobs")) == max_tokens
     replica.proc.wait(timeout=SHUTDOWN_GRACE_S + 10)
     # NOTE(deploy): uvicorn re-raises SIGTERM after its graceful shutdown, so "killed by SIGTERM" is a clean
     # stop here; systemd, Docker and the kubelet count it as such when they sent the signal.

@@ -13,6 +13,7 @@ from engine.config import EngineConfig
 from engine.types import (
     EngineDeadError, EngineOverloadedError, FinishReason, InvalidRequestError, PromptTooLongError, SamplingParams,
 )
+from tests.conftest import DecodeGate
 
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -179,7 +180,7 @@ def test_chat_template_prompt_generates(engine):
     check_stream(outs, engine)
 
 
-def test_cancelled_request_frees_its_slot(engine):
+def test_cancelled_request_frees_its_slot(engine, engine_gate):
     p = prompts(engine, 1, seed=10)[0]
 
     async def cancel_after_three():
@@ -189,13 +190,17 @@ def test_cancelled_request_frees_its_slot(engine):
             async for out in engine.generate(p, SamplingParams(max_tokens=200, **GREEDY), "cancel-me"):
                 got.append(out)
 
-        task = asyncio.create_task(consume())
-        while len(got) < 3:
-            await asyncio.sleep(0.001)
-        assert engine.stats().num_running == 1
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        engine_gate.shut(after=2)  # three tokens (prefill and two decodes), then it waits: still running
+        try:
+            task = asyncio.create_task(consume())
+            while sum(len(o.token_ids) for o in got) < 3:
+                await asyncio.sleep(0.001)
+            assert engine.stats().num_running == 1
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            engine_gate.open()
         await wait_idle(engine)
         return got
 
@@ -245,7 +250,7 @@ def test_random_submit_and_cancel_sequences_leave_no_slot_in_use(engine):
     run(main())
 
 
-def test_queue_bound_raises_overloaded(single_engine):
+def test_queue_bound_raises_overloaded(single_engine, single_engine_gate):
     p = prompts(single_engine, 1, seed=13)[0]
 
     async def main():
@@ -258,11 +263,15 @@ def test_queue_bound_raises_overloaded(single_engine):
                 outs[rid].append(out)
                 started.set()
 
-        tasks = [asyncio.create_task(consume(f"q{i}")) for i in range(3)]  # 1 running + 2 waiting
-        await started.wait()
-        assert single_engine.stats().num_waiting == 2
-        with pytest.raises(EngineOverloadedError):
-            await collect(single_engine, p, SamplingParams(max_tokens=1), "one-too-many")
+        single_engine_gate.shut()  # the first request holds the only slot until the gate opens
+        try:
+            tasks = [asyncio.create_task(consume(f"q{i}")) for i in range(3)]  # 1 running + 2 waiting
+            await started.wait()
+            assert single_engine.stats().num_waiting == 2
+            with pytest.raises(EngineOverloadedError):
+                await collect(single_engine, p, SamplingParams(max_tokens=1), "one-too-many")
+        finally:
+            single_engine_gate.open()
         await asyncio.gather(*tasks)
         assert all(len(token_ids(o)) == 60 for o in outs.values())
         await wait_idle(single_engine)
@@ -270,14 +279,18 @@ def test_queue_bound_raises_overloaded(single_engine):
     run(main())
 
 
-def test_duplicate_request_id_is_refused(engine):
+def test_duplicate_request_id_is_refused(engine, engine_gate):
     p = prompts(engine, 1, seed=14)[0]
 
     async def main():
-        gen = engine.generate(p, SamplingParams(max_tokens=50, **GREEDY), "dup")
-        await gen.__anext__()
-        with pytest.raises(InvalidRequestError):
-            await collect(engine, p, SamplingParams(max_tokens=1), "dup")
+        engine_gate.shut()  # "dup" stays running while the second one arrives
+        try:
+            gen = engine.generate(p, SamplingParams(max_tokens=50, **GREEDY), "dup")
+            await gen.__anext__()
+            with pytest.raises(InvalidRequestError):
+                await collect(engine, p, SamplingParams(max_tokens=1), "dup")
+        finally:
+            engine_gate.open()
         await gen.aclose()
         await wait_idle(engine)
 
@@ -301,14 +314,20 @@ def test_other_binding_paths_give_the_same_tokens(engine, tiny_model, config):
 
 
 def test_shutdown_ends_streams_and_refuses_new_work(tiny_model):
-    eng = AsyncEngine.from_model_dir(tiny_model, EngineConfig(max_batch=2, prefill_chunk=16))
+    gate = DecodeGate()
+    eng = AsyncEngine.from_model_dir(tiny_model, EngineConfig(max_batch=2, prefill_chunk=16, fault_injector=gate))
     p = list(range(5, 20))
 
     async def main():
+        gate.shut()  # the request cannot finish before the shutdown, whatever the machine's speed
         gen = eng.generate(p, SamplingParams(max_tokens=200, **GREEDY), "long")
         first = await gen.__anext__()
         assert not first.finished
-        await asyncio.get_running_loop().run_in_executor(None, eng.shutdown)
+        shutdown = asyncio.get_running_loop().run_in_executor(None, eng.shutdown)
+        while eng.is_running:  # until the shutdown has begun (the core thread is held at the gate)
+            await asyncio.sleep(0.001)
+        gate.open()
+        await shutdown
         rest = [o async for o in gen]
         assert rest and rest[-1].finished and rest[-1].finish_reason is FinishReason.ABORT
         with pytest.raises(EngineDeadError):
@@ -317,7 +336,7 @@ def test_shutdown_ends_streams_and_refuses_new_work(tiny_model):
     run(main())
 
 
-def test_abort_ends_a_consumer_with_abort_and_the_id_can_be_reused(engine):
+def test_abort_ends_a_consumer_with_abort_and_the_id_can_be_reused(engine, engine_gate):
     p = prompts(engine, 1, seed=16)[0]
     params = SamplingParams(max_tokens=200, **GREEDY)
 
@@ -327,10 +346,14 @@ def test_abort_ends_a_consumer_with_abort_and_the_id_can_be_reused(engine):
         async def consume():
             async for out in engine.generate(p, params, "reuse"):
                 outs.append(out)
-                if len(outs) == 2:
+                if sum(len(o.token_ids) for o in outs) == 2:
                     await engine.abort("reuse")
 
-        await asyncio.wait_for(consume(), 5)
+        engine_gate.shut(after=1)  # two tokens, then it waits: still running when aborted, on any machine
+        try:
+            await asyncio.wait_for(consume(), 5)
+        finally:
+            engine_gate.open()
         assert outs[-1].finished and outs[-1].finish_reason is FinishReason.ABORT
         assert [o.finished for o in outs].count(True) == 1
         # the same id at once: the old request's late outputs must not leak into the new one

@@ -137,7 +137,7 @@ def test_webgpu_engine_places_and_matches_cpu(webgpu_device, int4_fp16_model, cp
     mismatches = [c for c in comparisons if not (c["equal_prefix"] == NUM_TOKENS or c["near_tie"])]
     if mismatches and not placement.graph_capture:
         # NOTE(test): seen on onnxruntime 1.30 + onnxruntime-ep-webgpu 0.4.0 (H200): every uncaptured variant
-        # of the graph gave wrong logits over a whole-buffer mask (bench/gpu/probe_step.py); captured: right.
+        # of the graph gave wrong logits over a whole-buffer mask (bench/perf/gpu/probe_step.py); captured: right.
         pytest.xfail(f"uncaptured WebGPU decode differs from the CPU EP: {mismatches[0]}")
     assert not mismatches, mismatches
 

@@ -1,19 +1,23 @@
 """Fixtures for the API tests: real uvicorn servers on 127.0.0.1 (free ports) serving real models.
 
 `api_server` serves a small synthetic model (built from random weights, no download) loaded through the
-app's own lifespan; `serve_app` runs any app (e.g. one sharing that engine) in a background thread.
+app's own lifespan; `serve_app` runs any app (e.g. one sharing that engine) in a background thread;
+`serve_process` runs `python -m server serve` as its own process (signals, exit codes, RSS).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +28,7 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.app import create_app
+from server.app import create_app, engine_config_from
 from server.settings import Settings
 
 
@@ -109,6 +113,58 @@ def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
         proc.wait(10)
 
 
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass
+class ServeProcess:
+    base: str
+    proc: subprocess.Popen
+    log: Any  # the process's stderr, a temporary file
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+
+@contextlib.contextmanager
+def serve_process(model: Path, *args: str, ready_timeout_s: float = 120.0, wait_ready: bool = True,
+                  env: dict[str, str] | None = None, decode_delay_s: float | None = None) -> Iterator[ServeProcess]:
+    """`python -m server serve --model MODEL ARGS` on a free 127.0.0.1 port until the block exits.
+
+    Args:
+        wait_ready: wait for /health 200 before yielding (False: for processes that are meant to fail).
+        env: extra environment; ORTSERVE_* variables of the test's own environment are not passed on.
+        decode_delay_s: run the CLI through tests/integration/server/paced_serve.py, whose engine sleeps this
+            long before every decode step (a stream of N tokens then lasts N * decode_delay_s at least).
+    """
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()  # NOTE: a tiny window in which another process could take the port
+    launcher = ["-m", "server"] if decode_delay_s is None else \
+        ["-m", "tests.integration.server.paced_serve", str(decode_delay_s)]
+    cmd = [sys.executable, *launcher, "serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+           "--provider", "cpu", "--log-level", "warning", *args]
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("ORTSERVE_") or k == "ORTSERVE_CACHE_DIR"}
+    # NOTE: stderr goes to a file, not a pipe: a full pipe nobody reads would block the server.
+    log = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**base_env, "PYTHONPATH": str(ROOT), **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=log, text=True)
+    served = ServeProcess(f"http://127.0.0.1:{port}", proc, log)
+    try:
+        if wait_ready:
+            try:
+                wait_healthy(served.base, lambda: proc.poll() is None, ready_timeout_s, poll_s=0.1)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}: {served.stderr()[-2000:]}") from None
+        yield served
+    finally:
+        if proc.poll() is None:
+            stop_process(proc, 30)
+        proc.wait(10)
+        log.close()
+
+
 @contextlib.contextmanager
 def serve_app(app: FastAPI, ready_timeout_s: float = 120.0) -> Iterator[RunningServer]:
     """Run `app` under uvicorn in a thread until the block exits; waits for /health 200 first."""
@@ -133,6 +189,18 @@ def api_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from engine.builder import SyntheticSpec, build_synthetic
 
     return build_synthetic(tmp_path_factory.mktemp("api") / "model", SyntheticSpec(max_length=2048))
+
+
+def fault_loader(fault_injector: Callable[[Any], None]) -> Callable[[Settings], Any]:
+    """An app loader that builds the real engine with this test-only fault injector (e.g. a DecodeGate)."""
+
+    def load(settings: Settings) -> Any:
+        from engine.async_engine import AsyncEngine
+
+        config = replace(engine_config_from(settings), fault_injector=fault_injector)
+        return AsyncEngine.from_model_dir(settings.model, config)
+
+    return load
 
 
 def api_settings(model: Path, **overrides: Any) -> Settings:

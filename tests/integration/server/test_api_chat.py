@@ -189,13 +189,14 @@ def test_logprobs(api_server: RunningServer) -> None:
 
 def test_unsupported_features_are_clear_400s(api_server: RunningServer) -> None:
     client = api_server.client()
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="tiny", messages=HI, n=2)
-    assert info.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as info:  # more choices than the server runs at once
+        client.chat.completions.create(model="tiny", messages=HI, n=9)
+    assert info.value.body["param"] == "n" and "at most 8" in info.value.body["message"]
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny", messages=HI, tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
-    assert info.value.body["param"] == "tools"
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            tool_choice={"type": "function", "function": {"name": "g"}})
+    assert info.value.body["param"] == "tool_choice"
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="tiny", prompt="x", best_of=2)
     assert "beam search" in info.value.body["message"]

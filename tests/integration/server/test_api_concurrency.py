@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +13,9 @@ import httpx
 import openai
 import pytest
 
-from engine.async_engine import AsyncEngine
-from engine.core import StepInfo
-from server.app import create_app, engine_config_from
-from server.settings import Settings
-from tests.integration.server.conftest import RunningServer, api_settings, serve_app
+from server.app import create_app
+from tests.conftest import DecodeGate
+from tests.integration.server.conftest import RunningServer, api_settings, fault_loader, serve_app
 
 HI = [{"role": "user", "content": "Tell me a long story"}]
 LONG = {"temperature": 0, "extra_body": {"ignore_eos": True}}
@@ -80,59 +76,39 @@ def test_new_requests_do_not_interrupt_a_running_stream(api_server: RunningServe
     _check_stream(second, 10)
 
 
-def test_disconnect_after_three_chunks_frees_the_request(api_server: RunningServer) -> None:
-    before = api_server.metrics()
-    body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "stream": True, "temperature": 0,
-            "ignore_eos": True}
-    with httpx.Client(timeout=30) as http:
-        with http.stream("POST", f"{api_server.url}/chat/completions", json=body) as r:
-            seen = 0
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    seen += 1
-                    if seen == 3:
-                        assert api_server.metrics()["ortserve_requests_running"] == 1  # still generating
-                        break  # closing the line iterator closes the connection mid-stream
-    m = api_server.wait_idle(1.0)
-    assert m["ortserve_requests_running"] == 0 and m["ortserve_requests_waiting"] == 0
-    assert m["ortserve_kv_slots_free"] == 8
-    abort = 'ortserve_requests_total{status="abort"}'
-    assert m[abort] - before[abort] == 1
-    generated = m["ortserve_generation_tokens_total"] - before["ortserve_generation_tokens_total"]
-    assert generated < 1900 / 2  # cancelled at once, not run to max_tokens
-
-
-class DecodeGate:
-    """A test-only fault injector that holds every decode run while the gate is shut (prefill runs pass).
-
-    With the gate shut a running request cannot finish, whatever the machine's speed: the test decides when
-    the engine may go on.
-    """
-
-    def __init__(self) -> None:
-        self._open = threading.Event()
-        self._open.set()
-        self.num_held = 0
-
-    def shut(self) -> None:
-        self._open.clear()
-
-    def open(self) -> None:
-        self._open.set()
-
-    def __call__(self, info: StepInfo) -> None:
-        if info.kind == "decode" and not self._open.is_set():
-            self.num_held += 1
-            self._open.wait(60)
+def test_disconnect_after_three_chunks_frees_the_request(api_model: Path) -> None:
+    gate = DecodeGate()
+    with serve_app(create_app(api_settings(api_model), loader=fault_loader(gate))) as running:
+        before = running.metrics()
+        body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "stream": True, "temperature": 0,
+                "ignore_eos": True}
+        # The request prefills and decodes twice (the role chunk and 3 tokens are sent), then waits at the gate:
+        # it is still running when the client leaves, whatever the machine's speed.
+        gate.shut(after=2)
+        try:
+            with httpx.Client(timeout=30) as http:
+                with http.stream("POST", f"{running.url}/chat/completions", json=body) as r:
+                    seen = 0
+                    for line in r.iter_lines():
+                        if line.startswith("data: "):
+                            seen += 1
+                            if seen == 3:
+                                assert running.metrics()["ortserve_requests_running"] == 1  # still generating
+                                break  # closing the line iterator closes the connection mid-stream
+        finally:
+            gate.open()
+        m = running.wait_idle(5.0)
+        assert m["ortserve_requests_running"] == 0 and m["ortserve_requests_waiting"] == 0
+        assert m["ortserve_kv_slots_free"] == 8
+        abort = 'ortserve_requests_total{status="abort"}'
+        assert m[abort] - before[abort] == 1
+        generated = m["ortserve_generation_tokens_total"] - before["ortserve_generation_tokens_total"]
+        assert generated < 1900 / 2  # cancelled at once, not run to max_tokens
 
 
 def test_disconnect_of_a_non_streaming_request_aborts_it(api_model: Path) -> None:
     gate = DecodeGate()
-
-    def load(settings: Settings) -> AsyncEngine:
-        return AsyncEngine.from_model_dir(settings.model, replace(engine_config_from(settings), fault_injector=gate))
-
-    with serve_app(create_app(api_settings(api_model), loader=load)) as running:
+    with serve_app(create_app(api_settings(api_model), loader=fault_loader(gate))) as running:
         before = running.metrics()
         body = json.dumps({"model": "tiny", "messages": HI, "max_tokens": 1900, "temperature": 0,
                            "ignore_eos": True}).encode()
@@ -158,21 +134,26 @@ def test_disconnect_of_a_non_streaming_request_aborts_it(api_model: Path) -> Non
 
 
 def test_full_queue_is_429_with_retry_after(api_model: Path) -> None:
+    gate = DecodeGate()
     settings = api_settings(api_model, max_batch=1, max_queue=0)
-    with serve_app(create_app(settings)) as running:
+    with serve_app(create_app(settings, loader=fault_loader(gate))) as running:
         client = running.client()
         body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "stream": True, "temperature": 0,
                 "ignore_eos": True}
-        with httpx.stream("POST", f"{running.url}/chat/completions", json=body, timeout=30) as r:
-            lines = r.iter_lines()  # NOTE: kept referenced; closing it would close the connection
-            while not next(lines).startswith("data: "):  # the first chunk: the only slot is taken
-                pass
-            for stream in (False, True):
-                with pytest.raises(openai.RateLimitError) as info:
-                    client.chat.completions.create(model="tiny", messages=HI, max_tokens=2, stream=stream)
-                assert int(info.value.response.headers["retry-after"]) >= 1
-                assert info.value.body["code"] == "server_overloaded"
-        m = running.wait_idle(2.0)
+        gate.shut()  # the stream prefills, then holds the only slot until the gate opens, on any machine
+        try:
+            with httpx.stream("POST", f"{running.url}/chat/completions", json=body, timeout=30) as r:
+                lines = r.iter_lines()  # NOTE: kept referenced; closing it would close the connection
+                while not next(lines).startswith("data: "):  # the first chunk: the only slot is taken
+                    pass
+                for stream in (False, True):
+                    with pytest.raises(openai.RateLimitError) as info:
+                        client.chat.completions.create(model="tiny", messages=HI, max_tokens=2, stream=stream)
+                    assert int(info.value.response.headers["retry-after"]) >= 1
+                    assert info.value.body["code"] == "server_overloaded"
+        finally:
+            gate.open()
+        m = running.wait_idle(5.0)
         assert m['ortserve_requests_total{status="rejected"}'] == 2
         # The slot is free again.
         assert client.chat.completions.create(model="tiny", messages=HI, max_tokens=2).usage.completion_tokens == 2

@@ -8,7 +8,7 @@ import statistics
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from bench.scenarios import COMMON_WORDS, index_words, iter_requests, make_prompt, poisson_offsets_s
+from bench.scenarios import COMMON_WORDS, index_words, iter_requests, json_schema_for, make_prompt, poisson_offsets_s
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +66,26 @@ def test_soak_scenario_mixes_lengths_within_bounds():
     assert prompt_lengths == {8, 16, 32, 64, 128}
     assert output_lengths == {4, 8, 16, 32}
     assert all(len(s.prompt.split()) == s.num_prompt_tokens_target for s in specs)
+
+
+def test_json_schema_scenario_cannot_complete_before_max_tokens(bpe):
+    import json
+
+    import jsonschema
+
+    specs = list(iter_requests("json_schema", 3, 16, 128, seed=1))
+    assert all(s.max_tokens == 128 and s.json_schema == json_schema_for(128) for s in specs)
+    assert [s.prompt for s in specs] == [s.prompt for s in iter_requests("fixed", 3, 16, 128, seed=1)]
+    assert all(s.json_schema is None for s in iter_requests("fixed", 2, 8, 8))
+    # the shortest item the schema allows is at least 8 tokens, so minItems items take >= max_tokens tokens
+    schema = json_schema_for(128)
+    shortest = {"id": 0, "name": "", "tags": [], "active": True, "note": None}
+    assert len(bpe.encode(json.dumps(shortest, separators=(",", ":"))).ids) >= 8
+    minimal = {"records": [shortest] * schema["properties"]["records"]["minItems"]}
+    jsonschema.validate(minimal, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"records": minimal["records"][1:]}, schema)
+    assert schema["properties"]["records"]["minItems"] * 8 >= 128
 
 
 def test_unknown_scenario_and_bad_lengths_are_refused():

@@ -47,3 +47,13 @@ def test_example_streams_unbuffered_to_least_loaded_replica() -> None:
     assert len(re.findall(r"^\s*server 127\.0\.0\.1:\d+", upstream.group(1), flags=re.M)) >= 2
     for directive in ("proxy_buffering off;", "proxy_http_version 1.1;", "proxy_pass http://ortserve;"):
         assert directive in text, directive
+
+
+def test_example_drops_slow_clients_with_ortserve_own_timeouts() -> None:
+    """The proxy times out slow headers and stalled bodies as `ortserve serve` does by default."""
+    from server.settings import Settings
+
+    text = CONF.read_text()
+    for directive, field in (("client_header_timeout", "header_timeout_s"), ("client_body_timeout", "body_timeout_s")):
+        default = Settings.model_fields[field].default
+        assert re.search(rf"^\s*{directive} {default:g}s;", text, flags=re.M), (directive, default)

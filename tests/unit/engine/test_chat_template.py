@@ -80,3 +80,15 @@ def test_named_template_list_and_missing_template():
 def test_template_that_does_not_compile_is_a_load_error():
     with pytest.raises(ModelLoadError, match="does not compile"):
         ChatTemplate("{% for m in messages %}")
+
+
+def test_supports_tools_is_decided_by_rendering_a_probe_tool():
+    assert ChatTemplate(TOOLS).supports_tools
+    assert not ChatTemplate(SMOL).supports_tools  # SmolLM2 never renders tools
+    # Mentioning `tools` is not rendering them; a template that fails on the probe cannot take tools either.
+    assert not ChatTemplate("{% if tools %}You have tools.{% endif %}{{ messages[0].content }}").supports_tools
+    assert not ChatTemplate("{{ raise_exception('no') }}").supports_tools
+    named = ChatTemplate.from_tokenizer_config(
+        {"chat_template": [{"name": "default", "template": "D"}, {"name": "tool_use", "template": "{{ tools }}"}]})
+    assert named.supports_tools and named.tool_source == "{{ tools }}"
+    assert not ChatTemplate.from_tokenizer_config({}).supports_tools

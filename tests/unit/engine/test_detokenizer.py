@@ -115,3 +115,19 @@ def test_byte_fallback_bytes_that_never_form_a_character():
     for token_id in ids:
         detok.update([token_id])
     assert detok.next_delta(finished=True) == detok.text == "ab\ufffd\ufffd a\U0001f389\ufffdab"
+
+
+def test_preserved_special_tokens_stay_in_the_text_and_others_do_not(bpe_tokenizer):
+    im_start, im_end, eot = (bpe_tokenizer.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
+    body = bpe_tokenizer.encode("hello world").ids
+    ids = [im_start, *body, eot, *body, im_end]
+    prompt = bpe_tokenizer.encode("Hi").ids
+    plain = IncrementalDetokenizer(bpe_tokenizer, prompt)
+    plain.update(ids)
+    assert plain.text == "hello worldhello world"  # every special token skipped, as before
+    kept = IncrementalDetokenizer(bpe_tokenizer, prompt, preserved_token_ids=[im_start, im_end])
+    deltas = []
+    for token_id in ids:
+        kept.update([token_id])
+        deltas.append(kept.next_delta())
+    assert "".join(deltas) == kept.text == "<|im_start|>hello worldhello world<|im_end|>"

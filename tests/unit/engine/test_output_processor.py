@@ -32,7 +32,7 @@ def test_stop_string_finishes_and_asks_the_core_to_abort(bpe_tokenizer):
         for t in ids:
             aborts += proc.process([CoreOutput("a", (t,), seq=1)])
         outs = drain(state)
-        assert aborts == ["a"] and "a" not in proc.states
+        assert aborts == [("a", 0)] and "a" not in proc.states
         assert "".join(o.text for o in outs) == "the "
         assert outs[-1].finished and outs[-1].finish_reason is FinishReason.STOP
         assert [o.finished for o in outs].count(True) == 1
@@ -82,5 +82,32 @@ def test_merge_outputs_concatenates_deltas(bpe_tokenizer):
         merged = merge_outputs(drain(state))
         assert merged.text == "Hello world" and merged.token_ids == tuple(ids)
         assert merged.finished and merged.finish_reason is FinishReason.LENGTH
+
+    asyncio.run(main())
+
+
+def test_a_stop_string_ends_one_choice_and_the_request_ends_with_the_last_choice(bpe_tokenizer):
+    async def main():
+        proc = OutputProcessor()
+        params = SamplingParams(stop=("lazy",), n=2)
+        detoks = [IncrementalDetokenizer(bpe_tokenizer, [5, 6, 7], stop=("lazy",)) for _ in range(2)]
+        state = RequestState("n", 3, params, detoks[0], seq=1, more_detokenizers=detoks[1:])
+        proc.add(state)
+        lazy = bpe_tokenizer.encode("the lazy dog").ids
+        calm = bpe_tokenizer.encode("a calm cat").ids
+        aborts = []
+        for a, b in zip(calm, lazy):
+            aborts += proc.process([CoreOutput("n", (a,), seq=1, index=0), CoreOutput("n", (b,), seq=1, index=1)])
+        assert aborts == [("n", 1)] and "n" in proc.states  # choice 1 stopped; choice 0 still runs
+        proc.process([CoreOutput("n", (5,), seq=1, index=1)])  # a late output of the stopped choice: dropped
+        proc.process([CoreOutput("n", (5,), FinishReason.LENGTH, seq=1, index=0)])
+        outs = drain(state)
+        assert "n" not in proc.states
+        assert [o.finished for o in outs].count(True) == 1 and outs[-1].finished and outs[-1].index == 0
+        ends = {o.index: o.finish_reason for o in outs if o.finish_reason is not None}
+        assert ends == {0: FinishReason.LENGTH, 1: FinishReason.STOP}
+        assert "".join(o.text for o in outs if o.index == 1) == "the "
+        # three tokens of choice 0, then its last; choice 1's two up to "lazy" (later ones are dropped)
+        assert len(lazy) == 3 and outs[-1].num_generated_tokens == 3 + 1 + 2
 
     asyncio.run(main())

@@ -20,10 +20,10 @@ def make_request(rid, prompt_len=4, max_tokens=8, max_model_len=64, **params):
 def step(sched, token=5, tokens=None):
     """One scripted step: every request that needs a token gets ``token`` (or tokens[rid])."""
     out = sched.schedule()
-    need = [r.request_id for r in out.decode]
+    need = list(out.decode)
     if out.prefill is not None and out.prefill.is_last:
-        need.append(out.prefill.request.request_id)
-    sampled = {rid: (tokens or {}).get(rid, token) for rid in need}
+        need += [out.prefill.request, *out.prefill.request.forks]
+    sampled = {r: (tokens or {}).get(r.request_id, token) for r in need}
     return out, sched.update_from_output(out, sampled)
 
 
@@ -66,7 +66,7 @@ def test_chunked_prefill_within_budget_and_decode_first():
         assert [r.request_id for r in out.decode] == ["short"]  # the running stream never stalls
         chunks.append((out.prefill.start, out.prefill.num_tokens))
     assert chunks == [(0, 9), (9, 9), (18, 7)]
-    long = sched.running["long"]
+    long = sched.running["long", 0]
     assert long.num_computed_tokens == 26 and len(long.output_ids) == 2  # prompt + one decode step
 
 

@@ -52,6 +52,18 @@ def test_bad_json_is_400_not_422_or_500(client: TestClient, content: bytes, head
     assert err["code"] == "invalid_json"
 
 
+@pytest.mark.parametrize("content,needle", [
+    (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "not UTF-8"),
+    (b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "seed": ' + b"9" * 5000 + b"}", "digits"),
+])
+def test_bodies_json_cannot_parse_are_invalid_json_too(client: TestClient, content: bytes, needle: str) -> None:
+    """Invalid UTF-8, very deep nesting and integers past Python's digit limit fail inside the JSON parser, as a
+    syntax error does, and get the same code."""
+    err = _assert_error(client.post(CHAT, content=content, headers={"content-type": "application/json"}), 400)
+    assert err["code"] == "invalid_json" and needle in err["message"]
+
+
 def test_json_with_form_content_type_is_parsed(client: TestClient) -> None:
     # Valid JSON under a form content type reaches the engine check (503 loading), not a 400.
     import json
@@ -69,9 +81,13 @@ def test_json_with_form_content_type_is_parsed(client: TestClient) -> None:
     ({**GOOD, "temperature": "hot"}, "temperature"),
     ({**GOOD, "max_tokens": 1.5}, "max_tokens"),
     ({**GOOD, "stream": "yes"}, "stream"),
-    ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({**GOOD, "response_format": {"type": "json_object"}}, "response_format"),
-    ({**GOOD, "n": 3}, "n"),
+    ({**GOOD, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
+     "tools[0].function.parameters"),
+    ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({**GOOD, "response_format": {"type": "json_object", "schema": 5}}, "response_format.schema"),
+    ({**GOOD, "structured_outputs": {"choice": "a"}}, "structured_outputs.choice"),
+    ({**GOOD, "n": 0}, "n"),
     ({**GOOD, "best_of": 2}, "best_of"),
     ({**GOOD, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content"),
@@ -151,6 +167,42 @@ def test_api_key_required_everywhere_except_health_and_metrics() -> None:
     with _client(api_key="s3cret", metrics_require_key=True) as c:
         _assert_error(c.get("/metrics"), 401)
         assert c.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_options_needs_the_key_so_it_reveals_no_route() -> None:
+    """Without a key, OPTIONS on a real route and on an unknown one get the same 401 (not 405 against 404); with
+    CORS on, preflights still pass without a key, other OPTIONS requests do not."""
+    preflight = {"Origin": "http://ui.test", "Access-Control-Request-Method": "POST"}
+    for cors in ([], ["http://ui.test"]):
+        with _client(api_key="s3cret", cors_origins=cors) as c:
+            answers = {path: c.options(path) for path in (CHAT, "/v1/models", "/no/such/route")}
+            for path, r in answers.items():
+                assert _assert_error(r, 401)["code"] == "invalid_api_key", path
+            assert len({r.content for r in answers.values()}) == 1
+            ok = {"Authorization": "Bearer s3cret"}
+            assert c.options(CHAT, headers=ok).status_code == 405  # with the key the route is reached
+            assert c.options("/no/such/route", headers=ok).status_code == 404
+            r = c.options(CHAT, headers=preflight)
+            if cors:
+                assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ui.test"
+            else:
+                _assert_error(r, 401)
+
+
+def test_head_and_trailing_slash_on_the_service_routes() -> None:
+    """Load balancers check health with HEAD; `/health/` is /health (open, answered, not redirected)."""
+    with _client(api_key="s3cret") as c:
+        ok = {"Authorization": "Bearer s3cret"}
+        for path in ("/health", "/health/"):
+            for method in ("GET", "HEAD"):
+                r = c.request(method, path, follow_redirects=False)
+                assert r.status_code == 503, (method, path)  # open, and still loading
+                assert (r.content == b"") == (method == "HEAD")
+        for path in ("/v1/models", "/v1/models/smollm2-135m-instruct", "/version", "/metrics"):
+            get, head = c.get(path, headers=ok), c.head(path, headers=ok)
+            assert get.status_code == head.status_code == 200, path
+            assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"]
+        assert c.head("/v1/models").status_code == 401
 
 
 def test_cors_off_by_default_and_configurable() -> None:

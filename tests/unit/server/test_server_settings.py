@@ -115,3 +115,21 @@ def test_graph_capture_flag_reaches_the_engine_config(argv: list[str], expected:
     from server.app import engine_config_from
 
     assert engine_config_from(Settings(**_parse(argv))).graph_capture is expected
+
+
+@pytest.mark.parametrize(("argv", "caching", "speculative"), [
+    ([], True, None), (["--no-prefix-caching"], False, None), (["--speculative-tokens", "0"], True, 0),
+    (["--prefix-caching", "--speculative-tokens", "12"], True, 12)])
+def test_prefix_caching_and_speculation_flags_reach_the_engine_config(argv: list[str], caching: bool,
+                                                                     speculative: int | None) -> None:
+    from engine.config import DEFAULT_SPECULATIVE_TOKENS
+    from server.app import engine_config_from
+
+    config = engine_config_from(Settings(**_parse(argv)))
+    assert config.prefix_caching is caching
+    assert config.speculative_tokens == (DEFAULT_SPECULATIVE_TOKENS if speculative is None else speculative)
+
+
+def test_speculative_tokens_is_bounded() -> None:
+    with pytest.raises(ValidationError, match="speculative_tokens"):
+        Settings(speculative_tokens=65)

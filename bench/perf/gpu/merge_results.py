@@ -1,6 +1,6 @@
 """Merge the GPU runs' JSON (engine bench, PyTorch reference, step probes) into one report and redraw the plot.
 
-Runs here (no GPU): python -m bench.gpu.merge_results --bench gpu_bench.json --torch torch_ref.json
+Runs here (no GPU): python -m bench.perf.gpu.merge_results --bench gpu_bench.json --torch torch_ref.json
     --probe probe.json [--probe probe2.json] --out docs/perf/
 """
 
@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.gpu.bench_gpu import int4_bytes_per_token, plot
-from bench.gpu.shapes import HBM_BYTES_PER_S, OUTPUT_TOKENS, PROMPT_TOKENS
+from bench.perf.gpu.bench_gpu import int4_bytes_per_token, plot
+from bench.perf.gpu.shapes import HBM_BYTES_PER_S, OUTPUT_TOKENS, PROMPT_TOKENS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Which way of bringing a captured WebGPU decode step's logits to the CPU is fastest and still correct.
 
 A diagnostic for the device machine (the Runner alone, no engine threads). Writes readback.json to --out.
-    python3 -m bench.gpu.probe_readback --out $OUT
+    python3 -m bench.perf.gpu.probe_readback --out $OUT
 
 Variants, each after the same captured replay:
 - ``copy_outputs_to_cpu``: the readback IOBinding's own copy (the engine's path; a fresh array per step);
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bench.gpu.probe_step import decode_ready_runner
+from bench.perf.gpu.probe_step import decode_ready_runner
 from engine.graph_capture import PACKED_INPUT
 
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--models", type=Path, default=Path("/tmp/ortserve_gpu_models"))
     args = p.parse_args(argv)
-    from bench.gpu.shapes import SHAPES
+    from bench.perf.gpu.shapes import SHAPES
     from engine.builder import SyntheticSpec, build_synthetic
 
     data: dict[str, Any] = {"onnxruntime": ort.__version__, "packed_input": PACKED_INPUT}

@@ -6,7 +6,7 @@ queues, detokenizing or HTTP). Running it beside the engine, interleaved round b
 a figure is the engine's and how much ONNX Runtime's kernels leave for anyone: in particular the batch-8
 over batch-1 ratio of the bare loop is the most any scheduler can get from continuous batching here.
 
-    ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.ceiling --rounds 5 --genai --json c.json --plot c.png
+    ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.perf.ceiling --rounds 5 --genai --json c.json --plot c.png
 
 Engine figures are steady-state: at batch B, tokens produced while all B requests were decoding, over that
 window (prefills excluded); at batch 1, tokens after the first over the time after it.
@@ -152,6 +152,38 @@ async def engine_decode(engine: Any, prompt: list[int], batch: int, steps: int) 
     return tokens / (hi - lo)
 
 
+def plot_ceiling(data: dict, path: str | Path) -> Path:
+    """The ceiling's figures: decode tokens/s of the bare loop, the engine (and onnxruntime-genai) per batch,
+    each round a dot, the median a bar."""
+    from matplotlib.figure import Figure
+
+    from bench.plots import save_figure
+
+    runs, med = data["runs"], data["median"]
+    batches = sorted({int(k.rsplit("_b", 1)[1]) for k in med})
+    kinds = [("bare", "bare ONNX Runtime loop"), ("engine", "ortserve engine"), ("genai", "onnxruntime-genai")]
+    fig = Figure(figsize=(7.5, 4.2))
+    ax = fig.subplots()
+    width = 0.27
+    for j, (kind, label) in enumerate(kinds):
+        xs = [i + (j - 1) * width for i, b in enumerate(batches) if f"{kind}_b{b}" in med]
+        keys = [f"{kind}_b{b}" for b in batches if f"{kind}_b{b}" in med]
+        if not keys:
+            continue
+        ax.bar(xs, [med[k] for k in keys], width, label=label)
+        for x, k in zip(xs, keys):
+            ax.plot([x] * len(runs), [r[k] for r in runs], "k.", ms=3)
+            ax.annotate(f"{med[k]:.0f}", (x, med[k]), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+    ax.set_ylabel("decode tokens/s (all rows)")
+    s = data.get("settings", {})
+    ax.set_title(f"decode ceiling - {s.get('threads', '?')} threads, prompt {s.get('prompt_tokens', '?')}, "
+                 f"{s.get('output_tokens', '?')} out, {len(runs)} rounds (dots)", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None, help="model folder, .gguf or known name (default: the default model, pulled if needed)")
@@ -162,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--genai", action="store_true", help="also onnxruntime-genai's loop at batch 1")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--plot", type=Path, help="a PNG of the figures (bench.plots.plot_ceiling)")
+    ap.add_argument("--plot", type=Path, help="a PNG of the figures (plot_ceiling)")
     args = ap.parse_args(argv)
     from engine.async_engine import AsyncEngine
     from engine.builder.pull import DEFAULT_MODEL, resolve_model
@@ -221,8 +253,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(data, indent=2))
     if args.plot:
-        from bench.plots import plot_ceiling
-
         print(f"plot: {plot_ceiling(data, args.plot)}")
     return 0
 

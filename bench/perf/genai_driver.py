@@ -1,6 +1,6 @@
 """onnxruntime-genai single-stream driver: the same prompts and the same JSON report as the HTTP bench.
 
-`python -m bench.genai_driver --model-dir DIR --out genai.json`. Imports onnxruntime_genai (a test/dev
+`python -m bench.perf.genai_driver --model-dir DIR --out genai.json`. Imports onnxruntime_genai (a test/dev
 dependency) only; no server or engine import.
 """
 
@@ -85,7 +85,7 @@ def run(runner: GenaiRunner, num_requests: int, prompt_tokens: int, output_token
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.genai_driver",
+    p = argparse.ArgumentParser(prog="python -m bench.perf.genai_driver",
                                 description="Single-stream onnxruntime-genai figures in the bench's JSON format.")
     p.add_argument("--model-dir", required=True, help="ONNX Runtime GenAI model folder")
     p.add_argument("--num-requests", type=int, default=16)

@@ -4,7 +4,7 @@ Engine-direct (AsyncEngine in-process, greedy, ignore_eos), batch 1 for three mo
 graph capture, and batch 64 on the 1B shape. Runs on the device machine; writes gpu_bench.json (after every
 step, so a later failure keeps earlier figures) and gpu_bench.png to --out. Usage there:
 
-    source .device/setup.sh; python3 -m bench.gpu.bench_gpu --out $OUT [--torch]
+    source .device/setup.sh; python3 -m bench.perf.gpu.bench_gpu --out $OUT [--torch]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.gpu.shapes import (
+from bench.perf.gpu.shapes import (
     HBM_BYTES_PER_S, OUTPUT_TOKENS, PROMPT_TOKENS, PROTOTYPE_TORCH_EAGER, PROTOTYPE_WEBGPU, SHAPES,
 )
 
@@ -180,7 +180,7 @@ def _round_figures(streams: list[list[tuple[float, int]]], start: float, end: fl
 
 def run_torch(out: Path, names: list[str], timeout_s: float) -> dict[str, Any]:
     """The PyTorch reference in its own process (a hung compile must not take the engine figures with it)."""
-    cmd = [sys.executable, "-m", "bench.gpu.torch_ref", "--out", str(out / "torch_ref.json"),
+    cmd = [sys.executable, "-m", "bench.perf.gpu.torch_ref", "--out", str(out / "torch_ref.json"),
            "--shapes", ",".join(names), "--deadline-s", str(max(30.0, timeout_s - 20))]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,

@@ -1,7 +1,7 @@
 """PyTorch bf16 reference on the same GPU and shapes: transformers generate, eager and static cache + compile.
 
 Random weights from a config (no download). Run by bench_gpu in its own process; writes JSON after every
-figure. Usage on the device machine: python3 -m bench.gpu.torch_ref --out torch_ref.json
+figure. Usage on the device machine: python3 -m bench.perf.gpu.torch_ref --out torch_ref.json
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.gpu.shapes import HBM_BYTES_PER_S, HF_ARCH, OUTPUT_TOKENS, PROMPT_TOKENS, SHAPES
+from bench.perf.gpu.shapes import HBM_BYTES_PER_S, HF_ARCH, OUTPUT_TOKENS, PROMPT_TOKENS, SHAPES
 
 
 def make_model(name: str) -> Any:

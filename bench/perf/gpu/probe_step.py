@@ -1,7 +1,7 @@
 """Where a WebGPU decode step's time goes, and which graph variants compute the CPU EP's logits.
 
 A diagnostic for the device machine (no engine threads: the Runner alone). Writes probe.json to --out.
-    python3 -m bench.gpu.probe_step --out $OUT
+    python3 -m bench.perf.gpu.probe_step --out $OUT
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from engine.builder import SyntheticSpec, build_synthetic
 
-    from bench.gpu.shapes import SHAPES
+    from bench.perf.gpu.shapes import SHAPES
 
     data: dict[str, Any] = {"onnxruntime": ort.__version__}
     out = args.out / "probe.json"

@@ -3,7 +3,7 @@
 Runs in one process: the engine in-process (engine-direct), and HTTP clients (a raw httpx SSE reader
 and the official `openai` client) against a server it starts on 127.0.0.1. No server import.
 
-    ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.overhead --runs 7 [--profile out.txt]
+    ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.perf.overhead --runs 7 [--profile out.txt]
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ async def _engine_one(engine, prompt_ids: list[int], max_tokens: int, rid: str) 
 
 
 def run_genai(runner, max_tokens: int) -> dict[str, float]:
-    """onnxruntime-genai on the same folder (bench.genai_driver), timed from its own record."""
+    """onnxruntime-genai on the same folder (bench.perf.genai_driver), timed from its own record."""
     from bench.metrics import RequestRecord
 
     record = RequestRecord(index=0, start_s=0.0, num_prompt_tokens_target=0, max_tokens=max_tokens)
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             "openai": lambda i: run_openai(oclient, args.max_tokens),
         }
         if "genai" in targets:
-            from bench.genai_driver import GenaiRunner
+            from bench.perf.genai_driver import GenaiRunner
 
             genai = GenaiRunner(model_dir, threads=args.threads)
             runners["genai"] = lambda i: run_genai(genai, args.max_tokens)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (the device tool runs it in the repo root; results go to $OUT):
-#   bash bench/gpu/run_device.sh [tests] [bench] [probe] [steps] [readback] [torch]   (default: tests bench)
+#   bash bench/perf/gpu/run_device.sh [tests] [bench] [probe] [steps] [readback] [torch]   (default: tests bench)
 # tests: the WebGPU device and engine tests; bench: engine decode tokens/s (bench_gpu); probe: step-time and
 # correctness diagnostics (probe_step); steps: the 1B step breakdown only; readback: the logits readback
 # variants (probe_readback); torch: the PyTorch reference.
@@ -21,19 +21,19 @@ if [[ " $steps " == *" tests "* ]]; then
     tests/integration/ep/test_webgpu_engine.py tests/integration/ep/test_webgpu_device.py 2>&1 | tee "$OUT/pytest_log.txt"
 fi
 if [[ " $steps " == *" bench "* ]]; then
-  timeout 420 python3 -m bench.gpu.bench_gpu --out "$OUT" --deadline-s "${BENCH_DEADLINE_S:-300}" \
+  timeout 420 python3 -m bench.perf.gpu.bench_gpu --out "$OUT" --deadline-s "${BENCH_DEADLINE_S:-300}" \
     ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_log.txt"
 fi
 if [[ " $steps " == *" probe "* ]]; then
-  timeout 300 python3 -m bench.gpu.probe_step --out "$OUT" 2>&1 | tee "$OUT/probe_log.txt"
+  timeout 300 python3 -m bench.perf.gpu.probe_step --out "$OUT" 2>&1 | tee "$OUT/probe_log.txt"
 fi
 if [[ " $steps " == *" steps "* ]]; then
-  timeout 200 python3 -m bench.gpu.probe_step --out "$OUT" --only-steps 2>&1 | tee "$OUT/probe_log.txt"
+  timeout 200 python3 -m bench.perf.gpu.probe_step --out "$OUT" --only-steps 2>&1 | tee "$OUT/probe_log.txt"
 fi
 if [[ " $steps " == *" readback "* ]]; then
-  timeout 240 python3 -m bench.gpu.probe_readback --out "$OUT" 2>&1 | tee "$OUT/readback_log.txt"
+  timeout 240 python3 -m bench.perf.gpu.probe_readback --out "$OUT" 2>&1 | tee "$OUT/readback_log.txt"
 fi
 if [[ " $steps " == *" torch "* ]]; then
-  timeout "${TORCH_TIMEOUT_S:-400}" python3 -m bench.gpu.torch_ref --out "$OUT/torch_ref.json" \
+  timeout "${TORCH_TIMEOUT_S:-400}" python3 -m bench.perf.gpu.torch_ref --out "$OUT/torch_ref.json" \
     --deadline-s "${TORCH_DEADLINE_S:-360}" 2>&1 | tee "$OUT/torch_log.txt"
 fi

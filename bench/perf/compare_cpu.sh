@@ -4,18 +4,18 @@
 #   engine    ortserve engine-direct (no HTTP, in the client process): the HTTP/SSE overhead ratio;
 #   genai     onnxruntime-genai on the same model folder (in the client process), single stream;
 #   llama.cpp llama-cpp-python's server on the same GGUF (the 8-stream comparison too).
-# Both servers run side by side; bench/compare_cpu.py sends the same requests to every target in turn
+# Both servers run side by side; bench/perf/compare_cpu.py sends the same requests to every target in turn
 # (order rotating), ROUNDS times: single stream (PROMPT_TOKENS in, OUTPUT_TOKENS out, greedy), prompt
 # processing (PREFILL_TOKENS in, 1 out) and CONCURRENCY closed-loop streams (ortserve and llama.cpp
 # alternating). Ratios are taken within each round; the summary gives their medians, the load average
 # of every round, the table ($OUT/summary.md) and the plot ($OUT/cpu.png).
 #
-# Usage: bench/compare_cpu.sh                   (env overrides below)
-#        INSTALL_ONLY=1 bench/compare_cpu.sh    builds llama-cpp-python into $BENCH_VENV and exits
+# Usage: bench/perf/compare_cpu.sh                   (env overrides below)
+#        INSTALL_ONLY=1 bench/perf/compare_cpu.sh    builds llama-cpp-python into $BENCH_VENV and exits
 # llama-cpp-python is a dev-only dependency, built once into $BENCH_VENV (git-ignored; ~10 min on 2 cores).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 PY=${PY:-$ROOT/.venv/bin/python}
 OUT=${OUT:-$ROOT/bench/results/cpu-$(date +%Y%m%d-%H%M%S)}
@@ -104,7 +104,7 @@ PIDS+=($!)
 wait_ready "http://127.0.0.1:$LLAMA_PORT/v1" "${PIDS[-1]}"
 
 log "interleaved runs ($ROUNDS rounds); load average now $(cut -d' ' -f1-3 /proc/loadavg)"
-"$PY" -m bench.compare_cpu --ours "http://127.0.0.1:$OURS_PORT/v1" --llama "http://127.0.0.1:$LLAMA_PORT/v1" \
+"$PY" -m bench.perf.compare_cpu --ours "http://127.0.0.1:$OURS_PORT/v1" --llama "http://127.0.0.1:$LLAMA_PORT/v1" \
     --model-dir "$MODEL_DIR" --threads "$THREADS" --rounds "$ROUNDS" --prompt-tokens "$PROMPT_TOKENS" \
     --output-tokens "$OUTPUT_TOKENS" --prefill-tokens "$PREFILL_TOKENS" --single-requests "$SINGLE_REQUESTS" \
     --prefill-requests "$PREFILL_REQUESTS" --concurrency "$CONCURRENCY" --batch-requests "$BATCH_REQUESTS" \

@@ -1,7 +1,7 @@
 """Interleaved CPU comparison (issues 3 and 6): the same requests alternate between ortserve (HTTP and
 engine-direct), onnxruntime-genai and llama.cpp, so load that comes and goes hits every target alike.
 
-Driven by bench/compare_cpu.sh, which starts the two servers. Imports the engine and onnxruntime_genai
+Driven by bench/perf/compare_cpu.sh, which starts the two servers. Imports the engine and onnxruntime_genai
 lazily; writes compare.json (every record), summary.json/summary.md (per-round ratios and their medians)
 and cpu.png.
 """
@@ -26,10 +26,10 @@ EOS_ID = 2  # SmolLM2's eos; llama-cpp-python ignores ignore_eos/min_tokens, a l
 
 
 class GenaiBackend:
-    """onnxruntime-genai (bench.genai_driver.GenaiRunner) behind the bench's ``send`` interface."""
+    """onnxruntime-genai (bench.perf.genai_driver.GenaiRunner) behind the bench's ``send`` interface."""
 
     def __init__(self, model_dir: str, threads: int) -> None:
-        from bench.genai_driver import GenaiRunner
+        from bench.perf.genai_driver import GenaiRunner
 
         self.runner = GenaiRunner(model_dir, threads=threads)
         self.model = "onnxruntime-genai"
@@ -270,7 +270,7 @@ def plot(summary: dict, path: Path, title: str, n: int, prompt: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.compare_cpu", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.perf.compare_cpu", description=__doc__.splitlines()[0])
     p.add_argument("--ours", required=True, help="ortserve's OpenAI base URL")
     p.add_argument("--llama", required=True, help="llama-cpp-python server's OpenAI base URL")
     p.add_argument("--model-dir", required=True, help="the model folder (engine-direct and onnxruntime-genai)")

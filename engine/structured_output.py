@@ -1,0 +1,309 @@
+"""Constrained decoding with llguidance: compiles StructuredOutput specs and fills token bitmasks.
+
+The only module that imports llguidance. Owns one LLTokenizer per engine (built on first use, off the core
+thread), an LRU of compiled grammars, compilation in worker threads under a time limit, the per-request
+GrammarConstraint (fill / accept / rollback / is_done) and the batched mask fill. No onnxruntime import;
+the sampler applies the masks (engine.sampler.apply_token_bitmask), this module only computes them.
+
+Bitmask layout (llguidance's): int32 ``[rows, ceil(vocab / 32)]``; bit ``j`` of word ``i`` (little-endian)
+allows token ``32 * i + j``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import llguidance
+import numpy as np
+from llguidance.gbnf_to_lark import any_to_lark
+
+from engine.json_schema import close_objects
+from engine.types import InvalidRequestError, StructuredOutput
+
+log = logging.getLogger(__name__)
+
+# NOTE(engine): compact JSON (no whitespace between tokens at all): "," and ":" separators, so a token budget
+# goes to content, not to indentation. A schema's own "x-guidance" options still win over these defaults.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+ANY_JSON_OBJECT = '{"type": "object"}'
+_MAX_ERROR_CHARS = 600
+_TIMEOUT_CODE = "grammar_compile_timeout"
+_INVALID_CODE = "invalid_structured_output"
+
+
+class GrammarError(Exception):
+    """A spec that llguidance cannot compile (raised in a worker; becomes an InvalidRequestError)."""
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """int32 words per bitmask row for ``vocab_size`` tokens."""
+    return (vocab_size + 31) // 32
+
+
+def to_grammar(kind: str, spec: str) -> str:
+    """llguidance's grammar text for one StructuredOutput kind and spec (no tokenizer needed).
+
+    Raises:
+        GrammarError: the spec is malformed (not JSON where JSON is expected, an empty choice list, GBNF
+            that does not convert). Grammars that parse here may still fail to compile (LLMatcher).
+    """
+    if kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema(ANY_JSON_OBJECT, defaults=JSON_OPTIONS)
+    if kind == "json_schema":
+        try:
+            schema = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"the JSON schema is not valid JSON ({exc})") from None
+        if schema is True:  # the schema that accepts everything
+            schema = {}
+        if not isinstance(schema, dict):
+            raise GrammarError(f"the JSON schema must be an object (or true), got {_short(schema)}")
+        try:
+            return llguidance.LLMatcher.grammar_from_json_schema(close_objects(schema), defaults=JSON_OPTIONS)
+        except ValueError as exc:
+            raise GrammarError(f"invalid JSON schema: {exc}") from None
+    if kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(spec)
+    if kind == "choice":
+        try:
+            choices = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"choice must be a JSON list of strings ({exc})") from None
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
+            raise GrammarError(f"choice must be a non-empty list of strings, got {_short(choices)}")
+        # NOTE(engine): Lark string literals take JSON's escapes, so json.dumps quotes any choice safely.
+        return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in choices))
+    if kind == "lark":
+        return llguidance.LLMatcher.grammar_from_lark(spec)
+    if kind == "gbnf":
+        try:
+            return llguidance.LLMatcher.grammar_from_lark(any_to_lark(spec))
+        except Exception as exc:  # the converter raises its own GbnfToLarkError and plain ValueErrors
+            raise GrammarError(f"the GBNF grammar does not parse: {exc}") from None
+    raise GrammarError(f"unknown structured output kind {kind!r}")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= _MAX_ERROR_CHARS else message[:_MAX_ERROR_CHARS] + " ..."
+
+
+class GrammarConstraint:
+    """One request's grammar state: which tokens may come next, advanced by each sampled token.
+
+    Only the core thread uses it once the request is queued. ``fill`` writes one bitmask row; ``accept``
+    advances by a sampled token (False: the grammar rejects it, the constraint is in error from then on).
+    """
+
+    __slots__ = ("_matcher", "num_accepted")
+
+    def __init__(self, matcher: Any) -> None:
+        self._matcher = matcher
+        self.num_accepted = 0
+
+    def fill(self, bitmask: np.ndarray, row: int) -> None:
+        """Write the allowed next tokens into ``bitmask[row]`` (int32 ``[rows, words]``, C-contiguous)."""
+        target = bitmask[row]
+        self._matcher.unsafe_compute_mask_ptr(target.ctypes.data, target.nbytes)
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; False when the grammar rejects it (then ``error`` says why)."""
+        ok = self._matcher.consume_token(int(token_id))
+        if ok:
+            self.num_accepted += 1
+        return ok
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens (speculative decoding rejects drafts this way)."""
+        if num_tokens > self.num_accepted or not self._matcher.rollback(num_tokens):
+            raise ValueError(f"cannot roll back {num_tokens} tokens ({self.num_accepted} accepted)")
+        self.num_accepted -= num_tokens
+
+    def allows(self, token_ids: Sequence[int]) -> int:
+        """How many of ``token_ids``, in order, the grammar would accept from here (state unchanged)."""
+        return self._matcher.validate_tokens(list(token_ids))
+
+    @property
+    def is_done(self) -> bool:
+        """The grammar is complete and allows nothing more (end the request: finish_reason "stop")."""
+        return self._matcher.is_stopped() and not self._matcher.is_error()
+
+    @property
+    def is_accepting(self) -> bool:
+        """The output so far is a complete match (an end-of-sequence token is allowed here)."""
+        return self._matcher.is_accepting()
+
+    @property
+    def error(self) -> str | None:
+        """Why the constraint failed (a rejected token, a resource limit), or None."""
+        return _clip(self._matcher.get_error()) if self._matcher.is_error() else None
+
+
+class StructuredOutputBackend:
+    """Compiles specs for one engine and fills the masks of its constrained rows.
+
+    Usage::
+
+        backend = StructuredOutputBackend(tokenizer.hf, vocab_size=49152, eos_token_ids={2})
+        constraint = await backend.constraint_for(StructuredOutput("json_object"))  # event loop
+        bitmask = backend.allocate_bitmask(8)
+        backend.fill([(constraint, 0)], bitmask)  # core thread, before sampling
+        constraint.accept(token_id)  # core thread, after sampling
+
+    Args:
+        hf_tokenizer: the model's ``tokenizers.Tokenizer`` (serialized once, when first needed).
+        vocab_size: the logits width (the runner's); masks cover ``max(vocab_size, tokenizer size)`` tokens.
+        eos_token_ids: every id that ends the request (the engine's); the grammar allows them once complete.
+        compile_timeout_s: a grammar not compiled within this many seconds is a 400.
+        cache_size: compiled grammars kept (least recently used dropped first).
+        max_workers: compile threads.
+    """
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int], *,
+                 compile_timeout_s: float = 10.0, cache_size: int = 64, max_workers: int = 2) -> None:
+        self._hf = hf_tokenizer
+        self.vocab_size = max(vocab_size, hf_tokenizer.get_vocab_size(with_added_tokens=True))
+        self.words = bitmask_words(self.vocab_size)
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.compile_timeout_s = compile_timeout_s
+        self.cache_size = cache_size
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="ortserve-grammar")
+        self._lock = threading.Lock()
+        self._tokenizer_future: concurrent.futures.Future | None = None
+        # (kind, spec) -> Future[template LLMatcher] (never advanced; each request gets a deep copy)
+        self._cache: collections.OrderedDict[tuple[str, str], concurrent.futures.Future] = \
+            collections.OrderedDict()
+        self._executor: Any = None  # llguidance.LLExecutor, made on the first parallel fill
+        # NOTE(engine): measured on 2 shared cores (docs/perf/structured.md): LLExecutor's threads gain nothing
+        # over filling row by row there (8 JSON rows: ~140 us either way) and add scheduling outliers beside
+        # ORT's own threads, so rows are filled in parallel only with cores to spare.
+        self.parallel_min_rows = 4 if (os.cpu_count() or 1) >= 8 else 1 << 30
+        self.limits = llguidance.LLParserLimits(verbose_errors=False)
+
+    # -- compiling (event loop and worker threads) ------------------------------------------------------
+
+    def start(self) -> concurrent.futures.Future:
+        """Start building the LLTokenizer in a worker (idempotent); seconds for a 50k-262k vocabulary."""
+        with self._lock:
+            if self._tokenizer_future is None:
+                self._tokenizer_future = self._pool.submit(self._build_tokenizer)
+            return self._tokenizer_future
+
+    def _build_tokenizer(self) -> Any:
+        t0 = time.perf_counter()
+        tokenizer = llguidance.LLTokenizer(self._hf.to_str(), n_vocab=self.vocab_size,
+                                           eos_token=self.eos_token_ids or None)
+        log.info("grammar tokenizer ready: %d tokens, eos %s (%.2f s)", tokenizer.vocab_size,
+                 tokenizer.eos_tokens, time.perf_counter() - t0)
+        return tokenizer
+
+    def _compile(self, kind: str, spec: str) -> Any:
+        """Worker thread: the template matcher of one spec (raises GrammarError)."""
+        tokenizer = self.start().result()
+        grammar = to_grammar(kind, spec)
+        # NOTE(engine): LLMatcher never raises for grammar errors; it is built in an error state instead.
+        # Building it releases the GIL (0.1-1 s for very large grammars), bounded by self.limits.
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=self.limits)
+        if matcher.is_error():
+            raise GrammarError(matcher.get_error())
+        return matcher
+
+    def compile_future(self, spec: StructuredOutput) -> concurrent.futures.Future:
+        """The (cached or new) compilation of ``spec``: a Future of its template matcher."""
+        key = (spec.kind, spec.spec)
+        # NOTE(engine): the tokenizer job is queued before any compile job (the pool is FIFO), so a compile that
+        # waits for it never holds the worker that would build it.
+        self.start()
+        with self._lock:
+            future = self._cache.get(key)
+            if future is not None:
+                self._cache.move_to_end(key)
+                return future
+            future = self._pool.submit(self._compile, *key)
+            self._cache[key] = future
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+            return future
+
+    async def constraint_for(self, spec: StructuredOutput) -> GrammarConstraint:
+        """A fresh constraint for one request, compiling ``spec`` unless cached.
+
+        Raises:
+            InvalidRequestError: (param ``spec.param``) the spec does not compile, names an unsupported
+                feature, or did not compile within ``compile_timeout_s`` (code "grammar_compile_timeout").
+        """
+        # NOTE(engine): the tokenizer is built once per engine and its time is not the grammar's; asyncio.wait
+        # never cancels the futures, so a compile shared by several requests survives one caller leaving.
+        tokenizer_future = asyncio.wrap_future(self.start())
+        await asyncio.wait({tokenizer_future})
+        tokenizer_future.result()
+        key = (spec.kind, spec.spec)
+        future = self.compile_future(spec)
+        wrapped = asyncio.wrap_future(future)
+        done, _ = await asyncio.wait({wrapped}, timeout=self.compile_timeout_s)
+        if not done:
+            with self._lock:
+                if self._cache.get(key) is future:
+                    del self._cache[key]  # a later request compiles afresh (and is timed afresh)
+            raise InvalidRequestError(
+                f"{spec.param}: the {_describe(spec.kind)} did not compile within the time limit of "
+                f"{self.compile_timeout_s:g} s", param=spec.param, code=_TIMEOUT_CODE)
+        try:
+            template = wrapped.result()
+        except GrammarError as exc:
+            raise InvalidRequestError(f"{spec.param}: the {_describe(spec.kind)} cannot be enforced: "
+                                      f"{_clip(str(exc))}", param=spec.param, code=_INVALID_CODE) from None
+        return GrammarConstraint(template.deep_copy())
+
+    def constraint_sync(self, spec: StructuredOutput) -> GrammarConstraint:
+        """``constraint_for`` without an event loop (tests, the bench); waits for the compile."""
+        try:
+            template = self.compile_future(spec).result(self.compile_timeout_s)
+        except GrammarError as exc:
+            raise InvalidRequestError(f"{spec.param}: the {_describe(spec.kind)} cannot be enforced: "
+                                      f"{_clip(str(exc))}", param=spec.param, code=_INVALID_CODE) from None
+        return GrammarConstraint(template.deep_copy())
+
+    # -- masks (core thread) --------------------------------------------------------------------------
+
+    def allocate_bitmask(self, rows: int) -> np.ndarray:
+        """An int32 ``[rows, words]`` bitmask, every token allowed."""
+        return np.full((rows, self.words), -1, dtype=np.int32)
+
+    def fill(self, rows: Sequence[tuple[GrammarConstraint, int]], bitmask: np.ndarray) -> None:
+        """Fill ``bitmask[row]`` for each (constraint, row); several rows in parallel (releases the GIL).
+
+        Args:
+            rows: the constrained rows of this step.
+            bitmask: int32 ``[n, words]``, C-contiguous; rows not named are left as they are.
+        """
+        if len(rows) < self.parallel_min_rows:
+            for constraint, row in rows:
+                constraint.fill(bitmask, row)
+            return
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        assert bitmask.flags.c_contiguous and bitmask.dtype == np.int32
+        self._executor.unsafe_compute_mask_ptr([(c._matcher, row) for c, row in rows], bitmask.ctypes.data,
+                                               self.words * 4, bitmask.shape[0])
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _describe(kind: str) -> str:
+    return {"json_schema": "JSON schema", "json_object": "JSON object format", "regex": "regex",
+            "choice": "choice list", "lark": "Lark grammar", "gbnf": "GBNF grammar"}.get(kind, kind)

@@ -1,0 +1,531 @@
+"""OpenAI Responses API wire format: the request model, its conversion to a chat request, and response builders.
+
+A Responses request becomes a ChatCompletionRequest (input items and instructions -> chat messages, function
+tools -> chat tools, text.format -> response_format), so prompt building, tools and structured output are the
+chat path's. Output items, usage and the streamed events are built here (server/responses.py assembles them).
+Must not import onnxruntime or any engine module other than engine.types.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
+
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
+
+from engine.types import InvalidRequestError
+from server.protocol import ChatCompletionRequest, OpenAIBaseModel
+
+logger = logging.getLogger(__name__)
+
+# Fields of the Responses API that do not apply to a local model: accepted, logged and ignored.
+IGNORED_FIELDS = ("reasoning", "include", "truncation", "service_tier", "top_logprobs", "max_tool_calls",
+                  "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options", "safety_identifier",
+                  "context_management", "stream_options")
+# ortserve's sampling extensions on chat, passed through unchanged (same names, same ranges).
+SAMPLING_EXTRAS = ("top_k", "min_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                   "ignore_eos")
+# Chat parameter -> the Responses parameter it came from (errors name what the client sent).
+_PARAM_NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
+                "response_format": "text.format", "prompt": "input"}
+_MESSAGE_ROLES = ("user", "system", "developer", "assistant")
+_TEXT_PARTS = ("input_text", "output_text", "text")
+_METADATA_MAX_PAIRS, _METADATA_KEY_CHARS, _METADATA_VALUE_CHARS = 16, 64, 512
+
+
+def new_id(prefix: str) -> str:
+    """An id as OpenAI writes them: ``resp_``, ``msg_``, ``fc_`` and 32 hex digits."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def responses_param(param: str | None) -> str | None:
+    """The Responses field a chat parameter came from ('messages[2].content' -> 'input')."""
+    if param is None:
+        return None
+    head = param.split("[", 1)[0].split(".", 1)[0]
+    if head in _PARAM_NAMES:
+        return _PARAM_NAMES[head]
+    return param
+
+
+@contextmanager
+def as_responses_errors() -> Iterator[None]:
+    """Rename the `param` of InvalidRequestErrors raised by the chat path to the Responses field names."""
+    try:
+        yield
+    except InvalidRequestError as exc:
+        exc.param = responses_param(exc.param)
+        raise
+
+
+def _invalid(message: str, param: str, code: str = "invalid_value") -> InvalidRequestError:
+    return InvalidRequestError(message, param=param, code=code)
+
+
+def _typed(model: type[OpenAIBaseModel], data: Any, param: str) -> Any:
+    """Validate `data` as `model`; the first problem becomes a 400 naming `param` and the field inside it."""
+    if not isinstance(data, dict):
+        raise _invalid(f"{param} must be an object, got {type(data).__name__}", param, "invalid_type")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        cause = (first.get("ctx") or {}).get("error")
+        where = ".".join(str(p) for p in first.get("loc", ()) if isinstance(p, str))
+        full = f"{param}.{where}" if where else param
+        if isinstance(cause, InvalidRequestError):
+            raise _invalid(str(cause), cause.param or full, cause.code or "invalid_value") from None
+        if first.get("type") == "missing":
+            raise _invalid(f"'{full}' is a required property", full, "missing_required_parameter") from None
+        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        raise _invalid(f"{full}: {message}", full) from None
+
+
+# --- input items ------------------------------------------------------------------------------------
+
+
+def _part_text(part: Any, param: str) -> str:
+    """The text of one content part; images, files and audio are refused naming the part's type."""
+    if not isinstance(part, dict):
+        raise _invalid(f"{param} must be an object, got {type(part).__name__}", param, "invalid_type")
+    kind = part.get("type")
+    if kind == "refusal" and isinstance(part.get("refusal"), str):
+        return part["refusal"]
+    if kind not in _TEXT_PARTS:
+        raise _invalid(f"content part type {kind!r} is not supported: ortserve serves text models "
+                       f"(parts of type {', '.join(repr(t) for t in _TEXT_PARTS[:2])} only)",
+                       f"{param}.type", "unsupported_content_type")
+    if not isinstance(part.get("text"), str):
+        raise _invalid(f"{param}.text must be a string", f"{param}.text", "invalid_type")
+    return part["text"]
+
+
+def _content_text(content: str | list[Any], param: str) -> str:
+    """String content, or text parts joined without separator (as the chat path joins them)."""
+    if isinstance(content, str):
+        return content
+    return "".join(_part_text(part, f"{param}[{index}]") for index, part in enumerate(content))
+
+
+class MessageItem(OpenAIBaseModel):
+    """{"role", "content"} (an "easy" input message) or an output message sent back as input."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[Any]
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallItem(OpenAIBaseModel):
+    """A call the model made earlier (sent back as input, or from a stored response)."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(OpenAIBaseModel):
+    """The client's result of a function call: `output` is a string or a list of text parts."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[Any]
+    id: str | None = None
+    status: str | None = None
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
+_ITEM_MODELS: dict[str, type[OpenAIBaseModel]] = {
+    "message": MessageItem, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem,
+}
+# Item types a client may send back that carry nothing a local model uses.
+_DROPPED_ITEMS = ("reasoning",)
+
+
+def parse_items(raw: Sequence[Any], param: str = "input") -> list[InputItem]:
+    """Typed input items; item types other than messages and function calls/outputs are a 400 naming them."""
+    items: list[InputItem] = []
+    for index, data in enumerate(raw):
+        where = f"{param}[{index}]"
+        if not isinstance(data, dict):
+            raise _invalid(f"{where} must be an object, got {type(data).__name__}", where, "invalid_type")
+        kind = data.get("type", "message")
+        if kind in _DROPPED_ITEMS:
+            logger.debug("dropping a %r input item (nothing in it applies to this model)", kind)
+            continue
+        model = _ITEM_MODELS.get(kind)
+        if model is None:
+            raise _invalid(f"input item type {kind!r} is not supported (supported: "
+                           f"{', '.join(repr(k) for k in _ITEM_MODELS)})", f"{where}.type", "unsupported_item_type")
+        item = _typed(model, data, where)
+        if isinstance(item, MessageItem):
+            _content_text(item.content, f"{where}.content")  # refuse non-text parts now, naming them
+        elif isinstance(item, FunctionCallOutputItem) and not isinstance(item.output, str):
+            _content_text(item.output, f"{where}.output")
+        items.append(item)
+    return items
+
+
+def chat_messages(items: Sequence[InputItem]) -> list[dict[str, Any]]:
+    """Input (or output) items -> chat messages: function calls join the assistant message before them.
+
+    ``[user, assistant text, function_call a, function_call b, output a, output b]`` becomes ``[user,
+    assistant {content, tool_calls: [a, b]}, tool a, tool b]``, the shape chat templates expect.
+    """
+    messages: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, MessageItem):
+            role = "system" if item.role == "developer" else item.role
+            messages.append({"role": role, "content": _content_text(item.content, "input")})
+        elif isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+                if not last["content"]:
+                    last["content"] = None
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:
+            output = item.output if isinstance(item.output, str) else _content_text(item.output, "input")
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+    return messages
+
+
+# --- tools ------------------------------------------------------------------------------------------
+
+
+class FunctionTool(OpenAIBaseModel):
+    """A function tool as the Responses API spells it (flat, unlike chat's {"function": {...}})."""
+
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def to_chat(self) -> dict[str, Any]:
+        function: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            function["description"] = self.description
+        if self.parameters is not None:
+            function["parameters"] = self.parameters
+        # NOTE(server): the Responses API makes function tools strict unless told otherwise (chat does not).
+        function["strict"] = True if self.strict is None else self.strict
+        return {"type": "function", "function": function}
+
+    def echo(self) -> dict[str, Any]:
+        return {"type": "function", "name": self.name, "description": self.description,
+                "parameters": self.parameters, "strict": True if self.strict is None else self.strict}
+
+
+def _builtin_refused(kind: Any, param: str) -> InvalidRequestError:
+    return _invalid(f"built-in tool type {kind!r} is not supported: ortserve runs no hosted tools (web search, "
+                    f"file search, code interpreter, computer use, ...); declare a tool of type 'function' and "
+                    f"run it yourself", param, "unsupported_tool_type")
+
+
+def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    """Responses tool_choice -> chat tool_choice ({"type": "function", "name"} -> {"function": {"name"}})."""
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise _invalid(f"tool_choice must be 'none', 'auto', 'required' or an object, got {choice!r}",
+                           "tool_choice")
+        return choice
+    kind = choice.get("type")
+    if kind == "function":
+        name = choice.get("name")
+        if not isinstance(name, str):
+            raise _invalid("tool_choice.name must be a string naming one of the tools", "tool_choice.name",
+                           "invalid_type")
+        return {"type": "function", "function": {"name": name}}
+    if kind == "allowed_tools":
+        mode = choice.get("mode", "auto")
+        if mode not in ("auto", "required"):
+            raise _invalid(f"tool_choice.mode must be 'auto' or 'required', got {mode!r}", "tool_choice.mode")
+        return mode
+    raise _builtin_refused(kind, "tool_choice.type")
+
+
+def _allowed_names(choice: Any) -> set[str] | None:
+    """The tool names an {"type": "allowed_tools"} choice keeps (None: every tool)."""
+    if not isinstance(choice, dict) or choice.get("type") != "allowed_tools":
+        return None
+    allowed = choice.get("tools")
+    if not isinstance(allowed, list):
+        raise _invalid("tool_choice.tools must be a list of {'type': 'function', 'name'}", "tool_choice.tools",
+                       "invalid_type")
+    names = set()
+    for index, entry in enumerate(allowed):
+        if not isinstance(entry, dict) or entry.get("type") != "function" or not isinstance(entry.get("name"), str):
+            raise _builtin_refused(entry.get("type") if isinstance(entry, dict) else entry,
+                                   f"tool_choice.tools[{index}]")
+        names.add(entry["name"])
+    return names
+
+
+# --- the request ------------------------------------------------------------------------------------
+
+
+class TextConfig(OpenAIBaseModel):
+    """`text`: the output format ({"type": "text"}, {"type": "json_object"} or a flat json_schema format)."""
+
+    format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_format(self) -> TextConfig:
+        if self.format is None:
+            return self
+        kind = self.format.get("type")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise _invalid(f"text.format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+                           "text.format.type")
+        if kind == "json_schema":
+            if not isinstance(self.format.get("name"), str):
+                raise _invalid("text.format.name is required for json_schema", "text.format.name",
+                               "missing_required_parameter")
+            if not isinstance(self.format.get("schema"), dict):
+                raise _invalid("text.format.schema must be a JSON Schema object", "text.format.schema",
+                               "invalid_type")
+        return self
+
+    def chat_response_format(self) -> dict[str, Any] | None:
+        """The chat `response_format` for this format (json_schema's fields move under `json_schema`)."""
+        if self.format is None or self.format.get("type") == "text":
+            return None
+        if self.format["type"] == "json_object":
+            return {"type": "json_object"}
+        schema = {k: self.format[k] for k in ("name", "schema", "strict", "description") if k in self.format}
+        return {"type": "json_schema", "json_schema": schema}
+
+
+class ResponsesRequest(OpenAIBaseModel):
+    """POST /v1/responses."""
+
+    model: str | None = Field(None, description="The served model name (see GET /v1/models).")
+    input: str | list[Any] = Field(description="A string (one user message) or a list of input items.")
+    instructions: str | None = Field(None, description="A system message put first (not carried over by "
+                                     "previous_response_id).")
+    previous_response_id: str | None = Field(None, description="Continue a stored response's conversation.")
+    max_output_tokens: int | None = Field(None, description="Most tokens to generate (>= 1).")
+    temperature: float | None = Field(None, description="Sampling temperature in [0, 2]; 0 is greedy. Default 1.")
+    top_p: float | None = Field(None, description="Nucleus sampling mass in (0, 1]. Default 1.")
+    tools: list[Any] | None = Field(None, description="Function tools; built-in tool types are refused.")
+    tool_choice: str | dict[str, Any] | None = Field(None, description="'none', 'auto', 'required', "
+                                                     "{'type': 'function', 'name'} or allowed_tools.")
+    parallel_tool_calls: bool | None = Field(None, description="Allow several calls in one answer (default true).")
+    text: TextConfig | None = Field(None, description="text.format: text, json_object or json_schema.")
+    stream: bool = Field(False, description="Stream semantic events (`event: response.*`) as server-sent events.")
+    store: bool = Field(True, description="Keep the response in this process's bounded in-memory store.")
+    metadata: dict[str, str] | None = Field(None, description="Up to 16 string pairs, echoed back.")
+    user: str | None = None
+    background: bool = Field(False, description="Not supported (no background mode).")
+    conversation: Any = Field(None, description="Not supported (use previous_response_id).")
+    prompt: Any = Field(None, description="Not supported (no stored prompt templates).")
+    _items: list[InputItem] = PrivateAttr(default_factory=list)
+    _tools: list[FunctionTool] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check_request(self) -> ResponsesRequest:
+        if self.background:
+            raise _invalid("background mode is not supported: ask without background (or stream)", "background",
+                           "unsupported_parameter")
+        if self.conversation is not None:
+            raise _invalid("conversation objects are not supported; continue a conversation with "
+                           "previous_response_id", "conversation", "unsupported_parameter")
+        if self.prompt is not None:
+            raise _invalid("stored prompt templates are not supported; send input and instructions",
+                           "prompt", "unsupported_parameter")
+        if self.input == "" or self.input == []:
+            raise _invalid("input must not be empty", "input")
+        ignored = sorted(k for k, v in (self.model_extra or {}).items() if k in IGNORED_FIELDS and v)
+        if ignored:
+            logger.info("responses: ignoring fields that do not apply to this server: %s", ignored)
+        self._check_metadata()
+        self._items = [] if isinstance(self.input, str) else parse_items(self.input)
+        self._tools = [self._tool(tool, index) for index, tool in enumerate(self.tools or [])]
+        return self
+
+    def _check_metadata(self) -> None:
+        metadata = self.metadata or {}
+        if len(metadata) > _METADATA_MAX_PAIRS:
+            raise _invalid(f"metadata holds at most {_METADATA_MAX_PAIRS} pairs, got {len(metadata)}", "metadata")
+        for key, value in metadata.items():
+            if len(key) > _METADATA_KEY_CHARS or len(value) > _METADATA_VALUE_CHARS:
+                raise _invalid(f"metadata keys are at most {_METADATA_KEY_CHARS} characters and values at most "
+                               f"{_METADATA_VALUE_CHARS}, got key {key[:80]!r}", "metadata")
+
+    @staticmethod
+    def _tool(data: Any, index: int) -> FunctionTool:
+        where = f"tools[{index}]"
+        if isinstance(data, dict) and data.get("type") != "function":
+            raise _builtin_refused(data.get("type"), f"{where}.type")
+        return _typed(FunctionTool, data, where)
+
+    def input_items(self) -> list[InputItem]:
+        """The input as items (a string input is one user message)."""
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self._items)
+
+    def to_chat_request(self, history: Sequence[dict[str, Any]] = ()) -> ChatCompletionRequest:
+        """The chat request this Responses request stands for.
+
+        Args:
+            history: chat messages of the previous response's conversation (previous_response_id), put
+                between the instructions and this request's input.
+
+        Returns:
+            A validated ChatCompletionRequest; InvalidRequestError naming the Responses field otherwise.
+        """
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        messages.extend(history)
+        messages.extend(chat_messages(self.input_items()))
+        body: dict[str, Any] = {"messages": messages, "stream": self.stream}
+        for name in ("model", "temperature", "top_p", "user"):
+            if getattr(self, name) is not None:
+                body[name] = getattr(self, name)
+        for name in SAMPLING_EXTRAS:
+            if name in (self.model_extra or {}):
+                body[name] = self.model_extra[name]  # type: ignore[index]
+        if self.max_output_tokens is not None:
+            body["max_completion_tokens"] = self.max_output_tokens
+        self._add_tools(body)
+        if self.text is not None and (response_format := self.text.chat_response_format()) is not None:
+            # NOTE(server): text.format shapes the message text; when tool_choice forces a call there is no
+            # message text (the call's own grammar decides the output), so the format is left out. The
+            # openai-agents SDK sends both on every turn of an agent with tools and an output_type.
+            choice = body.get("tool_choice")
+            if not (choice == "required" or isinstance(choice, dict)):
+                body["response_format"] = response_format
+        try:
+            return ChatCompletionRequest.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            cause = (first.get("ctx") or {}).get("error")
+            if isinstance(cause, InvalidRequestError):
+                cause.param = responses_param(cause.param)
+                raise cause from None
+            where = responses_param(".".join(str(p) for p in first.get("loc", ()) if isinstance(p, str)) or None)
+            message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+            raise _invalid(f"{where}: {message}" if where else message, where or "input") from None
+
+    def _add_tools(self, body: dict[str, Any]) -> None:
+        if not self._tools:
+            if self.tool_choice not in (None, "none", "auto"):
+                raise _invalid("tool_choice needs tools", "tool_choice")
+            return
+        allowed = _allowed_names(self.tool_choice)
+        tools = [t for t in self._tools if allowed is None or t.name in allowed]
+        body["tools"] = [t.to_chat() for t in tools]
+        if self.tool_choice is not None:
+            body["tool_choice"] = _chat_tool_choice(self.tool_choice)
+        if self.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = self.parallel_tool_calls
+
+    def echo(self) -> dict[str, Any]:
+        """The request fields a Response object repeats."""
+        text_format = (self.text.format if self.text is not None and self.text.format is not None
+                       else {"type": "text"})
+        return {
+            "instructions": self.instructions,
+            "max_output_tokens": self.max_output_tokens,
+            "metadata": dict(self.metadata or {}),
+            "parallel_tool_calls": True if self.parallel_tool_calls is None else self.parallel_tool_calls,
+            "previous_response_id": self.previous_response_id,
+            "reasoning": {"effort": None, "summary": None},
+            "store": self.store,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "text": {"format": text_format},
+            "tool_choice": self.tool_choice if self.tool_choice is not None else "auto",
+            "tools": [t.echo() for t in self._tools],
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "truncation": "disabled",
+            "user": self.user,
+        }
+
+
+# --- response objects -------------------------------------------------------------------------------
+
+
+def response_usage(num_prompt_tokens: int, num_generated_tokens: int) -> dict[str, Any]:
+    """`usage` of a Response: input/output/total tokens and their (always zero here) details."""
+    return {
+        "input_tokens": num_prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": num_generated_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": num_prompt_tokens + num_generated_tokens,
+    }
+
+
+def output_text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_item(item_id: str, status: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": parts}
+
+
+def function_call_item(item_id: str, status: str, call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
+            "arguments": arguments}
+
+
+def response_object(skeleton: dict[str, Any], status: str, output: list[dict[str, Any]],
+                    usage: dict[str, Any] | None, error: dict[str, Any] | None = None,
+                    incomplete_reason: str | None = None) -> dict[str, Any]:
+    """A Response object: `skeleton` (id, created_at, model and the request echo) plus the run's state."""
+    return {
+        **skeleton,
+        "object": "response",
+        "status": status,
+        "error": error,
+        "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+        "output": output,
+        "usage": usage,
+    }
+
+
+def response_skeleton(response_id: str, created_at: int, model: str, request: ResponsesRequest) -> dict[str, Any]:
+    return {"id": response_id, "created_at": created_at, "model": model, "background": False, **request.echo()}
+
+
+def deleted(response_id: str) -> dict[str, Any]:
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+def input_item_objects(items: Sequence[InputItem]) -> list[dict[str, Any]]:
+    """Input items as GET .../input_items lists them: each with an id, message content as parts."""
+    objects = []
+    for item in items:
+        data = item.model_dump(exclude_none=True)
+        if isinstance(item, MessageItem):
+            part_type = "output_text" if item.role == "assistant" else "input_text"
+            if isinstance(item.content, str):
+                data["content"] = [{"type": part_type, "text": item.content}]
+            data.setdefault("status", "completed")
+        data.setdefault("id", new_id({"message": "msg", "function_call": "fc"}.get(data["type"], "fco")))
+        objects.append(data)
+    return objects
+
+
+def input_items_page(items: Sequence[dict[str, Any]], order: str, limit: int, after: str | None) -> dict[str, Any]:
+    """One page of GET /v1/responses/{id}/input_items (`order` 'asc' or 'desc', `after` an item id)."""
+    ordered = list(items) if order == "asc" else list(reversed(items))
+    if after is not None:
+        ids = [item.get("id") for item in ordered]
+        ordered = ordered[ids.index(after) + 1:] if after in ids else []
+    page = ordered[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > limit}

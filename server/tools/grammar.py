@@ -1,0 +1,202 @@
+"""Tool calls as grammars: tools + tool_choice -> one llguidance Lark grammar per output format.
+
+Text only: the engine compiles the grammar (StructuredOutput kind "lark"); this module never imports the
+grammar library. `required` and a named function constrain the whole answer; `auto` leaves text free until
+the format's trigger (a tag or special token) appears, then constrains the call (a lazy grammar), except in
+the generic format, whose answer is always JSON: a call or {"response": text}.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.json_schema import close_objects
+
+# NOTE(tools): one JSON style everywhere: no free whitespace (a small model could spend its tokens on it),
+# and ", " / ": " separators, as the models' own tool-call examples and json.dumps write JSON.
+_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Free text in `auto`: anything (special tokens cannot appear in it: llguidance never matches them as text).
+_TEXT = r"/(?s:.*)/"
+
+EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """What opens a call in a native format: ``text`` (e.g. ``<tool_call>``), and the special token id
+    when the tokenizer has it as one (then the grammar must name the token, not spell the text)."""
+
+    text: str
+    special_id: int | None = None
+
+    def lark(self) -> str:
+        return f"<[{self.special_id}]>" if self.special_id is not None else json.dumps(self.text)
+
+
+def _has_ref(node: Any) -> bool:
+    if isinstance(node, dict):
+        return "$ref" in node or any(_has_ref(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_has_ref(v) for v in node)
+    return False
+
+
+def _rebase_refs(node: Any, base: str) -> Any:
+    """A copy of ``node`` whose local refs (``#...``) point under ``base`` (``#/$defs/tool0``)."""
+    if isinstance(node, dict):
+        out = {k: _rebase_refs(v, base) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            out["$ref"] = base + ref[1:]
+        return out
+    if isinstance(node, list):
+        return [_rebase_refs(v, base) for v in node]
+    return node
+
+
+def function_of(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool["function"]
+
+
+def parameters_of(tool: dict[str, Any]) -> dict[str, Any]:
+    """The tool's parameters schema; a function without one takes no arguments (as OpenAI defines it)."""
+    params = function_of(tool).get("parameters")
+    return EMPTY_PARAMETERS if params is None else params
+
+
+def call_schema(tools: Sequence[dict[str, Any]], args_key: str = "arguments") -> dict[str, Any]:
+    """JSON Schema of one call ``{"name": <const>, "<args_key>": <parameters>}`` to any of ``tools``.
+
+    A parameters schema with local ``$ref``s moves under ``$defs`` (its refs rebased), so that it still
+    resolves once embedded in this larger document.
+    """
+    defs: dict[str, Any] = {}
+    alternatives = []
+    for index, tool in enumerate(tools):
+        params = parameters_of(tool)
+        if _has_ref(params):
+            key = f"ortserve_tool{index}"
+            defs[key] = _rebase_refs(params, f"#/$defs/{key}")
+            params = {"$ref": f"#/$defs/{key}"}
+        alternatives.append({
+            "type": "object",
+            "properties": {"name": {"const": function_of(tool)["name"]}, args_key: params},
+            "required": ["name", args_key],
+            "additionalProperties": False,
+        })
+    schema: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+    if defs:
+        schema = {**schema, "$defs": defs}
+    return schema
+
+
+def _json(schema: dict[str, Any]) -> str:
+    return "%json " + json.dumps({**close_objects(schema), "x-guidance": _JSON_STYLE}, ensure_ascii=False)
+
+
+def _hoist_defs(schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    schema = dict(schema)
+    return schema, schema.pop("$defs", {})
+
+
+def generic_schema(tools: Sequence[dict[str, Any]], *, required: bool, parallel: bool) -> dict[str, Any]:
+    """The generic format's answer: ``{"tool_calls": [...]}`` (``{"tool_call": ...}`` when not parallel),
+    or, unless ``required``, ``{"response": "..."}``."""
+    call, defs = _hoist_defs(call_schema(tools))
+    if parallel:
+        wrapper = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1}},
+                   "required": ["tool_calls"], "additionalProperties": False}
+    else:
+        wrapper = {"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"],
+                   "additionalProperties": False}
+    schema: dict[str, Any] = wrapper
+    if not required:
+        response = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
+                    "additionalProperties": False}
+        schema = {"anyOf": [wrapper, response]}
+    return {**schema, "$defs": defs} if defs else schema
+
+
+def generic_grammar(tools: Sequence[dict[str, Any]], *, required: bool, parallel: bool) -> str:
+    return f"start: {_json(generic_schema(tools, required=required, parallel=parallel))}\n"
+
+
+def _tagged_start(trigger: Trigger, call_rule: str, *, required: bool, repeat: bool, separator: str) -> list[str]:
+    """Rules that put calls ``<trigger> <call_rule>`` (repeated after ``separator`` when ``repeat``) in the
+    answer: only calls when ``required``; otherwise free text first, and the trigger starts enforcement.
+
+    NOTE(tools): a special-token trigger cannot occur in free text (llguidance never matches special tokens
+    as text), so text may simply run until it. A text trigger needs the free-text alternative to exclude it,
+    and a lazy lexeme that ends at its first occurrence: from there the call is enforced.
+    """
+    trig = trigger.lark()
+    more = f" ({json.dumps(separator) + ' ' if separator else ''}{trig} {call_rule})*" if repeat else ""
+    if required:
+        return [f"start: {trig} {call_rule}{more}"]
+    if trigger.special_id is not None:
+        return [f"start: TEXT | TEXT {trig} {call_rule}{more}", f"TEXT: {_TEXT}"]
+    escaped = _regex_escape(trigger.text)
+    return [f"start: PLAIN | lead {call_rule}{more}",
+            f"PLAIN: {_TEXT} & ~/(?s:.*){escaped}(?s:.*)/",
+            f"lead[lazy]: /(?s:.*){escaped}/"]
+
+
+def hermes_grammar(tools: Sequence[dict[str, Any]], *, trigger: Trigger, close: Trigger, required: bool,
+                   parallel: bool) -> str:
+    """Hermes / Qwen: ``<tool_call>\\n{"name", "arguments"}\\n</tool_call>``, calls separated by a newline."""
+    lines = _tagged_start(trigger, "call", required=required, repeat=parallel, separator="\n")
+    lines += [f'call: "\\n" body "\\n" {close.lark()}', f"body: {_json(call_schema(tools))}"]
+    return "\n".join(lines) + "\n"
+
+
+def mistral_grammar(tools: Sequence[dict[str, Any]], *, trigger: Trigger, args_token: Trigger | None,
+                    required: bool, parallel: bool) -> str:
+    """Mistral: ``[TOOL_CALLS][{"name", "arguments"}, ...]`` (v3 tokenizers), or ``[TOOL_CALLS]name[ARGS]{...}``
+    per call when the tokenizer has ``[ARGS]`` (v11+)."""
+    if args_token is None:
+        call, defs = _hoist_defs(call_schema(tools))
+        array: dict[str, Any] = {"type": "array", "items": call, "minItems": 1}
+        if not parallel:
+            array["maxItems"] = 1
+        if defs:
+            array["$defs"] = defs
+        lines = _tagged_start(trigger, "calls", required=required, repeat=False, separator="")
+        return "\n".join(lines + [f"calls: {_json(array)}"]) + "\n"
+    lines = _tagged_start(trigger, "call", required=required, repeat=parallel, separator="")
+    names = []
+    for index, tool in enumerate(tools):
+        names.append(f"call{index}")
+        # The parameters schema is a document of its own here, so its local refs resolve as written.
+        lines.append(f"call{index}: {json.dumps(function_of(tool)['name'])} {args_token.lark()} "
+                     f"{_json(parameters_of(tool))}")
+    lines.append("call: " + " | ".join(names))
+    return "\n".join(lines) + "\n"
+
+
+def llama3_grammar(tools: Sequence[dict[str, Any]], *, required: bool, python_tag: Trigger | None) -> str:
+    """Llama 3.x: the answer is one ``{"name", "parameters"}`` object (after ``<|python_tag|>`` if the model
+    writes one); in ``auto`` an answer that does not start with ``{`` is text."""
+    lines = [f"call: {_json(call_schema(tools, 'parameters'))}"]
+    tagged = f" | {python_tag.lark()} call" if python_tag is not None and python_tag.special_id is not None else ""
+    if required:
+        lines.insert(0, f"start: call{tagged}")
+    else:
+        lines.insert(0, f"start: TEXT | call{tagged}")
+        lines.append(r"TEXT: /([^{](?s:.*))?/")
+    return "\n".join(lines) + "\n"
+
+
+def _regex_escape(text: str) -> str:
+    """``text`` as a Rust-regex literal inside Lark's ``/.../`` (slashes escaped too)."""
+    out = []
+    for ch in text:
+        if ch in r"\.+*?()|[]{}^$#&-~/":
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append(r"\n")
+        else:
+            out.append(ch)
+    return "".join(out)

@@ -1,0 +1,238 @@
+"""One chat request's tool calling, decided in one place: the output format, the prompt messages, the grammar.
+
+A model whose chat template renders tools gets its native format (tools and tool history through the
+template, its own call markup parsed, a lazily triggered grammar for `auto`). Any other model gets the
+generic format: the tools described in a system message and the whole answer enforced as JSON, as
+llama.cpp's generic handler does. Imports engine.types only; the grammar library stays in the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from engine.types import StructuredOutput
+from server.tools import grammar
+from server.tools.grammar import Trigger
+from server.tools.parsers import PARSERS
+
+GENERIC = "generic"
+# Markers in a tool-capable template's source -> its native format (first match wins).
+_NATIVE_MARKERS = (("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3_json"))
+
+
+class _Template(Protocol):
+    supports_tools: bool
+    tool_source: str
+
+
+class _Tokenizer(Protocol):
+    def special_token_id(self, token: str) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """The request's tool fields, validated (server.protocol builds it).
+
+    Attributes:
+        tools: OpenAI tool definitions ``{"type": "function", "function": {"name", "description",
+            "parameters"}}``.
+        choice: "none", "auto", "required" or "function" (then ``function`` names it).
+        parallel: parallel_tool_calls (several calls in one answer); None when the request does not say.
+    """
+
+    tools: tuple[dict[str, Any], ...] = ()
+    choice: str = "none"
+    function: str | None = None
+    parallel: bool | None = None
+
+    def allows_parallel(self, native: bool) -> bool:
+        """Whether one answer may hold several calls.
+
+        NOTE(tools): unsaid, a native format follows OpenAI's default (true); the generic format allows one
+        call, as llama.cpp's server does: a model without tool training, free to go on, repeats its call
+        until max_tokens (SmolLM2 at temperature 0 wrote four calls for "What's the weather in Paris?").
+        """
+        return (self.parallel if self.parallel is not None else native) and self.choice != "function"
+
+    @property
+    def calls_possible(self) -> bool:
+        return bool(self.tools) and self.choice != "none"
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """How one chat request is rendered, constrained and parsed.
+
+    Attributes:
+        format: the output format ("hermes", "llama3_json", "mistral" or "generic").
+        messages: the conversation to render (tool history in the form the format needs).
+        template_tools: the ``tools`` variable for the chat template (native formats only).
+        structured: the grammar that enforces calls, or None (no calls possible, or free text).
+        parser: the parser that reads calls from the output; None when no call can be made.
+        preserved_tokens: special tokens the detokenizer must keep for the parser.
+        max_calls: 1 when parallel_tool_calls is false.
+    """
+
+    format: str
+    messages: list[dict[str, Any]]
+    template_tools: list[dict[str, Any]] | None = None
+    structured: StructuredOutput | None = None
+    parser: str | None = None
+    preserved_tokens: tuple[str, ...] = ()
+    max_calls: int | None = None
+
+
+def choose_format(template: _Template) -> str:
+    """Native format when the template renders tools and writes a known call markup; else generic."""
+    if not template.supports_tools:
+        return GENERIC
+    source = template.tool_source
+    for marker, name in _NATIVE_MARKERS:
+        if marker in source:
+            return name
+    return GENERIC
+
+
+def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, template: _Template,
+               tokenizer: _Tokenizer) -> ToolPlan:
+    """Render, constrain and parse plan for one request.
+
+    Args:
+        messages: ``[{"role", "content": str, "tool_calls"?: [...], "tool_call_id"?: str, "name"?: str}]``
+            with tool-call arguments as JSON text (as on the wire).
+        request: the validated tool fields (a plain ``ToolRequest()`` when the request has none).
+        template: the model's chat template (``supports_tools``, ``tool_source``).
+        tokenizer: tells which markup strings are special tokens.
+    """
+    fmt = choose_format(template)
+    native = fmt != GENERIC
+    rendered = _native_history(messages) if native else _generic_history(messages, request)
+    if not request.calls_possible:
+        return ToolPlan(fmt, rendered, list(request.tools) if native and request.tools else None)
+    targets = [t for t in request.tools if t["function"]["name"] == request.function] if request.function \
+        else list(request.tools)
+    required = request.choice in ("required", "function")
+    parallel = request.allows_parallel(native)
+    spec = _grammar(fmt, targets, required=required, parallel=parallel, template=template, tokenizer=tokenizer)
+    return ToolPlan(
+        fmt, rendered, list(request.tools) if native else None,
+        structured=StructuredOutput("lark", spec, param="tools"),
+        parser=fmt, preserved_tokens=PARSERS[fmt].preserved_tokens, max_calls=None if parallel else 1)
+
+
+def _grammar(fmt: str, tools: list[dict[str, Any]], *, required: bool, parallel: bool, template: _Template,
+             tokenizer: _Tokenizer) -> str:
+    def trigger(text: str) -> Trigger:
+        return Trigger(text, tokenizer.special_token_id(text))
+
+    if fmt == "hermes":
+        return grammar.hermes_grammar(tools, trigger=trigger("<tool_call>"), close=trigger("</tool_call>"),
+                                      required=required, parallel=parallel)
+    if fmt == "mistral":
+        args = trigger("[ARGS]") if "[ARGS]" in template.tool_source else None
+        return grammar.mistral_grammar(tools, trigger=trigger("[TOOL_CALLS]"), required=required, parallel=parallel,
+                                       args_token=args if args is not None and args.special_id is not None else None)
+    if fmt == "llama3_json":
+        return grammar.llama3_grammar(tools, required=required, python_tag=trigger("<|python_tag|>"))
+    return grammar.generic_grammar(tools, required=required, parallel=parallel)
+
+
+# --- prompt messages --------------------------------------------------------------------------------
+
+
+def _arguments_object(arguments: Any) -> Any:
+    """Templates write ``arguments | tojson``: give them the object, not the wire's JSON text."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+def _native_history(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for message in messages:
+        message = dict(message)
+        if message.get("tool_calls"):
+            message["tool_calls"] = [
+                {**call, "function": {**call["function"], "arguments": _arguments_object(call["function"]["arguments"])}}
+                for call in message["tool_calls"]]
+        out.append(message)
+    return out
+
+
+def _generic_calls_text(calls: list[dict[str, Any]], request: ToolRequest) -> str:
+    """An assistant's calls in the generic format: the JSON the model is asked to write when it may call
+    tools; otherwise plain sentences (a small model imitates JSON in its history even when asked for text)."""
+    items = [{"name": c["function"]["name"], "arguments": _arguments_object(c["function"]["arguments"])}
+             for c in calls]
+    if not request.calls_possible:
+        return "\n".join(f"I called {item['name']} with {json.dumps(item['arguments'], ensure_ascii=False)}."
+                         for item in items)
+    body = {"tool_calls": items} if request.allows_parallel(False) or len(items) > 1 else {"tool_call": items[0]}
+    return json.dumps(body, ensure_ascii=False)
+
+
+def _generic_history(messages: Sequence[dict[str, Any]], request: ToolRequest) -> list[dict[str, Any]]:
+    """Tool history for a template that knows no tools: calls as the assistant's text, tool results as one
+    user message per run of results (for templates that insist on user/assistant alternation)."""
+    names = {}
+    out: list[dict[str, Any]] = []
+    results_open = False  # the last message out is a user message of tool results
+    for message in messages:
+        role = message["role"]
+        if role == "tool":
+            name = message.get("name") or names.get(message.get("tool_call_id"))
+            text = f"{name or 'The tool'} returned: {message.get('content', '')}"
+            if results_open:
+                out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
+            else:
+                out.append({"role": "user", "content": text})
+            results_open = True
+            continue
+        results_open = False
+        if role == "assistant" and message.get("tool_calls"):
+            for call in message["tool_calls"]:
+                names[call.get("id")] = call["function"]["name"]
+            out.append({"role": "assistant", "content": _generic_calls_text(message["tool_calls"], request)})
+        else:
+            out.append({"role": role, "content": message.get("content", "")})
+    if request.calls_possible:
+        out = _with_system(out, generic_instructions(request))
+    return out
+
+
+def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    if messages and messages[0]["role"] == "system":
+        first = messages[0]
+        return [{**first, "content": f"{first['content']}\n\n{text}" if first["content"] else text}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def generic_instructions(request: ToolRequest) -> str:
+    """The system text that describes the tools and the JSON answer the grammar will enforce."""
+    tools = [t for t in request.tools if request.function is None or t["function"]["name"] == request.function]
+    lines = ["You can use these tools (each with the JSON Schema of its arguments):"]
+    for tool in tools:
+        fn = tool["function"]
+        entry = {"name": fn["name"], "description": fn.get("description", ""),
+                 "parameters": fn.get("parameters", grammar.EMPTY_PARAMETERS)}
+        lines.append(json.dumps(entry, ensure_ascii=False))
+    parallel = request.allows_parallel(False)
+    example = ({"tool_calls": [{"name": "<tool name>", "arguments": {"<argument>": "<value>"}}]} if parallel
+               else {"tool_call": {"name": tools[0]["function"]["name"] if request.function else "<tool name>",
+                                   "arguments": {"<argument>": "<value>"}}})
+    call_text = json.dumps(example)
+    lines.append("")
+    if request.choice == "function":
+        lines.append(f"Call the tool {request.function!r}. Answer with JSON only: {call_text}")
+    elif request.choice == "required":
+        lines.append(f"Call a tool. Answer with JSON only: {call_text}")
+    else:
+        lines.append(f"Answer with JSON only: either call tools with {call_text}, "
+                     'or reply to the user with {"response": "<your reply>"}.')
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""`ortserve bench --scenario multiturn|copy` against real servers on the tiny model, each interleaved with a
+peer that has the feature off: the reports hold what the scenarios promise (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+from server.app import create_app
+from tests.integration.server.conftest import api_settings, serve_app
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_multiturn_reuses_the_conversation_and_the_peer_does_not(tiny_model: Path, tmp_path: Path, capsys) -> None:
+    with serve_app(create_app(api_settings(tiny_model))) as ours, \
+            serve_app(create_app(api_settings(tiny_model, prefix_caching=False))) as peer:
+        out, plot = tmp_path / "multiturn.json", tmp_path / "multiturn.png"
+        assert main(["--scenario", "multiturn", "--url", ours.url, "--peer-url", peer.url, "--peer-label", "off",
+                     "--num-requests", "2", "--turns", "3", "--system-tokens", "20", "--user-tokens", "4",
+                     "--output-tokens", "6", "--pause", "0", "--out", str(out), "--plot", str(plot)]) == 0
+    printed = capsys.readouterr().out
+    assert "later turns" in printed and "cold request" in printed and plot.stat().st_size > 0
+    report = json.loads(out.read_text())
+    replies = report["replies"]
+    assert len(replies) == 2 * 3 * 2 and all(r["error"] is None for r in replies)
+    for r in replies:
+        if r["target"] == "off":
+            assert r["num_cached_tokens"] == 0
+        elif r["turn"] > 1:  # the conversation so far, up to the previous answer, came from the cache
+            previous = next(p for p in replies if (p["target"], p["index"], p["turn"]) == ("ortserve", r["index"],
+                                                                                          r["turn"] - 1))
+            assert r["num_cached_tokens"] >= previous["num_prompt_tokens"]
+    summary = report["summary"]["targets"]
+    assert set(summary) == {"ortserve", "off"} and summary["off"]["cold_speed_ratio"]["median"] > 0
+
+
+def test_copy_compares_decode_speed_and_text_with_the_peer(tiny_model: Path, tmp_path: Path, capsys) -> None:
+    with serve_app(create_app(api_settings(tiny_model))) as ours, \
+            serve_app(create_app(api_settings(tiny_model, speculative_tokens=0))) as peer:
+        out = tmp_path / "copy.json"
+        assert main(["--scenario", "copy", "--url", ours.url, "--peer-url", peer.url, "--num-requests", "2",
+                     "--output-tokens", "24", "--pause", "0", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "copy ortserve vs peer1" in printed and "free ortserve vs peer1" in printed
+    report = json.loads(out.read_text())
+    assert {(r["target"], r["kind"]) for r in report["replies"]} == {
+        (t, k) for t in ("ortserve", "peer1") for k in ("copy", "free")}
+    for kind in ("copy", "free"):
+        peer_summary = report["summary"]["targets"]["peer1"][kind]
+        assert peer_summary["compared"] == 2
+        assert peer_summary["same_text"] == 2  # greedy: speculation never changes the text (float model)

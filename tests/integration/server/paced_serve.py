@@ -1,0 +1,36 @@
+"""`python -m tests.integration.server.paced_serve DELAY_S serve ...`: the `ortserve` CLI, unchanged, with a
+test-only fault injector that sleeps DELAY_S before every decode step.
+
+A stream of N tokens then lasts at least N * DELAY_S seconds whatever the machine's speed, so a test's premise
+("the stream is still open when ...") holds by construction; a faster machine cannot shorten a sleep.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+import server.app
+from engine.types import StepInfo
+from server.__main__ import main
+
+
+def paced(delay_s: float) -> None:
+    """Every engine the app loads from now on sleeps `delay_s` before each decode step."""
+    make_config = server.app.engine_config_from
+
+    def pace(info: StepInfo) -> None:
+        if info.kind == "decode":
+            time.sleep(delay_s)
+
+    def config_with_pace(settings: Any) -> Any:
+        return replace(make_config(settings), fault_injector=pace)
+
+    server.app.engine_config_from = config_with_pace
+
+
+if __name__ == "__main__":
+    paced(float(sys.argv[1]))
+    sys.exit(main(sys.argv[2:]))

@@ -1,0 +1,330 @@
+"""The Responses API's wire side without a model: request -> chat request, the item/event assembler, the store."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from pydantic import ValidationError
+
+from engine.types import InvalidRequestError
+from server.protocol_responses import ResponsesRequest, TextConfig, chat_messages, parse_items, responses_param
+from server.response_events import ResponseAssembler
+from server.response_store import ResponseStore, make_stored
+
+TOOL = {"type": "function", "name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def request(**fields) -> ResponsesRequest:
+    return ResponsesRequest.model_validate({"input": "hi", **fields})
+
+
+def invalid(**fields) -> InvalidRequestError:
+    """The 400 that validating the request raises (pydantic carries it as the cause of its error)."""
+    with pytest.raises(ValidationError) as info:
+        request(**fields)
+    cause = info.value.errors()[0]["ctx"]["error"]
+    assert isinstance(cause, InvalidRequestError)
+    return cause
+
+
+def refused(**fields) -> InvalidRequestError:
+    """The 400 that turning a valid request into a chat request raises."""
+    with pytest.raises(InvalidRequestError) as info:
+        request(**fields).to_chat_request()
+    return info.value
+
+
+# --- request -> chat request ------------------------------------------------------------------------
+
+
+def test_string_input_and_instructions_become_system_then_user() -> None:
+    chat = request(input="What is 2+2?", instructions="Answer briefly.", max_output_tokens=7, temperature=0.5,
+                   top_p=0.9, user="u1").to_chat_request()
+    assert chat.template_messages() == [{"role": "system", "content": "Answer briefly."},
+                                        {"role": "user", "content": "What is 2+2?"}]
+    params = chat.to_sampling_params(default_max_tokens=100, max_model_len=2048)
+    assert (params.max_tokens, params.temperature, params.top_p) == (7, 0.5, 0.9)
+
+
+def test_history_goes_between_instructions_and_input() -> None:
+    history = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "answer"}]
+    chat = request(input="second", instructions="sys").to_chat_request(history)
+    assert [m["content"] for m in chat.template_messages()] == ["sys", "first", "answer", "second"]
+
+
+def test_items_with_text_parts_and_function_calls_become_chat_messages() -> None:
+    items = parse_items([
+        {"role": "developer",
+         "content": [{"type": "input_text", "text": "be "}, {"type": "input_text", "text": "nice"}]},
+        {"type": "message", "role": "user", "content": "weather in Paris and Rome?"},
+        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+         "content": [{"type": "output_text", "text": "Let me look.", "annotations": []}]},
+        {"type": "function_call", "call_id": "call_a", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+        {"type": "function_call", "call_id": "call_b", "name": "get_weather", "arguments": '{"city":"Rome"}'},
+        {"type": "function_call_output", "call_id": "call_a", "output": "21C"},
+        {"type": "function_call_output", "call_id": "call_b", "output": [{"type": "input_text", "text": "18C"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": []},  # sent back by agents; nothing in it applies
+        {"type": "function_call", "call_id": "call_c", "name": "get_weather", "arguments": "{}"},
+    ])
+    messages = chat_messages(items)
+    assert messages == [
+        {"role": "system", "content": "be nice"},
+        {"role": "user", "content": "weather in Paris and Rome?"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+            {"id": "call_b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}},
+        ]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "21C"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "18C"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_c", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+    ]
+
+
+@pytest.mark.parametrize("item,param,needle", [
+    ({"type": "file_search_call", "id": "x"}, "input[0].type", "'file_search_call'"),
+    ({"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}, "input[0].content[0].type",
+     "'input_image'"),
+    ({"type": "function_call", "name": "f", "arguments": "{}"}, "input[0].call_id", "required"),
+    ({"role": "robot", "content": "x"}, "input[0].role", "input[0].role"),
+    ("just a string", "input[0]", "must be an object"),
+])
+def test_bad_items_name_the_item_and_field(item, param: str, needle: str) -> None:
+    error = invalid(input=[item])
+    assert error.param == param
+    assert needle in str(error)
+
+
+def test_function_tools_and_tool_choice_map_onto_chat() -> None:
+    chat = request(tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"}, parallel_tool_calls=False,
+                   stream=True).to_chat_request()
+    body = chat.model_dump(exclude_none=True)
+    assert body["tools"] == [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather of a city", "parameters": TOOL["parameters"],
+        "strict": True}}]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert body["parallel_tool_calls"] is False and body["stream"] is True
+
+
+def test_text_format_maps_onto_response_format() -> None:
+    schema = {"type": "json_schema", "name": "w", "strict": True, "schema": {"type": "object"}}
+    assert TextConfig(format=schema).chat_response_format() == {
+        "type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}, "strict": True}}
+    assert TextConfig(format={"type": "json_object"}).chat_response_format() == {"type": "json_object"}
+    assert TextConfig(format={"type": "text"}).chat_response_format() is None
+    assert TextConfig().chat_response_format() is None
+
+
+def test_text_format_does_not_apply_to_a_forced_call_and_is_refused_with_auto() -> None:
+    fmt = {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}}
+    for choice in ("required", {"type": "function", "name": "get_weather"}):
+        assert request(tools=[TOOL], tool_choice=choice, text=fmt).to_chat_request().response_format is None
+    assert request(tools=[TOOL], tool_choice="none", text=fmt).to_chat_request().response_format is not None
+    assert refused(tools=[TOOL], text=fmt).param == "text.format"  # auto: a call or text, as on chat
+
+
+def test_allowed_tools_keeps_the_named_tools_with_its_mode() -> None:
+    other = {**TOOL, "name": "get_time"}
+    chat = request(tools=[TOOL, other], tool_choice={"type": "allowed_tools", "mode": "required",
+                                                     "tools": [{"type": "function", "name": "get_time"}]})
+    body = chat.to_chat_request().model_dump(exclude_none=True)
+    assert [t["function"]["name"] for t in body["tools"]] == ["get_time"] and body["tool_choice"] == "required"
+
+
+@pytest.mark.parametrize("tool_type", ["web_search", "web_search_preview", "file_search", "code_interpreter",
+                                       "computer_use_preview", "image_generation", "mcp"])
+def test_built_in_tools_are_refused_naming_the_type(tool_type: str) -> None:
+    error = invalid(tools=[TOOL, {"type": tool_type}])
+    assert error.param == "tools[1].type" and repr(tool_type) in str(error)
+    assert refused(tools=[TOOL], tool_choice={"type": tool_type}).param == "tool_choice.type"
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"background": True}, "background"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+    ({"input": []}, "input"),
+    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+    ({"text": {"format": {"type": "grammar"}}}, "text.format.type"),
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+])
+def test_what_cannot_be_served_is_a_400_naming_it(fields: dict, param: str) -> None:
+    assert invalid(**fields).param == param
+
+
+def test_chat_errors_are_renamed_to_the_responses_fields() -> None:
+    assert refused(tool_choice="required").param == "tool_choice"
+    with pytest.raises(InvalidRequestError) as info:
+        request(max_output_tokens=0).to_chat_request().to_sampling_params(16, 2048)
+    assert responses_param(info.value.param) == "max_output_tokens"
+    assert responses_param("messages[3].content") == "input"
+    assert responses_param("response_format") == "text.format"
+    assert responses_param("temperature") == "temperature"
+
+
+def test_fields_that_do_not_apply_are_accepted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="server.protocol_responses"):
+        chat = request(reasoning={"effort": "high"}, truncation="auto", include=["x"], store=False,
+                       metadata={"k": "v"}).to_chat_request()
+    assert "reasoning" in caplog.text and "truncation" in caplog.text
+    assert chat.template_messages() == [{"role": "user", "content": "hi"}]
+
+
+def test_sampling_extensions_pass_through() -> None:
+    chat = request(top_k=5, seed=3, ignore_eos=True).to_chat_request()
+    params = chat.to_sampling_params(16, 2048)
+    assert (params.top_k, params.seed, params.ignore_eos) == (5, 3, True)
+
+
+def test_echo_defaults_match_openai() -> None:
+    echo = request().echo()
+    assert echo["tool_choice"] == "auto" and echo["parallel_tool_calls"] is True and echo["store"] is True
+    assert echo["text"] == {"format": {"type": "text"}} and echo["tools"] == [] and echo["metadata"] == {}
+
+
+# --- the assembler ----------------------------------------------------------------------------------
+
+
+def _assembler() -> ResponseAssembler:
+    return ResponseAssembler({"id": "resp_1", "created_at": 1, "model": "m"})
+
+
+USAGE = {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7}
+
+
+def test_text_events_in_order_with_sequence_numbers() -> None:
+    asm = _assembler()
+    events = asm.start()
+    for piece in ["Hel", "lo", "!"]:
+        events += asm.feed({"content": piece})
+    events += asm.finish("stop", USAGE)
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
+    assert events[-1]["response"] == asm.response()  # one builder for the stream's end and the body
+    body = asm.response()
+    assert body["status"] == "completed" and body["usage"] == USAGE and body["incomplete_details"] is None
+    [item] = body["output"]
+    assert item["type"] == "message" and item["status"] == "completed" and item["role"] == "assistant"
+    assert item["content"] == [{"type": "output_text", "text": "Hello!", "annotations": [], "logprobs": []}]
+    assert {e.get("item_id") for e in events[3:9]} == {item["id"]}
+
+
+def test_text_then_two_calls_close_each_item_before_the_next() -> None:
+    asm = _assembler()
+    events = asm.feed({"content": "Checking."})
+    events += asm.feed({"content": "\n"})
+    events += asm.feed({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                                        "function": {"name": "f", "arguments": ""}}]})
+    events += asm.feed({"tool_calls": [{"index": 0, "function": {"arguments": '{"x":'}}]})
+    events += asm.feed({"tool_calls": [{"index": 0, "function": {"arguments": " 1}"}}]})
+    events += asm.feed({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                                        "function": {"name": "g", "arguments": "{}"}}]})
+    events += asm.finish("stop", USAGE)
+    types = [e["type"] for e in events]
+    assert types == [
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    message, call_a, call_b = asm.response()["output"]
+    assert message["content"][0]["text"] == "Checking.\n"
+    assert call_a == {"id": call_a["id"], "type": "function_call", "status": "completed", "call_id": "call_a",
+                      "name": "f", "arguments": '{"x": 1}'}
+    assert (call_b["call_id"], call_b["arguments"]) == ("call_b", "{}")
+    assert [e["output_index"] for e in events if e["type"] == "response.output_item.added"] == [0, 1, 2]
+    assert events[10]["arguments"] == '{"x": 1}' and events[10]["name"] == "f"
+
+
+def test_whitespace_before_a_call_makes_no_message_item() -> None:
+    asm = _assembler()
+    events = asm.feed({"content": "\n "})
+    assert events == []
+    asm.feed({"tool_calls": [{"index": 0, "id": "call_a", "function": {"name": "f", "arguments": "{}"}}]})
+    asm.finish("stop", USAGE)
+    assert [item["type"] for item in asm.response()["output"]] == ["function_call"]
+
+
+def test_leading_whitespace_of_text_is_kept_and_an_empty_answer_is_one_empty_message() -> None:
+    asm = _assembler()
+    deltas = [e["delta"] for e in asm.feed({"content": " "}) + asm.feed({"content": "Hi"})
+              if e["type"] == "response.output_text.delta"]
+    assert deltas == [" Hi"]
+    empty = _assembler()
+    types = [e["type"] for e in empty.finish("stop", USAGE)]
+    assert types[0] == "response.output_item.added" and types[-1] == "response.completed"
+    assert empty.response()["output"][0]["content"][0]["text"] == ""
+
+
+def test_the_token_limit_makes_an_incomplete_response() -> None:
+    asm = _assembler()
+    asm.feed({"content": "cut sh"})
+    events = asm.finish("length", USAGE)
+    assert events[-1]["type"] == "response.incomplete"
+    body = asm.response()
+    assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert body["output"][0]["status"] == "incomplete"
+
+
+def test_a_failure_ends_with_response_failed() -> None:
+    asm = _assembler()
+    asm.start()
+    asm.feed({"content": "partial"})
+    [event] = asm.fail("The engine failed: boom")
+    assert event["type"] == "response.failed" and event["sequence_number"] == 5
+    assert event["response"]["status"] == "failed"
+    assert event["response"]["error"] == {"code": "server_error", "message": "The engine failed: boom"}
+    assert event["response"]["output"][0]["content"][0]["text"] == "partial"
+
+
+# --- the store --------------------------------------------------------------------------------------
+
+
+def _stored(text: str) -> object:
+    return make_stored({"id": text, "output": text}, [{"role": "user", "content": text}], [])
+
+
+def test_store_is_an_lru_bounded_by_count() -> None:
+    store = ResponseStore(max_responses=2, max_bytes=10**6)
+    for name in ("a", "b"):
+        store.put(name, _stored(name))
+    assert store.get("a") is not None  # a is now the most recently used
+    store.put("c", _stored("c"))
+    assert store.get("b") is None and store.get("a") is not None and store.get("c") is not None
+    assert len(store) == 2
+
+
+def test_store_is_bounded_by_bytes_and_deletes() -> None:
+    one = _stored("x" * 100)
+    store = ResponseStore(max_responses=100, max_bytes=2 * one.num_bytes + 10)
+    for name in ("a", "b", "c"):
+        store.put(name, _stored("x" * 100))
+    assert len(store) == 2 and store.get("a") is None
+    assert store.num_bytes <= store.max_bytes
+    assert store.delete("b") and not store.delete("b") and store.get("b") is None
+    assert store.num_bytes == one.num_bytes
+    store.put("huge", _stored("x" * 10_000))  # larger than the whole bound: not kept, nothing evicted
+    assert store.get("huge") is None and store.get("c") is not None
+
+
+def test_a_store_of_size_zero_keeps_nothing() -> None:
+    store = ResponseStore(max_responses=0, max_bytes=10**6)
+    store.put("a", _stored("a"))
+    assert store.get("a") is None and len(store) == 0
+
+
+def test_stored_size_counts_the_json() -> None:
+    stored = _stored("abc")
+    expected = sum(len(json.dumps(x)) for x in (stored.body, list(stored.conversation), []))
+    assert stored.num_bytes == expected

@@ -1,0 +1,222 @@
+"""Tool-call grammars, checked with llguidance itself on a real BPE tokenizer (no model): what each format
+and tool_choice accepts and what it refuses, token by token as the engine would feed it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.builder.tokenizer import synthetic_tokenizer
+from server.tools import grammar
+from server.tools.grammar import Trigger
+from server.tools.plan import ToolRequest, choose_format, generic_instructions, plan_tools
+
+llguidance = pytest.importorskip("llguidance")
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}
+PING = {"type": "function", "function": {"name": "ping"}}  # no parameters: no arguments
+NESTED = {"type": "function", "function": {"name": "book", "parameters": {
+    "type": "object", "properties": {"who": {"$ref": "#/$defs/Person"}}, "required": ["who"],
+    "$defs": {"Person": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+                         "additionalProperties": False}}}}}
+
+W = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+T = '{"name": "get_time", "arguments": {"tz": "UTC"}}'
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    hf, _ = synthetic_tokenizer(512)
+    hf.add_special_tokens(["[TOOL_CALLS]", "[ARGS]", "<|python_tag|>"])
+    return hf
+
+
+@pytest.fixture(scope="module")
+def qwen_like():
+    hf, _ = synthetic_tokenizer(512, added_tokens=("<tool_call>", "</tool_call>"))  # added, not special, as Qwen
+    return hf, llguidance.LLTokenizer(hf.to_str(), eos_token=2)
+
+
+@pytest.fixture(scope="module")
+def lltok(tokenizer):
+    return llguidance.LLTokenizer(tokenizer.to_str(), eos_token=2)
+
+
+def accepts(lltok, tokenizer, lark: str, *pieces: str | int) -> bool:
+    """Whether the grammar takes ``pieces`` (text, or a special token id) and may end there."""
+    err = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark), lltok)
+    assert not err, err
+    matcher = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+    for piece in pieces:
+        ids = [piece] if isinstance(piece, int) else tokenizer.encode(piece).ids
+        if not matcher.consume_tokens(ids):
+            return False
+    return matcher.is_accepting()
+
+
+def test_generic_required_is_a_valid_call_and_nothing_else(lltok, tokenizer) -> None:
+    g = grammar.generic_grammar([WEATHER, TIME], required=True, parallel=False)
+    assert accepts(lltok, tokenizer, g, '{"tool_call": ' + W + "}")
+    assert accepts(lltok, tokenizer, g, '{"tool_call": ' + T + "}")
+    assert not accepts(lltok, tokenizer, g, '{"response": "hi"}')
+    assert not accepts(lltok, tokenizer, g, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}')
+    assert not accepts(lltok, tokenizer, g, '{"tool_call": {"name": "nope", "arguments": {}}}')
+    assert not accepts(lltok, tokenizer, g, '{"tool_calls": [' + W + "]}")
+    assert not accepts(lltok, tokenizer, g, "Sure, " + W)
+
+
+def test_generic_parallel_auto_and_named(lltok, tokenizer) -> None:
+    parallel = grammar.generic_grammar([WEATHER, TIME], required=True, parallel=True)
+    assert accepts(lltok, tokenizer, parallel, '{"tool_calls": [' + W + ", " + T + "]}")
+    assert not accepts(lltok, tokenizer, parallel, '{"tool_calls": []}')  # at least one call
+    auto = grammar.generic_grammar([WEATHER], required=False, parallel=False)
+    assert accepts(lltok, tokenizer, auto, '{"response": "It is sunny."}')
+    assert accepts(lltok, tokenizer, auto, '{"tool_call": ' + W + "}")
+    assert not accepts(lltok, tokenizer, auto, "It is sunny.")
+    named = plan_tools([{"role": "user", "content": "hi"}], ToolRequest((WEATHER, TIME), "function", "get_time"),
+                       _Template(False), _NoSpecials()).structured
+    assert named is not None and named.kind == "lark" and named.param == "tools"
+    assert accepts(lltok, tokenizer, named.spec, '{"tool_call": ' + T + "}")
+    assert not accepts(lltok, tokenizer, named.spec, '{"tool_call": ' + W + "}")
+
+
+def test_no_parameters_means_empty_arguments_and_refs_resolve(lltok, tokenizer) -> None:
+    g = grammar.generic_grammar([PING, NESTED], required=True, parallel=False)
+    assert accepts(lltok, tokenizer, g, '{"tool_call": {"name": "ping", "arguments": {}}}')
+    assert not accepts(lltok, tokenizer, g, '{"tool_call": {"name": "ping", "arguments": {"x": 1}}}')
+    assert accepts(lltok, tokenizer, g, '{"tool_call": {"name": "book", "arguments": {"who": {"name": "Ada"}}}}')
+    assert not accepts(lltok, tokenizer, g, '{"tool_call": {"name": "book", "arguments": {"who": {"nom": "Ada"}}}}')
+
+
+def test_hermes_auto_is_free_text_until_the_tag_then_a_call(lltok, tokenizer) -> None:
+    g = grammar.hermes_grammar([WEATHER], trigger=Trigger("<tool_call>"), close=Trigger("</tool_call>"),
+                               required=False, parallel=True)
+    assert accepts(lltok, tokenizer, g, "Just text, with <b>tags</b> and {braces}.")
+    assert accepts(lltok, tokenizer, g, "")
+    assert accepts(lltok, tokenizer, g, f"Checking.\n<tool_call>\n{W}\n</tool_call>")
+    assert accepts(lltok, tokenizer, g, f"<tool_call>\n{W}\n</tool_call>\n<tool_call>\n{W}\n</tool_call>")
+    assert not accepts(lltok, tokenizer, g, "Checking.\n<tool_call>\nnot json")  # enforced after the trigger
+    assert not accepts(lltok, tokenizer, g, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    assert not accepts(lltok, tokenizer, g, f"<tool_call>\n{W}\n</tool_call> and more text")
+
+
+def test_hermes_required_single_call(lltok, tokenizer) -> None:
+    g = grammar.hermes_grammar([WEATHER, TIME], trigger=Trigger("<tool_call>"), close=Trigger("</tool_call>"),
+                               required=True, parallel=False)
+    assert accepts(lltok, tokenizer, g, f"<tool_call>\n{T}\n</tool_call>")
+    assert not accepts(lltok, tokenizer, g, "Hi")
+    assert not accepts(lltok, tokenizer, g, f"<tool_call>\n{T}\n</tool_call>\n<tool_call>\n{W}\n</tool_call>")
+
+
+def test_hermes_tags_as_added_tokens(qwen_like, tokenizer) -> None:
+    """Qwen has <tool_call> as an added (not special) token; llguidance matches such tokens only by id."""
+    from engine.tokenizer import Tokenizer
+
+    assert Tokenizer(tokenizer).special_token_id("[TOOL_CALLS]") is not None
+    tokenizer, lltok = qwen_like
+    tc, end = tokenizer.token_to_id("<tool_call>"), tokenizer.token_to_id("</tool_call>")
+    assert Tokenizer(tokenizer).special_token_id("<tool_call>") == tc and lltok.is_special_token(tc)
+    assert Tokenizer(tokenizer).special_token_id("hello") is None
+    g = grammar.hermes_grammar([WEATHER], trigger=Trigger("<tool_call>", tc), close=Trigger("</tool_call>", end),
+                               required=False, parallel=False)
+    assert accepts(lltok, tokenizer, g, "Sure. ", tc, f"\n{W}\n", end)
+    assert accepts(lltok, tokenizer, g, "Plain <b>text</b>")
+    assert not accepts(lltok, tokenizer, g, "Sure. ", tc, "\nnot json")
+    assert not accepts(lltok, tokenizer, g, "Sure. ", tc, f"\n{W}\n", end, tc)  # one call only
+
+
+def test_mistral_with_special_tokens(lltok, tokenizer) -> None:
+    tc, args = tokenizer.token_to_id("[TOOL_CALLS]"), tokenizer.token_to_id("[ARGS]")
+    v3 = grammar.mistral_grammar([WEATHER], trigger=Trigger("[TOOL_CALLS]", tc), args_token=None, required=False,
+                                 parallel=True)
+    assert accepts(lltok, tokenizer, v3, "Plain answer.")
+    assert accepts(lltok, tokenizer, v3, "Let me see. ", tc, f"[{W}, {W}]")
+    assert not accepts(lltok, tokenizer, v3, tc, '[{"name": "x"}]')
+    v11 = grammar.mistral_grammar([WEATHER, TIME], trigger=Trigger("[TOOL_CALLS]", tc),
+                                  args_token=Trigger("[ARGS]", args), required=True, parallel=True)
+    assert accepts(lltok, tokenizer, v11, tc, "get_time", args, '{"tz": "UTC"}', tc, "get_weather", args,
+                   '{"city": "Oslo", "unit": "fahrenheit"}')
+    assert not accepts(lltok, tokenizer, v11, "text first")
+
+
+def test_llama3_json(lltok, tokenizer) -> None:
+    tag = tokenizer.token_to_id("<|python_tag|>")
+    call = '{"name": "get_time", "parameters": {"tz": "UTC"}}'
+    auto = grammar.llama3_grammar([TIME], required=False, python_tag=Trigger("<|python_tag|>", tag))
+    assert accepts(lltok, tokenizer, auto, "The time zone is unknown.")
+    assert accepts(lltok, tokenizer, auto, call)
+    assert accepts(lltok, tokenizer, auto, tag, call)
+    assert not accepts(lltok, tokenizer, auto, '{"name": "get_time", "arguments": {"tz": "UTC"}}')
+    required = grammar.llama3_grammar([TIME], required=True, python_tag=None)
+    assert not accepts(lltok, tokenizer, required, "The time zone is unknown.")
+
+
+class _Template:
+    def __init__(self, supports: bool, source: str = "") -> None:
+        self.supports_tools, self.tool_source = supports, source
+
+
+class _NoSpecials:
+    def special_token_id(self, token: str) -> int | None:
+        return None
+
+
+def test_choose_format_and_plans() -> None:
+    assert choose_format(_Template(False, "<tool_call>")) == "generic"  # tools are not rendered: generic
+    assert choose_format(_Template(True, "... <tool_call> ...")) == "hermes"
+    assert choose_format(_Template(True, "[TOOL_CALLS] [ARGS]")) == "mistral"
+    assert choose_format(_Template(True, "<|python_tag|>")) == "llama3_json"
+    assert choose_format(_Template(True, "tools: {{ tools }}")) == "generic"
+    history = [{"role": "user", "content": "weather?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                                     "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+               {"role": "tool", "tool_call_id": "call_1", "content": "22 C"}]
+    generic = plan_tools(history, ToolRequest((WEATHER,), "auto"), _Template(False), _NoSpecials())
+    assert generic.format == "generic" and generic.template_tools is None and generic.parser == "generic"
+    assert generic.messages[0]["role"] == "system" and "get_weather" in generic.messages[0]["content"]
+    assert json.loads(generic.messages[2]["content"]) == {"tool_call": {"name": "get_weather",
+                                                                        "arguments": {"city": "Paris"}}}
+    assert generic.messages[3] == {"role": "user", "content": "get_weather returned: sunny\nget_weather returned: 22 C"}
+    assert len(generic.messages) == 4  # the two tool results are one user message
+    prose = plan_tools(history, ToolRequest((WEATHER,), "none"), _Template(False), _NoSpecials())
+    assert prose.messages[1] == {"role": "assistant", "content": 'I called get_weather with {"city": "Paris"}.'}
+    assert prose.structured is None and prose.parser is None and prose.messages[0] == history[0]  # no tool text
+    native = plan_tools(history, ToolRequest((WEATHER,), "none"), _Template(True, "<tool_call>"), _NoSpecials())
+    assert native.format == "hermes" and native.structured is None and native.parser is None
+    assert native.template_tools == [WEATHER]
+    assert native.messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}  # an object
+    assert native.messages[2] == history[2]
+    single = plan_tools(history[:1], ToolRequest((WEATHER,), "required", parallel=False), _Template(True, "<tool_call>"),
+                        _NoSpecials())
+    assert single.max_calls == 1 and single.preserved_tokens == ("<tool_call>", "</tool_call>")
+    assert "Call a tool" in generic_instructions(ToolRequest((WEATHER,), "required"))
+
+
+def test_arguments_without_an_additional_properties_rule_take_no_invented_keys(lltok, tokenizer) -> None:
+    # TIME's parameters say nothing of other keys: generation treats them as closed (engine.json_schema).
+    g = grammar.generic_grammar([TIME], required=True, parallel=False)
+    assert accepts(lltok, tokenizer, g, '{"tool_call": ' + T + "}")
+    assert not accepts(lltok, tokenizer, g, '{"tool_call": {"name": "get_time", "arguments": {"tz": "UTC", "x": 1}}}')
+
+
+def test_parallel_calls_default_to_the_format(lltok, tokenizer) -> None:
+    """Unsaid, the generic format allows one call (llama.cpp's default) and native formats several (OpenAI's)."""
+    ask = [{"role": "user", "content": "weather?"}]
+    unsaid = plan_tools(ask, ToolRequest((WEATHER, TIME), "required"), _Template(False), _NoSpecials())
+    assert unsaid.max_calls == 1
+    assert accepts(lltok, tokenizer, unsaid.structured.spec, '{"tool_call": ' + W + "}")
+    assert not accepts(lltok, tokenizer, unsaid.structured.spec, '{"tool_calls": [' + W + ", " + T + "]}")
+    asked = plan_tools(ask, ToolRequest((WEATHER, TIME), "required", parallel=True), _Template(False), _NoSpecials())
+    assert asked.max_calls is None
+    assert accepts(lltok, tokenizer, asked.structured.spec, '{"tool_calls": [' + W + ", " + T + "]}")
+    native = plan_tools(ask, ToolRequest((WEATHER, TIME), "required"), _Template(True, "<tool_call>"), _NoSpecials())
+    assert native.max_calls is None
