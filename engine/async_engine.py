@@ -157,7 +157,8 @@ class AsyncEngine:
         Raises:
             ModelLoadError: the folder cannot be served.
         """
-        return cls(read_model_folder(path), config or EngineConfig())
+        config = config or EngineConfig()
+        return cls(read_model_folder(path, config.chat_template), config)
 
     # -- model facts -----------------------------------------------------------------------------------
 

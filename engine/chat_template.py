@@ -21,6 +21,52 @@ from engine.types import InvalidRequestError, ModelLoadError
 # Special-token names from tokenizer_config.json that templates commonly reference.
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
+# Built-in templates for ``--chat-template NAME`` (a model without one, e.g. a base model, or a wrong one).
+BUILTIN_TEMPLATES = {
+    "chatml": (
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+        "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    ),
+    # Gemma's turns: no system role (its text opens the first user turn), "model" for the assistant.
+    "gemma": (
+        "{{ bos_token }}{% if messages and messages[0]['role'] == 'system' %}"
+        "{% set system = messages[0]['content'] + '\n\n' %}{% set turns = messages[1:] %}"
+        "{% else %}{% set system = '' %}{% set turns = messages %}{% endif %}"
+        "{% for message in turns %}"
+        "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else 'user') + '\n' }}"
+        "{% if loop.first %}{{ system }}{% endif %}{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+    ),
+    "llama3": (
+        "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+        "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+    ),
+    "phi3": (
+        "{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+    ),
+}
+NO_TEMPLATE_MESSAGE = (
+    "this model has no chat template, so /v1/chat/completions cannot format messages: send a plain prompt to "
+    f"/v1/completions, or start the server with --chat-template (a Jinja file or one of: {', '.join(BUILTIN_TEMPLATES)})"
+)
+
+
+def chat_template_source(value: str) -> str:
+    """The Jinja source for ``--chat-template``: a built-in name (``BUILTIN_TEMPLATES``) or a file path.
+
+    Raises:
+        ModelLoadError: neither a built-in name nor a readable file.
+    """
+    if value in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[value]
+    try:
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"--chat-template {value!r} is neither a built-in template "
+                             f"({', '.join(BUILTIN_TEMPLATES)}) nor a readable Jinja file: {exc}") from exc
 # A tool whose name appears in the rendered prompt only if the template renders the `tools` variable.
 _PROBE_TOOL_NAME = "ortserve_probe_tool_7f3a"
 _PROBE_TOOL = {"type": "function", "function": {
@@ -135,8 +181,7 @@ class ChatTemplate:
         """
         template = self._tool_template if tools and self._tool_template is not None else self._template
         if template is None:
-            raise InvalidRequestError("this model has no chat template; use the completions endpoint",
-                                      param="messages")
+            raise InvalidRequestError(NO_TEMPLATE_MESSAGE, param="messages")
         try:
             return template.render(messages=list(messages), tools=list(tools) if tools else None,
                                    add_generation_prompt=add_generation_prompt,

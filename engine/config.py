@@ -39,6 +39,8 @@ class EngineConfig:
             in a fixed device buffer. None -> on for WebGPU when the graph allows it (else off, the reason
             logged); True -> required (a model or provider that can't is a ModelLoadError); False -> off.
         seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
+        chat_template: replaces the model's chat template: a built-in name (``engine.chat_template.
+            BUILTIN_TEMPLATES``) or a Jinja file; None keeps the model's own.
         grammar_compile_timeout_s: a structured-output grammar (JSON schema, regex, Lark, GBNF) that has not
             compiled within this many seconds is refused (InvalidRequestError -> 400).
         grammar_cache_size: compiled grammars kept for reuse (least recently used dropped first).
@@ -68,6 +70,7 @@ class EngineConfig:
     whole_buffer: bool | None = None
     graph_capture: bool | None = None
     seed: int | None = None
+    chat_template: str | None = None
     grammar_compile_timeout_s: float = 10.0
     grammar_cache_size: int = 64
     prefix_caching: bool = True

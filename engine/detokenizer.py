@@ -46,9 +46,11 @@ class IncrementalDetokenizer:
             special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
             self._skip_ids = frozenset(special - set(preserved_token_ids))
             skip_special_tokens = False
+        self._skip_special_tokens = skip_special_tokens
         prime = [t for t in prompt_ids[-_PRIME_TOKENS:] if t not in self._skip_ids]
-        self._stream = DecodeStream(ids=prime, skip_special_tokens=skip_special_tokens) if prime else \
-            DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._stream = self._new_stream(prime)
+        self._pending: list[int] = []  # ids stepped since the stream last returned text
+        self._recent: list[int] = prime
         self.stop = tuple(s for s in stop if s)
         self.include_stop_str_in_output = include_stop_str_in_output
         # NOTE(engine): len(longest stop) - 1 characters could be the start of a stop string; they stay
@@ -76,12 +78,32 @@ class IncrementalDetokenizer:
         for token_id in ids:
             if token_id in self._skip_ids:
                 continue
-            chunk = self._stream.step(self._tokenizer, token_id)
+            try:
+                chunk = self._stream.step(self._tokenizer, token_id)
+            except Exception:  # noqa: BLE001 (tokenizers raises a plain Exception)
+                chunk = self._restart(token_id)
+            self._pending.append(token_id)
             if chunk:
                 self.text += chunk
+                self._pending.clear()
+            self._recent = (self._recent + [token_id])[-_PRIME_TOKENS:]
         if self.stop and len(self.text) > start:
             return self._check_stop(start)
         return None
+
+    def _new_stream(self, prime: list[int]) -> DecodeStream:
+        if prime:
+            return DecodeStream(ids=prime, skip_special_tokens=self._skip_special_tokens)
+        return DecodeStream(skip_special_tokens=self._skip_special_tokens)
+
+    def _restart(self, token_id: int) -> str:
+        """DecodeStream gives up ("Invalid prefix") once byte-fallback pieces (<0xNN>) form invalid UTF-8,
+        e.g. bytes of a character that never completes. Decode what it held plus this token as they are
+        (U+FFFD for the broken bytes) and start a new stream primed with the recent whole pieces."""
+        text = self._tokenizer.decode(self._pending + [token_id], skip_special_tokens=self._skip_special_tokens)
+        prime = [t for t in self._recent + [token_id] if not (self._tokenizer.id_to_token(t) or "").startswith("<0x")]
+        self._stream = self._new_stream(prime[-_PRIME_TOKENS:])
+        return text
 
     def next_delta(self, finished: bool = False) -> str:
         """The text not yet returned that can be sent now (everything once ``finished``)."""

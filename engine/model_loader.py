@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from engine.chat_template import ChatTemplate
+from engine.chat_template import ChatTemplate, chat_template_source
 from engine.config import EngineConfig
 from engine.tokenizer import END_OF_TURN_TOKENS, Tokenizer
 from engine.types import ModelLoadError
@@ -89,8 +89,10 @@ def _ids(value: Any) -> set[int]:
     return set()
 
 
-def read_model_folder(path: str | Path) -> ModelFolder:
+def read_model_folder(path: str | Path, chat_template: str | None = None) -> ModelFolder:
     """Parse genai_config.json, the tokenizer, the chat template and the stop tokens.
+
+    ``chat_template``: a built-in template name or a Jinja file replacing the model's own (--chat-template).
 
     Raises:
         ModelLoadError: a missing file or field, or a config the engine cannot serve.
@@ -116,8 +118,11 @@ def read_model_folder(path: str | Path) -> ModelFolder:
     tokenizer = Tokenizer.from_file(path / "tokenizer.json")
     tok_config = _read_json(path / "tokenizer_config.json", required=False)
     gen_config = _read_json(path / "generation_config.json", required=False)
+    override = chat_template
     chat_template = ChatTemplate.from_tokenizer_config(tok_config)
-    if not chat_template.available and (path / "chat_template.jinja").is_file():
+    if override is not None:
+        chat_template = ChatTemplate(chat_template_source(override), chat_template.special_tokens)
+    elif not chat_template.available and (path / "chat_template.jinja").is_file():
         chat_template = ChatTemplate((path / "chat_template.jinja").read_text(encoding="utf-8"),
                                      chat_template.special_tokens)
 

@@ -106,6 +106,16 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ortserve serve: {exc}", file=sys.stderr)
         return 2
 
+    if settings.chat_template is not None:  # a bad --chat-template fails now, not after a long model load
+        from engine.chat_template import chat_template_source
+        from engine.types import ModelLoadError
+
+        try:
+            chat_template_source(settings.chat_template)
+        except ModelLoadError as exc:
+            print(f"ortserve serve: {exc}", file=sys.stderr)
+            return 2
+
     # 2. The model folder (pull and convert a known name or a GGUF on first use).
     from engine.builder import BuildError, resolve_model
 

@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     max_model_len: int | None = Field(
         None, ge=16, le=1_048_576, description="Context length in tokens (default: the model's, capped by the engine)."
     )
+    chat_template: str | None = Field(
+        None, description="Chat template for /v1/chat/completions, replacing the model's own: a Jinja file or a "
+        "built-in name (chatml, gemma, llama3, phi3). A model without one answers chat requests with a 400.",
+    )
 
     # --- network -----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address to listen on (127.0.0.1 keeps the server local).")

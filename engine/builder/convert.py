@@ -13,7 +13,7 @@ from engine.builder.errors import BuildError, UnsupportedTokenizerError
 from engine.builder.folder import check_target, write_model_folder
 from engine.builder.gguf_reader import GGUFModel, open_gguf
 from engine.builder.graph import DTYPES, build_graph
-from engine.builder.tokenizer import SpecialTokens, build_bpe_tokenizer, tokenizer_config
+from engine.builder.tokenizer import SpecialTokens, build_bpe_tokenizer, build_spm_tokenizer, tokenizer_config
 
 DEFAULT_MAX_LENGTH = 2048  # search.max_length (the KV buffer length) unless asked otherwise
 
@@ -71,11 +71,21 @@ def convert_gguf(
 
 
 def gguf_tokenizer(model: GGUFModel):
-    """The GGUF's tokenizer as a tokenizers.Tokenizer plus its special token ids."""
+    """The GGUF's tokenizer as a tokenizers.Tokenizer plus its special token ids.
+
+    "gpt2" (byte-level BPE with llama.cpp's pre-tokenizers) and "llama" (SentencePiece) vocabularies.
+    """
     meta = model.tokenizer
-    if meta.model != "gpt2":
+    if meta.model == "gpt2":
+        tok = build_bpe_tokenizer(meta.tokens, meta.merges, meta.token_types, pre=meta.pre, bos_id=meta.bos_id,
+                                  add_bos=meta.add_bos)
+    elif meta.model == "llama":
+        tok = build_spm_tokenizer(meta.tokens, meta.scores, meta.token_types, bos_id=meta.bos_id,
+                                  eos_id=meta.eos_id, add_bos=meta.add_bos, add_eos=meta.add_eos,
+                                  add_space_prefix=meta.add_space_prefix,
+                                  rstrip_specials=any(k in model.name.lower() for k in ("phi-3", "phi3")))
+    else:
         raise UnsupportedTokenizerError(
-            f"{model.path}: tokenizer.ggml.model {meta.model!r} is not supported (only byte-level BPE, 'gpt2')")
-    tok = build_bpe_tokenizer(meta.tokens, meta.merges, meta.token_types, pre=meta.pre, bos_id=meta.bos_id,
-                              add_bos=meta.add_bos)
+            f"{model.path}: tokenizer.ggml.model {meta.model!r} is not supported "
+            f"(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)")
     return tok, SpecialTokens(meta.bos_id, meta.eos_id, meta.pad_id)

@@ -1,5 +1,7 @@
 """Reads a GGUF file into ModelSpec + ModelWeights + tokenizer metadata, via an architecture table.
 
+Architectures: llama (also Mistral and Llama 3.x with rope_freqs), qwen2, qwen3, gemma, gemma2, gemma3, phi3.
+
 Validates the header, the architecture and every tensor type up front; memory-maps the file, so only
 the repacked weights are held in memory. Its own small parser (the gguf package's reader takes seconds on
 a 49k-token vocabulary); only gguf's type constants are used. No onnx, no onnxruntime.
@@ -17,10 +19,9 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
 from engine.builder.errors import GGUFFormatError, UnsupportedArchitectureError, UnsupportedTensorTypeError
+from engine.builder.ggml_quants import CONVERTERS, SUPPORTED_TYPES
 from engine.builder.graph import LayerWeights, ModelSpec, ModelWeights
-from engine.builder.quant import BlockQuantMatrix, LinearWeight, from_q4_0, from_q4_1, from_q8_0
-
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
+from engine.builder.quant import LinearWeight, split_rows
 
 GGUF_MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -135,22 +136,34 @@ class ArchMapping:
     """What differs between llama-like GGUF architectures; everything else is the shared graph.
 
     ``rope_interleaved``: llama.cpp's "normal" rope (llama GGUFs, whose converter permutes Q/K rows to
-    adjacent pairs) vs NeoX rope (qwen2, gemma: half-split, rows as in HF).
+    adjacent pairs) vs NeoX rope (qwen2/3, gemma, phi3: half-split, rows as in HF).
+    ``swa_pattern``: every n-th layer (the last of each n) is global, the others use the sliding window,
+    as llama.cpp's ``set_swa_pattern(n)``; 0 means no sliding window even if the file names one.
     """
 
     model_type: str  # genai_config model.type
     rope_interleaved: bool = True
     activation: str = "silu"
-    embedding_multiplier: Callable[[int], float] | None = None  # f(hidden_size)
+    gemma_scale: bool = False  # embeddings times sqrt(hidden); attention scale per llama.cpp's gemma rule
+    qk_norm: bool = False
+    post_norms: bool = False
+    swa_pattern: int = 0
+    fused_qkv: bool = False  # attn_qkv.weight, and ffn_up holding gate then up (phi3)
 
 
 ARCHITECTURES: dict[str, ArchMapping] = {
     "llama": ArchMapping("llama"),
     "qwen2": ArchMapping("qwen2", rope_interleaved=False),
-    # NOTE(builder): llama.cpp's converter already stores gemma's RMSNorm weights as (1 + w).
-    "gemma": ArchMapping("gemma", rope_interleaved=False, activation="gelu_tanh",
-                         embedding_multiplier=lambda hidden: float(np.sqrt(hidden))),
+    "qwen3": ArchMapping("qwen3", rope_interleaved=False, qk_norm=True),
+    # NOTE(builder): llama.cpp's converters store gemma's RMSNorm weights as (1 + w) already.
+    "gemma": ArchMapping("gemma", rope_interleaved=False, activation="gelu_tanh", gemma_scale=True),
+    "gemma2": ArchMapping("gemma2", rope_interleaved=False, activation="gelu_tanh", gemma_scale=True,
+                          post_norms=True, swa_pattern=2),
+    "gemma3": ArchMapping("gemma3_text", rope_interleaved=False, activation="gelu_tanh", gemma_scale=True,
+                          qk_norm=True, post_norms=True, swa_pattern=6),
+    "phi3": ArchMapping("phi3", rope_interleaved=False, fused_qkv=True),
 }
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales 27B's queries by 1/sqrt(hidden/heads)
 
 
 @dataclass(frozen=True)
@@ -167,6 +180,11 @@ class TokenizerMeta:
     pad_id: int
     add_bos: bool
     chat_template: str | None
+    scores: list[float] | None = None  # SentencePiece piece scores
+    add_eos: bool = False
+    add_space_prefix: bool = True  # SentencePiece: prepend "▁" to the text (llama.cpp's default: true)
+    unk_id: int | None = None
+    eot_id: int | None = None  # tokenizer.ggml.eot_token_id (an end-of-turn token, e.g. <end_of_turn>)
 
 
 @dataclass
@@ -181,7 +199,7 @@ class GGUFModel:
     tensors: dict[str, GGUFTensor]
 
     def load_weights(self, on_tensor: Callable[[str], None] | None = None) -> ModelWeights:
-        """Converts every tensor exactly (see engine.builder.quant); calls ``on_tensor(name)`` after each."""
+        """Converts every tensor exactly (see engine.builder.ggml_quants); calls ``on_tensor(name)`` after each."""
         return _load_weights(self, on_tensor)
 
 
@@ -210,16 +228,26 @@ def open_gguf(path: str | Path, *, max_layers: int | None = None) -> GGUFModel:
     hidden = meta.int(f"{arch}.embedding_length")
     num_heads = meta.int(f"{arch}.attention.head_count")
     head_size = meta.int(f"{arch}.attention.key_length", hidden // num_heads)
+    if meta.int(f"{arch}.attention.value_length", head_size) != head_size:
+        raise UnsupportedArchitectureError(f"{path}: keys and values of different head sizes are not supported")
     rope_dims = meta.int(f"{arch}.rope.dimension_count", head_size)
     if rope_dims != head_size:
         raise UnsupportedArchitectureError(f"{path}: partial rotary ({rope_dims} of {head_size} dims) is not supported")
-    num_layers = meta.int(f"{arch}.block_count")
-    if max_layers is not None:
-        num_layers = min(num_layers, max_layers)
+    if any(name.startswith("rope_factors_long") or ".rope_factors_long" in name for name in tensors):
+        raise UnsupportedArchitectureError(f"{path}: LongRoPE (rope_factors_long, 128k Phi-3) is not supported")
+    total_layers = meta.int(f"{arch}.block_count")
+    num_layers = min(total_layers, max_layers) if max_layers is not None else total_layers
     tok = _tokenizer_meta(meta)
     embd = tensors.get("token_embd.weight")
     if embd is None:
         raise GGUFFormatError(f"{path}: no token_embd.weight tensor")
+    window = meta.int(f"{arch}.attention.sliding_window", 0) if mapping.swa_pattern else 0
+    sliding = _sliding_layers(meta, arch, mapping.swa_pattern, total_layers) if window else ()
+    attention_scale = None
+    if mapping.gemma_scale and total_layers == _GEMMA_27B_LAYERS.get(arch):
+        attention_scale = float(np.float32(1.0) / np.sqrt(np.float32(hidden // num_heads)))
+    softcap = {key: float(meta.get(f"{arch}.{key}", 0.0)) or None
+               for key in ("attn_logit_softcapping", "final_logit_softcapping")}
     spec = ModelSpec(
         hidden_size=hidden,
         num_layers=num_layers,
@@ -233,11 +261,46 @@ def open_gguf(path: str | Path, *, max_layers: int | None = None) -> GGUFModel:
         rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         rope_interleaved=mapping.rope_interleaved,
         activation=mapping.activation,
-        embedding_multiplier=mapping.embedding_multiplier(hidden) if mapping.embedding_multiplier else None,
+        embedding_multiplier=float(np.sqrt(np.float32(hidden), dtype=np.float32)) if mapping.gemma_scale else None,
+        attention_scale=attention_scale,
         model_type=mapping.model_type,
+        qk_norm=mapping.qk_norm,
+        post_norms=mapping.post_norms,
+        sliding_window=window or None,
+        sliding_layers=tuple(sliding[:num_layers]),
+        rope_theta_local=float(meta.get(f"{arch}.rope.freq_base_swa", 10000.0)) if arch == "gemma3" else None,
+        rope_scale=_rope_scale(meta, arch, path),
+        attn_logit_softcap=softcap["attn_logit_softcapping"],
+        final_logit_softcap=softcap["final_logit_softcapping"],
     )
     name = str(meta.get("general.name", path.stem))
     return GGUFModel(path, arch, name, spec, tok, tensors)
+
+
+def _sliding_layers(meta: _Metadata, arch: str, pattern: int, num_layers: int) -> tuple[bool, ...]:
+    """Which layers use the sliding window: ``{arch}.attention.sliding_window_pattern`` (a per-layer bool
+    array, or the period n), else the architecture's period (llama.cpp's set_swa_pattern: il % n < n - 1)."""
+    value = meta.get(f"{arch}.attention.sliding_window_pattern", pattern)
+    if isinstance(value, list):
+        if len(value) < num_layers:
+            raise GGUFFormatError(f"{meta.path}: sliding_window_pattern has {len(value)} entries for {num_layers} layers")
+        return tuple(bool(v) for v in value[:num_layers])
+    n = int(value)
+    return tuple(n == 0 or i % n < n - 1 for i in range(num_layers))
+
+
+def _rope_scale(meta: _Metadata, arch: str, path: Path) -> float:
+    """The linear rope scaling factor (1.0 without scaling); other scaling types are refused."""
+    kind = meta.get(f"{arch}.rope.scaling.type", None)
+    if kind is None:
+        return float(meta.get(f"{arch}.rope.scale_linear", 1.0) or 1.0)
+    factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    if kind == "none" or factor == 1.0:
+        return 1.0
+    if kind == "linear":
+        return factor
+    raise UnsupportedArchitectureError(
+        f"{path}: rope scaling {kind!r} is not supported (supported: none, linear, and llama3's rope_freqs)")
 
 
 class _Metadata:
@@ -264,9 +327,13 @@ def _tokenizer_meta(meta: _Metadata) -> TokenizerMeta:
     tokens = list(meta.get("tokenizer.ggml.tokens"))
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     types = meta.get("tokenizer.ggml.token_type", None)
+    scores = meta.get("tokenizer.ggml.scores", None)
     eos = meta.int("tokenizer.ggml.eos_token_id")
+    model = str(meta.get("tokenizer.ggml.model"))
+    unk = meta.get("tokenizer.ggml.unknown_token_id", None)
+    eot = meta.get("tokenizer.ggml.eot_token_id", None)
     return TokenizerMeta(
-        model=str(meta.get("tokenizer.ggml.model")),
+        model=model,
         pre=str(meta.get("tokenizer.ggml.pre", "default")),
         tokens=tokens,
         token_types=None if types is None else [int(t) for t in types],
@@ -274,30 +341,30 @@ def _tokenizer_meta(meta: _Metadata) -> TokenizerMeta:
         bos_id=meta.int("tokenizer.ggml.bos_token_id", eos),
         eos_id=eos,
         pad_id=meta.int("tokenizer.ggml.padding_token_id", eos),
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),
         chat_template=meta.get("tokenizer.chat_template", None),
+        scores=None if scores is None else [float(x) for x in scores],
+        add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+        unk_id=None if unk is None else int(unk),
+        eot_id=None if eot is None else int(eot),
     )
 
 
-def convert_tensor(t: GGUFTensor, *, for_embedding: bool = False) -> LinearWeight:
-    """One 2-D GGUF tensor [N rows, K] -> BlockQuantMatrix or float32 [N, K], exactly.
-
-    ``for_embedding``: offset formats (Q4_1) are dequantized to float32, since GatherBlockQuantized
-    has no per-block offset.
-    """
+def convert_tensor(t: GGUFTensor) -> LinearWeight:
+    """One 2-D GGUF tensor [N rows, K] -> BlockQuantMatrix or float32 [N, K], exactly."""
     if len(t.shape) != 2:
         raise GGUFFormatError(f"tensor {t.name!r} should be 2-D, has shape {t.shape}")
     k, n = int(t.shape[0]), int(t.shape[1])  # ggml order: ne0 (contiguous) first
     tt = t.tensor_type
     if tt in (T.F32, T.F16, T.BF16):
         return convert_vector(t).reshape(n, k)
-    converters = {T.Q4_0: from_q4_0, T.Q4_1: from_q4_1, T.Q8_0: from_q8_0}
-    if tt not in converters:
+    if tt not in CONVERTERS:
         raise UnsupportedTensorTypeError(t.name, tt.name, SUPPORTED_TYPES)
-    w = converters[tt](t.data, n, k)
-    if for_embedding and w.offsets is not None:
-        return w.dequantize().astype(np.float32)
-    return w
+    try:
+        return CONVERTERS[tt](t.data, n, k)
+    except ValueError as e:  # a row length that is not a whole number of blocks
+        raise GGUFFormatError(f"tensor {t.name!r} ({tt.name}, shape {t.shape}): {e}") from e
 
 
 def convert_vector(t: GGUFTensor) -> np.ndarray:
@@ -313,49 +380,54 @@ def convert_vector(t: GGUFTensor) -> np.ndarray:
 
 def _load_weights(model: GGUFModel, on_tensor: Callable[[str], None] | None) -> ModelWeights:
     tensors, spec = model.tensors, model.spec
+    mapping = ARCHITECTURES[model.architecture]
 
-    def get(name: str, *, required: bool = True) -> GGUFTensor | None:
+    def get(name: str) -> GGUFTensor:
         t = tensors.get(name)
-        if t is None and required:
+        if t is None:
             raise GGUFFormatError(f"{model.path}: missing tensor {name!r}")
         return t
 
-    def matrix(name: str, **kw) -> LinearWeight:
-        w = convert_tensor(get(name), **kw)
+    def matrix(name: str) -> LinearWeight:
+        w = convert_tensor(get(name))
         if on_tensor:
             on_tensor(name)
         return w
 
-    def vector(name: str) -> np.ndarray:
+    def vector(name: str, *, required: bool = True) -> np.ndarray | None:
+        if not required and name not in tensors:
+            return None
         v = convert_vector(get(name))
         if on_tensor:
             on_tensor(name)
         return v
 
+    hd, nh, kvh, f = spec.head_size, spec.num_heads, spec.num_kv_heads, spec.intermediate_size
     layers = []
     for i in range(spec.num_layers):
         p = f"blk.{i}"
         bias = None
         if f"{p}.attn_q.bias" in tensors:
             bias = np.concatenate([vector(f"{p}.attn_q.bias"), vector(f"{p}.attn_k.bias"), vector(f"{p}.attn_v.bias")])
+        if mapping.fused_qkv and f"{p}.attn_qkv.weight" in tensors:  # phi3: [q; k; v] rows in one tensor
+            q, k, v = split_rows(matrix(f"{p}.attn_qkv.weight"), [nh * hd, kvh * hd, kvh * hd])
+        else:
+            q, k, v = matrix(f"{p}.attn_q.weight"), matrix(f"{p}.attn_k.weight"), matrix(f"{p}.attn_v.weight")
+        if mapping.fused_qkv and f"{p}.ffn_gate.weight" not in tensors:  # phi3: ffn_up holds [gate; up]
+            gate, up = split_rows(matrix(f"{p}.ffn_up.weight"), [f, f])
+        else:
+            gate, up = matrix(f"{p}.ffn_gate.weight"), matrix(f"{p}.ffn_up.weight")
         layers.append(LayerWeights(
-            attn_norm=vector(f"{p}.attn_norm.weight"),
-            q=matrix(f"{p}.attn_q.weight"), k=matrix(f"{p}.attn_k.weight"), v=matrix(f"{p}.attn_v.weight"),
-            o=matrix(f"{p}.attn_output.weight"),
-            ffn_norm=vector(f"{p}.ffn_norm.weight"),
-            gate=matrix(f"{p}.ffn_gate.weight"), up=matrix(f"{p}.ffn_up.weight"), down=matrix(f"{p}.ffn_down.weight"),
+            attn_norm=vector(f"{p}.attn_norm.weight"), q=q, k=k, v=v, o=matrix(f"{p}.attn_output.weight"),
+            ffn_norm=vector(f"{p}.ffn_norm.weight"), gate=gate, up=up, down=matrix(f"{p}.ffn_down.weight"),
             qkv_bias=bias,
+            q_norm=vector(f"{p}.attn_q_norm.weight", required=spec.qk_norm),
+            k_norm=vector(f"{p}.attn_k_norm.weight", required=spec.qk_norm),
+            post_attn_norm=vector(f"{p}.post_attention_norm.weight", required=spec.post_norms),
+            post_ffn_norm=vector(f"{p}.post_ffw_norm.weight", required=spec.post_norms),
         ))
-    embedding = matrix("token_embd.weight", for_embedding=True)
-    lm_head: LinearWeight
-    if "output.weight" in tensors:
-        lm_head = matrix("output.weight")
-    elif isinstance(embedding, np.ndarray) and get("token_embd.weight").tensor_type == T.Q4_1:
-        lm_head = convert_tensor(get("token_embd.weight"))  # keep the LM head exact and quantized
-    else:
-        lm_head = embedding  # tied
-    rope = vector("rope_freqs.weight") if "rope_freqs.weight" in tensors else None
-    if isinstance(embedding, BlockQuantMatrix) and embedding.bits not in (4, 8):
-        raise UnsupportedTensorTypeError("token_embd.weight", str(embedding.bits), SUPPORTED_TYPES)
+    embedding = matrix("token_embd.weight")
+    lm_head = matrix("output.weight") if "output.weight" in tensors else embedding  # else tied
+    rope = vector("rope_freqs.weight", required=False)
     return ModelWeights(embedding=embedding, layers=layers, output_norm=vector("output_norm.weight"),
                         lm_head=lm_head, rope_freq_factors=rope)

@@ -6,6 +6,7 @@ GatherBlockQuantized, (Skip)SimplifiedLayerNormalization). Imports onnx, never o
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -14,6 +15,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from engine.builder.quant import BlockQuantMatrix, LinearWeight, concat_rows
+
+log = logging.getLogger(__name__)
 
 OPSET = 21
 LOGITS_TO_KEEP = "logits_to_keep"  # optional int64 [1] input: logits only for the last N positions (0: all)
@@ -43,6 +46,17 @@ class ModelSpec:
     embedding_multiplier: float | None = None  # gemma: sqrt(hidden_size)
     attention_scale: float | None = None  # None: 1/sqrt(head_size)
     model_type: str = "llama"  # genai_config model.type
+    qk_norm: bool = False  # RMS-normalize each query and key head before rotary (qwen3, gemma3)
+    post_norms: bool = False  # RMS-normalize the attention and MLP outputs before their residual add (gemma2/3)
+    sliding_window: int | None = None  # keys a sliding-window layer attends to, itself included (llama.cpp n_swa)
+    sliding_layers: tuple[bool, ...] = ()  # per layer: True where the layer uses the sliding window
+    rope_theta_local: float | None = None  # rope base of the sliding-window layers (gemma3: 10000)
+    rope_scale: float = 1.0  # linear rope scaling of the global layers: positions are divided by it
+    attn_logit_softcap: float | None = None  # gemma2: scores = c * tanh(scores / c)
+    final_logit_softcap: float | None = None  # gemma2: logits = c * tanh(logits / c)
+
+    def is_sliding(self, layer: int) -> bool:
+        return bool(self.sliding_window) and layer < len(self.sliding_layers) and self.sliding_layers[layer]
 
 
 @dataclass
@@ -59,6 +73,10 @@ class LayerWeights:
     up: LinearWeight
     down: LinearWeight
     qkv_bias: np.ndarray | None = None  # [(num_heads + 2*num_kv_heads) * head_size] (qwen2)
+    q_norm: np.ndarray | None = None  # [head_size], with ModelSpec.qk_norm
+    k_norm: np.ndarray | None = None
+    post_attn_norm: np.ndarray | None = None  # [hidden], with ModelSpec.post_norms
+    post_ffn_norm: np.ndarray | None = None
 
 
 @dataclass
@@ -83,6 +101,9 @@ class _Graph:
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     inits: list[onnx.TensorProto] = field(default_factory=list)
     blocksums: dict[tuple[str, int], str] = field(default_factory=dict)
+    casts: dict[tuple[str, int], str] = field(default_factory=dict)
+    packed_names: dict[int, tuple[np.ndarray, str]] = field(default_factory=dict)  # id -> (array kept alive, name)
+    float32_linears: list[str] = field(default_factory=list)  # float16 builds: linears kept in float32
 
     def node(self, op: str, inputs: list[str], outputs: list[str] | int, name: str, domain: str = "", **attrs):
         """Adds a node; ``outputs`` as an int makes that many names from ``name``. Returns output names."""
@@ -95,9 +116,23 @@ class _Graph:
         self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
-    def act(self, name: str, array: np.ndarray) -> str:
-        """An initializer in the activation dtype."""
-        return self.const(name, np.asarray(array, np.float64).astype(self.np_dtype))
+    def packed(self, name: str, w: BlockQuantMatrix) -> str:
+        """The quantized codes [N, nb, bytes] as an initializer, once per array: a tied embedding and LM head
+        (GatherBlockQuantized and MatMulNBits) share it instead of storing the vocabulary twice."""
+        key = id(w.packed)  # NOTE(builder): the array is kept in the dict, so its id cannot be reused
+        if key not in self.packed_names:
+            self.packed_names[key] = (w.packed, self.const(name, w.packed))
+        return self.packed_names[key][1]
+
+    def act(self, name: str, array: np.ndarray, np_dtype: type | None = None) -> str:
+        """An initializer in the activation dtype (or ``np_dtype``)."""
+        return self.const(name, np.asarray(array, np.float64).astype(np_dtype or self.np_dtype))
+
+    def cast(self, x: str, to: int) -> str:
+        """``x`` cast to the ONNX type ``to`` (one Cast node per input and type)."""
+        if (x, to) not in self.casts:
+            (self.casts[(x, to)],) = self.node("Cast", [x], 1, f"{x}/cast{to}", to=to)
+        return self.casts[(x, to)]
 
     # --- linear layers -------------------------------------------------------------------------
 
@@ -108,20 +143,30 @@ class _Graph:
             if bias is not None:
                 (y,) = self.node("Add", [y, self.act(f"{name}.bias", bias)], 1, f"{name}/bias")
             return y
+        # NOTE(builder): MatMulNBits takes its scales in the activation dtype. K-quant sub-block scales
+        # (an f16 times a 6- or 8-bit integer) need up to 19 significant bits: float16 would round them, so a
+        # float16 build runs such a linear in float32 between two Casts (listed in ``float32_linears``).
+        dt, onnx_dt = self.np_dtype, self.onnx_dtype
+        if dt != np.float32 and not np.array_equal(w.scales.astype(dt).astype(np.float32), w.scales):
+            dt, onnx_dt = np.float32, TensorProto.FLOAT
+            x = self.cast(x, onnx_dt)
+            self.float32_linears.append(name)
         n, k = w.shape
-        inputs = [x, self.const(f"{name}.qweight", w.packed), self.act(f"{name}.scales", w.scales.reshape(-1))]
+        inputs = [x, self.packed(f"{name}.qweight", w), self.act(f"{name}.scales", w.scales.reshape(-1), dt)]
         if bias is not None:
-            inputs += ["", "", self.act(f"{name}.bias", bias)]
+            inputs += ["", "", self.act(f"{name}.bias", bias, dt)]
         (y,) = self.node(
             "MatMulNBits", inputs, 1, name, "com.microsoft",
             K=k, N=n, bits=w.bits, block_size=w.block_size, accuracy_level=self.accuracy_level,
         )
         if w.offsets is not None:
-            # NOTE(builder): exact Q4_1: x @ W.T = MatMulNBits(q, d) + blocksum(x) @ (m + 8d).T
+            # NOTE(builder): exact offsets (Q4_1, K-quant mins): x @ W.T = MatMulNBits(u, s) + blocksum(x) @ offsets.T
             bsum = self.blocksum(x, k, w.block_size)
-            offsets_t = self.act(f"{name}.block_offsets_t", w.offsets.T)  # [K/bs, N]
+            offsets_t = self.act(f"{name}.block_offsets_t", w.offsets.T, dt)  # [K/bs, N]
             (corr,) = self.node("MatMul", [bsum, offsets_t], 1, f"{name}/offset_matmul")
             (y,) = self.node("Add", [y, corr], 1, f"{name}/offset_add")
+        if dt != self.np_dtype:
+            (y,) = self.node("Cast", [y], 1, f"{name}/cast_back", to=self.onnx_dtype)
         return y
 
     def blocksum(self, x: str, k: int, block_size: int) -> str:
@@ -150,13 +195,22 @@ class _Graph:
         return y
 
 
-def rope_cache(spec: ModelSpec, freq_factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin caches for GroupQueryAttention: float64 [context_length, head_size/2] each."""
+def rope_cache(spec: ModelSpec, freq_factors: np.ndarray | None, *, local: bool = False,
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin caches for GroupQueryAttention: float64 [context_length, head_size/2] each.
+
+    ``local``: the sliding-window layers' cache (``rope_theta_local``, no linear scaling), as llama.cpp's
+    ``rope_freq_base_train_swa``; the global cache divides positions by ``rope_scale``.
+    """
     half = spec.head_size // 2
-    inv_freq = 1.0 / spec.rope_theta ** (np.arange(half, dtype=np.float64) * 2.0 / spec.head_size)
+    theta = spec.rope_theta_local if local and spec.rope_theta_local else spec.rope_theta
+    inv_freq = 1.0 / theta ** (np.arange(half, dtype=np.float64) * 2.0 / spec.head_size)
     if freq_factors is not None:
         inv_freq = inv_freq / np.asarray(freq_factors, np.float64)
-    angles = np.arange(spec.context_length, dtype=np.float64)[:, None] * inv_freq[None, :]
+    positions = np.arange(spec.context_length, dtype=np.float64)
+    if not local:
+        positions = positions / spec.rope_scale
+    angles = positions[:, None] * inv_freq[None, :]
     return np.cos(angles), np.sin(angles)
 
 
@@ -173,6 +227,54 @@ def _keep_last_positions(g: _Graph, h: str) -> str:
     ends = g.const("keep/ends", np.array([np.iinfo(np.int64).max], np.int64))
     (out,) = g.node("Slice", [h, start, ends, g.const("keep/axes", np.array([1], np.int64))], 1, "keep/slice")
     return out
+
+
+def _embedding(g: _Graph, emb: LinearWeight, tied: bool) -> str:
+    """input_ids [B, S] -> [B, S, H]: an exact gather of the (quantized) embedding rows.
+
+    GatherBlockQuantized has no additive offset, so offset formats (Q4_1, K-quant mins) also gather their
+    per-block offsets [V, H/bs] and add them, broadcast over each block, in float32 or the activation dtype.
+    """
+    if not isinstance(emb, BlockQuantMatrix):
+        (x,) = g.node("Gather", [g.act("embed.weight", emb), "input_ids"], 1, "embed", axis=0)
+        return x
+    dt = g.np_dtype
+    if dt != np.float32 and not np.array_equal(emb.scales.astype(dt).astype(np.float32), emb.scales):
+        dt = np.float32  # see _Graph.linear: float16 would round K-quant scales
+    hidden = emb.shape[1]
+    # [V, nb, bytes] codes quantized along their last axis, scales [V, nb, 1]: the MatMulNBits layout, so the
+    # LM head of a tied model reads the same initializer.
+    (x,) = g.node(
+        "GatherBlockQuantized",
+        [g.packed("lm_head.qweight" if tied else "embed.qweight", emb), "input_ids",
+         g.act("embed.scales", emb.scales[..., None], dt)],
+        1, "embed", "com.microsoft", bits=emb.bits, block_size=emb.block_size, gather_axis=0, quantize_axis=2,
+    )  # [B, S, nb, bs]
+    if emb.offsets is not None:  # + offsets [V, nb] gathered: [B, S, nb] -> [B, S, nb, 1], broadcast over blocks
+        (off,) = g.node("Gather", [g.act("embed.offsets", emb.offsets, dt), "input_ids"], 1, "embed/offsets",
+                        axis=0)
+        (off,) = g.node("Unsqueeze", [off, g.const("embed/offsets_axes", np.array([-1], np.int64))], 1,
+                        "embed/offsets_unsqueeze")
+        (x,) = g.node("Add", [x, off], 1, "embed/offsets_add")
+    (x,) = g.node("Reshape", [x, g.const("embed/hidden_shape", np.array([0, 0, hidden], np.int64))], 1,
+                  "embed/rows")  # [B, S, H]
+    if dt != g.np_dtype:
+        (x,) = g.node("Cast", [x], 1, "embed/cast", to=g.onnx_dtype)
+    return x
+
+
+def _head_norm(g: _Graph, x: str, weight: np.ndarray | None, heads: int, head_size: int, eps: float,
+               name: str) -> str:
+    """RMS norm of each head: [B, S, heads*hd] -> [B, S, heads, hd] -> norm over hd -> [B, S, heads*hd]."""
+    if weight is None:
+        raise ValueError(f"{name}: qk_norm needs q_norm and k_norm weights")
+    (xh,) = g.node("Reshape", [x, g.const(f"{name}/heads_shape", np.array([0, 0, heads, head_size], np.int64))],
+                   1, f"{name}/heads")
+    (xn,) = g.node("SimplifiedLayerNormalization", [xh, g.act(f"{name}.weight", weight)], 1, name, axis=-1,
+                   epsilon=eps, stash_type=1)
+    (y,) = g.node("Reshape", [xn, g.const(f"{name}/flat_shape", np.array([0, 0, heads * head_size], np.int64))],
+                  1, f"{name}/flat")
+    return y
 
 
 def build_graph(
@@ -226,22 +328,15 @@ def build_graph(
     (width,) = g.node("Gather", [mask_shape, g.const("one_idx", np.array(1, np.int64))], 1, "mask_width", axis=0)
     (total_len,) = g.node("Cast", [width], 1, "total_seq_len", to=TensorProto.INT32)  # scalar
 
+    # Rotary caches [context_length, hd/2]: the global one, and the sliding-window layers' own when they differ.
     cos, sin = rope_cache(spec, weights.rope_freq_factors)
-    cos_name, sin_name = g.act("cos_cache", cos), g.act("sin_cache", sin)
+    rope_global = rope_local = (g.act("cos_cache", cos), g.act("sin_cache", sin))
+    if any(spec.is_sliding(i) for i in range(spec.num_layers)) and (spec.rope_theta_local or spec.rope_scale != 1):
+        cos, sin = rope_cache(spec, weights.rope_freq_factors, local=True)
+        rope_local = (g.act("cos_cache_local", cos), g.act("sin_cache_local", sin))
 
     # 2. Embedding: [B, S] -> [B, S, H].
-    emb = weights.embedding
-    if isinstance(emb, BlockQuantMatrix):
-        (x,) = g.node(
-            "GatherBlockQuantized",
-            [g.const("embed.qweight", emb.packed.reshape(emb.shape[0], -1)), "input_ids",
-             g.act("embed.scales", emb.scales)],
-            1, "embed", "com.microsoft", bits=emb.bits, block_size=emb.block_size, gather_axis=0, quantize_axis=1,
-        )
-        if emb.offsets is not None:
-            raise ValueError("offset (Q4_1-style) embeddings must be dequantized to float before build_graph")
-    else:
-        (x,) = g.node("Gather", [g.act("embed.weight", emb), "input_ids"], 1, "embed", axis=0)
+    x = _embedding(g, weights.embedding, tied=weights.lm_head is weights.embedding)
     if spec.embedding_multiplier is not None:
         (x,) = g.node("Mul", [x, g.act("embed.multiplier", np.array(spec.embedding_multiplier))], 1, "embed/scale")
 
@@ -260,16 +355,32 @@ def build_graph(
                 epsilon=eps)
         # 4. Fused QKV [B, S, (nh + 2*kvh)*hd] and attention with rotary inside, KV in the shared buffer.
         qkv = g.linears(h, [lw.q, lw.k, lw.v], f"{p}.qkv_proj", lw.qkv_bias)
+        qkv_inputs = [qkv, "", ""]
+        if spec.qk_norm:  # per-head RMS norm of q and k before GQA rotates them
+            q, k, v = g.node("Split", [qkv, g.const(f"{p}/qkv_sizes", np.array([nh * hd, kvh * hd, kvh * hd]))],
+                             3, f"{p}/qkv_split", axis=-1)
+            qkv_inputs = [_head_norm(g, q, lw.q_norm, nh, hd, eps, f"{p}/q_norm"),
+                          _head_norm(g, k, lw.k_norm, kvh, hd, eps, f"{p}/k_norm"), v]
+        sliding = spec.is_sliding(i)
+        cos_name, sin_name = rope_local if sliding else rope_global
+        # NOTE(builder): since ONNX Runtime 1.23 (PR 25927) GQA's window is local_window_size keys, the query's
+        # own included: llama.cpp's n_swa (masked when p_query - p_key >= n_swa) and HF's sliding_window.
+        # Positions come from the mask, so the window holds with chunked prefill and the shared KV buffer alike.
         attrs = dict(num_heads=nh, kv_num_heads=kvh, do_rotary=1, rotary_interleaved=int(spec.rope_interleaved),
-                     local_window_size=-1)
+                     local_window_size=int(spec.sliding_window) if sliding else -1)
         if spec.attention_scale is not None:
             attrs["scale"] = float(spec.attention_scale)
+        if spec.attn_logit_softcap:
+            attrs["softcap"] = float(spec.attn_logit_softcap)
         attn, _, _ = g.node(
             "GroupQueryAttention",
-            [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens_k, total_len,
+            [*qkv_inputs, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens_k, total_len,
              cos_name, sin_name, "position_ids"],
             [f"{p}/attn/out0", f"present.{i}.key", f"present.{i}.value"], f"{p}/attn", "com.microsoft", **attrs)
         o = g.linear(attn, lw.o, f"{p}.o_proj")  # [B, S, H]
+        if spec.post_norms:
+            (o,) = g.node("SimplifiedLayerNormalization", [o, g.act(f"{p}.post_attn_norm", lw.post_attn_norm)], 1,
+                          f"{p}/post_attn_norm", axis=-1, epsilon=eps, stash_type=1)
         # 5. Post-attention norm, fused gate/up, activation, down.
         h, _, _, residual = g.node(
             "SkipSimplifiedLayerNormalization", [o, residual, g.act(f"{p}.ffn_norm", lw.ffn_norm)],
@@ -285,6 +396,10 @@ def build_graph(
             raise ValueError(f"activation must be silu or gelu_tanh, got {spec.activation!r}")
         (mlp,) = g.node("Mul", [act, up], 1, f"{p}/act_mul")  # [B, S, F]
         pending = g.linear(mlp, lw.down, f"{p}.down_proj")
+        if spec.post_norms:
+            (pending,) = g.node("SimplifiedLayerNormalization",
+                                [pending, g.act(f"{p}.post_ffn_norm", lw.post_ffn_norm)], 1,
+                                f"{p}/post_ffn_norm", axis=-1, epsilon=eps, stash_type=1)
         if on_layer is not None:
             on_layer(i)
 
@@ -294,11 +409,18 @@ def build_graph(
         ["final_norm/out0", "", "", ""], "final_norm", "com.microsoft", epsilon=eps)
     h = _keep_last_positions(g, h)  # [B, S, H] -> [B, min(S, keep), H]
     logits = g.linear(h, weights.lm_head, "lm_head")
-    if onnx_dtype == TensorProto.FLOAT:
-        producer = next(n for n in reversed(g.nodes) if logits in n.output)
-        producer.output[list(producer.output).index(logits)] = "logits"
-    else:
-        g.node("Cast", [logits], ["logits"], "logits", to=TensorProto.FLOAT)
+    if onnx_dtype != TensorProto.FLOAT:
+        (logits,) = g.node("Cast", [logits], 1, "logits/cast", to=TensorProto.FLOAT)
+    if spec.final_logit_softcap:  # c * tanh(logits / c), in float32
+        cap = g.const("final_softcap", np.array(spec.final_logit_softcap, np.float32))
+        (scaled,) = g.node("Div", [logits, cap], 1, "softcap/div")
+        (logits,) = g.node("Tanh", [scaled], 1, "softcap/tanh")
+        (logits,) = g.node("Mul", [logits, cap], 1, "softcap/mul")
+    producer = next(n for n in reversed(g.nodes) if logits in n.output)
+    producer.output[list(producer.output).index(logits)] = "logits"
+    if g.float32_linears:
+        log.info("float16 build: %d linear layers have scales float16 cannot hold exactly (K-quant sub-block "
+                 "scales) and run in float32 between two Casts", len(g.float32_linears))
 
     # NOTE(builder): LOGITS_TO_KEEP is a graph input with a default (an overridable initializer): callers
     # that don't know it (onnxruntime-genai, plain session.run) get every position's logits as before.

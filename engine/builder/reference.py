@@ -1,5 +1,7 @@
 """A float64 numpy forward pass of ModelWeights: the numerical reference the ONNX graph is tested against.
 
+Written from the models' definitions (llama.cpp's graphs), not from engine.builder.graph: QK norm, sliding
+windows as an explicit mask over the whole cache, per-layer rope bases, post-norms and softcaps.
 Pure numpy, one sequence at a time, with a growing KV cache; no onnx, no onnxruntime.
 """
 
@@ -7,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.builder.graph import ModelSpec, ModelWeights, rope_cache
+from engine.builder.graph import ModelSpec, ModelWeights
 from engine.builder.quant import dequantize
 
 
@@ -28,13 +30,15 @@ class ReferenceModel:
         self.layers = []
         for lw in weights.layers:
             qkv = np.concatenate([dequantize(lw.q), dequantize(lw.k), dequantize(lw.v)], axis=0)
+            vec = lambda v: None if v is None else np.asarray(v, np.float64)  # noqa: E731
             self.layers.append(dict(
-                attn_norm=np.asarray(lw.attn_norm, np.float64), qkv=qkv,
-                qkv_bias=None if lw.qkv_bias is None else np.asarray(lw.qkv_bias, np.float64),
-                o=dequantize(lw.o), ffn_norm=np.asarray(lw.ffn_norm, np.float64),
+                attn_norm=vec(lw.attn_norm), qkv=qkv, qkv_bias=vec(lw.qkv_bias),
+                o=dequantize(lw.o), ffn_norm=vec(lw.ffn_norm),
                 gate=dequantize(lw.gate), up=dequantize(lw.up), down=dequantize(lw.down),
+                q_norm=vec(lw.q_norm), k_norm=vec(lw.k_norm),
+                post_attn_norm=vec(lw.post_attn_norm), post_ffn_norm=vec(lw.post_ffn_norm),
             ))
-        self.cos, self.sin = rope_cache(spec, weights.rope_freq_factors)  # [ctx, hd/2]
+        self.freq_factors = weights.rope_freq_factors
         self.reset()
 
     def reset(self) -> None:
@@ -49,9 +53,15 @@ class ReferenceModel:
     def _rms(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.spec.rms_norm_eps) * w
 
-    def _rope(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        """x: [heads, S, hd] rotated at positions pos [S]."""
-        cos, sin = self.cos[pos][None], self.sin[pos][None]  # [1, S, hd/2]
+    def _rope(self, x: np.ndarray, pos: np.ndarray, local: bool) -> np.ndarray:
+        """x: [heads, S, hd] rotated at positions pos [S] (``local``: the sliding-window layers' rope)."""
+        s = self.spec
+        theta = s.rope_theta_local if local and s.rope_theta_local else s.rope_theta
+        inv_freq = theta ** -(np.arange(0, s.head_size, 2) / s.head_size)  # [hd/2]
+        if self.freq_factors is not None:
+            inv_freq = inv_freq / np.asarray(self.freq_factors, np.float64)
+        angles = (pos / (1.0 if local else s.rope_scale))[:, None] * inv_freq[None, :]  # [S, hd/2]
+        cos, sin = np.cos(angles)[None], np.sin(angles)[None]  # [1, S, hd/2]
         if self.spec.rope_interleaved:
             x1, x2 = x[..., 0::2], x[..., 1::2]
         else:
@@ -80,8 +90,12 @@ class ReferenceModel:
         if s.embedding_multiplier is not None:
             x = x * s.embedding_multiplier
         scale = s.attention_scale if s.attention_scale is not None else hd ** -0.5
-        causal = pos[:, None] >= np.arange(start + n)[None, :]  # [S, T]
+        keys = np.arange(start + n)[None, :]  # [1, T]
+        causal = pos[:, None] >= keys  # [S, T]
         for i, lw in enumerate(self.layers):
+            sliding = s.is_sliding(i)
+            # a sliding-window layer sees its last sliding_window positions, itself included (llama.cpp's n_swa)
+            visible = causal & (pos[:, None] - keys < s.sliding_window) if sliding else causal
             h = self._rms(x, lw["attn_norm"])
             qkv = h @ lw["qkv"].T
             if lw["qkv_bias"] is not None:
@@ -89,22 +103,34 @@ class ReferenceModel:
             q = qkv[:, : nh * hd].reshape(n, nh, hd).transpose(1, 0, 2)  # [nh, S, hd]
             k = qkv[:, nh * hd : (nh + kvh) * hd].reshape(n, kvh, hd).transpose(1, 0, 2)  # [kvh, S, hd]
             v = qkv[:, (nh + kvh) * hd :].reshape(n, kvh, hd).transpose(1, 0, 2)
-            q, k = self._rope(q, pos), self._rope(k, pos)
+            if s.qk_norm:  # per head, before rotary
+                q, k = self._rms(q, lw["q_norm"]), self._rms(k, lw["k_norm"])
+            q, k = self._rope(q, pos, sliding), self._rope(k, pos, sliding)
             self.keys[i] = np.concatenate([self.keys[i], k], axis=1)  # [kvh, T, hd]
             self.values[i] = np.concatenate([self.values[i], v], axis=1)
             kk = np.repeat(self.keys[i], nh // kvh, axis=0)  # [nh, T, hd]
             vv = np.repeat(self.values[i], nh // kvh, axis=0)
             att = q @ kk.transpose(0, 2, 1) * scale  # [nh, S, T]
-            att = np.where(causal[None], att, -np.inf)
+            if s.attn_logit_softcap:
+                att = s.attn_logit_softcap * np.tanh(att / s.attn_logit_softcap)
+            att = np.where(visible[None], att, -np.inf)
             att = np.exp(att - att.max(-1, keepdims=True))
             att /= att.sum(-1, keepdims=True)
-            o = (att @ vv).transpose(1, 0, 2).reshape(n, nh * hd)  # [S, nh*hd]
-            x = x + o @ lw["o"].T
+            o = (att @ vv).transpose(1, 0, 2).reshape(n, nh * hd) @ lw["o"].T  # [S, H]
+            if s.post_norms:
+                o = self._rms(o, lw["post_attn_norm"])
+            x = x + o
             h = self._rms(x, lw["ffn_norm"])
             gate, up = h @ lw["gate"].T, h @ lw["up"].T
             if s.activation == "silu":
                 act = gate / (1.0 + np.exp(-gate))
             else:
                 act = 0.5 * gate * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gate + 0.044715 * gate ** 3)))
-            x = x + (act * up) @ lw["down"].T
-        return self._rms(x, self.output_norm) @ self.lm_head.T
+            mlp = (act * up) @ lw["down"].T
+            if s.post_norms:
+                mlp = self._rms(mlp, lw["post_ffn_norm"])
+            x = x + mlp
+        logits = self._rms(x, self.output_norm) @ self.lm_head.T
+        if s.final_logit_softcap:
+            logits = s.final_logit_softcap * np.tanh(logits / s.final_logit_softcap)
+        return logits

@@ -44,10 +44,12 @@ def start_tracking(request: Request, state: ServerState) -> RequestTracker:
     return tracker
 
 
-def _encode(engine: EngineClient, text: str, param: str) -> list[int]:
+def _encode(engine: EngineClient, text: str, param: str, add_special_tokens: bool = False) -> list[int]:
     """Tokenize `text`; a string that is not valid Unicode is the client's error (400), not ours.
 
-    A text too long for the context by its length alone is refused before any of it is tokenized.
+    ``add_special_tokens``: what the tokenizer adds around a text (BOS for Gemma, Llama): a completion prompt
+    gets it, as llama.cpp and vLLM give it; a rendered chat template already holds its special tokens. A text
+    too long for the context by its length alone is refused before any of it is tokenized.
     """
     at_least = engine.tokenizer.min_num_tokens(text)
     if at_least >= engine.max_model_len:
@@ -60,7 +62,7 @@ def _encode(engine: EngineClient, text: str, param: str) -> list[int]:
         raise InvalidRequestError(f"{param} must be valid Unicode text, but it contains the lone surrogate "
                                   f"{text[exc.start]!r} (an unpaired \\uD800-\\uDFFF escape)",
                                   param=param, code="invalid_value") from None
-    return list(engine.tokenizer.encode(text))
+    return list(engine.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
 def _render_and_encode(engine: EngineClient, messages: list[dict[str, Any]],
@@ -90,7 +92,7 @@ async def chat_prompt(engine: EngineClient, messages: list[dict[str, Any]],
 async def completion_prompt_ids(engine: EngineClient, prompt: str | list[int]) -> list[int]:
     """Tokenize a text prompt in a worker thread; token-id prompts are checked and passed through."""
     if isinstance(prompt, str):
-        return await anyio.to_thread.run_sync(_encode, engine, prompt, "prompt")
+        return await anyio.to_thread.run_sync(_encode, engine, prompt, "prompt", True)
     for index, token_id in enumerate(prompt):
         if token_id < 0:
             raise InvalidRequestError(f"prompt token ids must be >= 0, got {token_id} at {index}", param="prompt")

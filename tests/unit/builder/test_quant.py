@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from engine.builder.quant import concat_rows, from_q4_0, from_q4_1, from_q8_0, pack, random_block_quant, unpack
+from engine.builder.ggml_quants import from_q4_0, from_q4_1, from_q8_0
+from engine.builder.quant import concat_rows, pack, random_block_quant, split_rows, unpack
 
 
 @pytest.mark.parametrize("qtype,convert", [(Q.Q4_0, from_q4_0), (Q.Q4_1, from_q4_1), (Q.Q8_0, from_q8_0)])
@@ -48,3 +49,15 @@ def test_concat_rows_fuses_compatible_weights_only():
     np.testing.assert_array_equal(fused.dequantize(), np.concatenate([a.dequantize(), b.dequantize()]))
     assert concat_rows([a, random_block_quant(rng, 4, 64, fmt="q8_0", std=0.1)]) is None
     assert concat_rows([a, np.zeros((4, 64), np.float32)]) is None
+
+
+def test_split_rows_inverts_concat_rows():
+    rng = np.random.default_rng(4)
+    a = random_block_quant(rng, 96, 64, fmt="q4_1", std=0.1)
+    parts = split_rows(a, [64, 16, 16])
+    assert [p.shape for p in parts] == [(64, 64), (16, 64), (16, 64)]
+    np.testing.assert_array_equal(concat_rows(parts).dequantize(), a.dequantize())
+    dense = np.arange(12.0).reshape(6, 2)
+    assert [p.tolist() for p in split_rows(dense, [2, 4])] == [dense[:2].tolist(), dense[2:].tolist()]
+    with pytest.raises(ValueError, match="do not add up"):
+        split_rows(a, [64, 16])

