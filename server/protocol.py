@@ -351,19 +351,27 @@ class ChatCompletionRequest(_SamplingFields):
             raise InvalidRequestError("tool_choice 'required' needs tools", param="tool_choice",
                                       code="invalid_value")
         structured = self.structured_output()
-        if structured is not None and self.tool_request().calls_possible:
+        if (structured is not None and structured.kind not in ("json_schema", "json_object")
+                and self.tool_request().calls_possible):
             raise _unsupported(structured.param, f"{structured.param} cannot be combined with tools that may be "
                                "called (tool calls are constrained by their own grammar); send tool_choice 'none' "
-                               "or leave out one of them")
+                               "or leave out one of them (a JSON schema or json_object response_format can)")
         return self
 
     def tool_request(self) -> ToolRequest:
-        """The tool fields as the tool planner takes them (choice 'auto' when tools are given, as OpenAI)."""
+        """The tool fields as the tool planner takes them (choice 'auto' when tools are given, as OpenAI); a JSON
+        output constraint becomes the schema of an answer that makes no call."""
         tools = tuple(t.model_dump(exclude_none=True) for t in self.tools or ())
         choice = self.tool_choice if self.tool_choice is not None else ("auto" if tools else "none")
+        structured = self.structured_output() if tools else None
+        response: dict[str, Any] | None = None
+        if structured is not None and structured.kind == "json_schema":
+            response = json.loads(structured.spec)
+        elif structured is not None and structured.kind == "json_object":
+            response = {"type": "object"}
         if isinstance(choice, NamedToolChoice):
-            return ToolRequest(tools, "function", choice.function.name, self.parallel_tool_calls)
-        return ToolRequest(tools, choice, None, self.parallel_tool_calls)
+            return ToolRequest(tools, "function", choice.function.name, self.parallel_tool_calls, response)
+        return ToolRequest(tools, choice, None, self.parallel_tool_calls, response)
 
     def template_messages(self) -> list[dict[str, Any]]:
         """Messages for the chat template: role/content strings ('developer' becomes 'system'), plus

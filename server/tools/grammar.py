@@ -102,9 +102,11 @@ def _hoist_defs(schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
     return schema, schema.pop("$defs", {})
 
 
-def generic_schema(tools: Sequence[dict[str, Any]], *, required: bool, parallel: bool) -> dict[str, Any]:
+def generic_schema(tools: Sequence[dict[str, Any]], *, required: bool, parallel: bool,
+                   response: dict[str, Any] | None = None) -> dict[str, Any]:
     """The generic format's answer: ``{"tool_calls": [...]}`` (``{"tool_call": ...}`` when not parallel),
-    or, unless ``required``, ``{"response": "..."}``."""
+    or, unless ``required``, ``{"response": "..."}``, whose value follows ``response`` (a response_format's
+    schema) when given, else is text."""
     call, defs = _hoist_defs(call_schema(tools))
     if parallel:
         wrapper = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1}},
@@ -114,14 +116,21 @@ def generic_schema(tools: Sequence[dict[str, Any]], *, required: bool, parallel:
                    "additionalProperties": False}
     schema: dict[str, Any] = wrapper
     if not required:
-        response = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
-                    "additionalProperties": False}
-        schema = {"anyOf": [wrapper, response]}
+        value: dict[str, Any] = {"type": "string"}
+        if response is not None:
+            value = response
+            if _has_ref(response):  # its local refs resolve under $defs once embedded
+                defs = {**defs, "ortserve_response": _rebase_refs(response, "#/$defs/ortserve_response")}
+                value = {"$ref": "#/$defs/ortserve_response"}
+        answer = {"type": "object", "properties": {"response": value}, "required": ["response"],
+                  "additionalProperties": False}
+        schema = {"anyOf": [wrapper, answer]}
     return {**schema, "$defs": defs} if defs else schema
 
 
-def generic_grammar(tools: Sequence[dict[str, Any]], *, required: bool, parallel: bool) -> str:
-    return f"start: {_json(generic_schema(tools, required=required, parallel=parallel))}\n"
+def generic_grammar(tools: Sequence[dict[str, Any]], *, required: bool, parallel: bool,
+                    response: dict[str, Any] | None = None) -> str:
+    return f"start: {_json(generic_schema(tools, required=required, parallel=parallel, response=response))}\n"
 
 
 def _tagged_start(trigger: Trigger, call_rule: str, *, required: bool, repeat: bool, separator: str) -> list[str]:

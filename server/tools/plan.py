@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engine.types import StructuredOutput
+from engine.types import InvalidRequestError, StructuredOutput
 from server.tools import grammar
 from server.tools.grammar import Trigger
 from server.tools.parsers import PARSERS
@@ -41,12 +41,15 @@ class ToolRequest:
             "parameters"}}``.
         choice: "none", "auto", "required" or "function" (then ``function`` names it).
         parallel: parallel_tool_calls (several calls in one answer); None when the request does not say.
+        response_schema: the JSON Schema an answer that makes no call must follow (response_format
+            json_schema or json_object beside tools that may be called), or None (free text).
     """
 
     tools: tuple[dict[str, Any], ...] = ()
     choice: str = "none"
     function: str | None = None
     parallel: bool | None = None
+    response_schema: dict[str, Any] | None = None
 
     def allows_parallel(self, native: bool) -> bool:
         """Whether one answer may hold several calls.
@@ -116,7 +119,15 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
         else list(request.tools)
     required = request.choice in ("required", "function")
     parallel = request.allows_parallel(native)
-    spec = _grammar(fmt, targets, required=required, parallel=parallel, template=template, tokenizer=tokenizer)
+    if request.response_schema is not None and native and not required:
+        # NOTE(tools): a native format's answer is free text or markup-tagged calls; a schema for the text part
+        # is not built yet. The generic format (models without tool markup) takes it as its "response".
+        raise InvalidRequestError(
+            f"response_format cannot be combined with tools that may be called on this model (its {fmt} tool-call "
+            "format answers in free text); send tool_choice 'required' or 'none', or leave out one of them",
+            param="response_format", code="unsupported_parameter")
+    spec = _grammar(fmt, targets, required=required, parallel=parallel, template=template, tokenizer=tokenizer,
+                    response=request.response_schema)
     return ToolPlan(
         fmt, rendered, list(request.tools) if native else None,
         structured=StructuredOutput("lark", spec, param="tools"),
@@ -124,7 +135,7 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
 
 
 def _grammar(fmt: str, tools: list[dict[str, Any]], *, required: bool, parallel: bool, template: _Template,
-             tokenizer: _Tokenizer) -> str:
+             tokenizer: _Tokenizer, response: dict[str, Any] | None = None) -> str:
     def trigger(text: str) -> Trigger:
         return Trigger(text, tokenizer.special_token_id(text))
 
@@ -137,7 +148,7 @@ def _grammar(fmt: str, tools: list[dict[str, Any]], *, required: bool, parallel:
                                        args_token=args if args is not None and args.special_id is not None else None)
     if fmt == "llama3_json":
         return grammar.llama3_grammar(tools, required=required, python_tag=trigger("<|python_tag|>"))
-    return grammar.generic_grammar(tools, required=required, parallel=parallel)
+    return grammar.generic_grammar(tools, required=required, parallel=parallel, response=response)
 
 
 # --- prompt messages --------------------------------------------------------------------------------

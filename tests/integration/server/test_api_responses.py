@@ -242,6 +242,26 @@ def test_text_format_json_object_and_the_sdk_parse_helper(smol: RunningServer) -
     assert parsed.status == "completed" and isinstance(parsed.output_parsed, Pet)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_tools_with_auto_and_a_text_format_answer_by_call_or_by_schema(smol: RunningServer, seed: int) -> None:
+    """What an openai-agents Agent with tools and an output_type sends on every turn: tool_choice auto and a
+    json_schema text.format. Each answer is a valid call or a message that follows the schema."""
+    schema = {"type": "object", "properties": {"sunny": {"type": "boolean"}}, "required": ["sunny"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "name": "weather", "schema": schema, "strict": True}
+    r = smol.client().responses.create(model=MODEL, input=QUESTION, tools=[WEATHER], text={"format": fmt},
+                                       max_output_tokens=96, temperature=1.0, extra_body={"seed": seed})
+    assert r.status == "completed" and r.output
+    kinds = [o.type for o in r.output]
+    if "function_call" in kinds:
+        assert set(kinds) == {"function_call"}
+        for item in r.output:
+            _check_call(item)
+    else:
+        assert kinds == ["message"]
+        jsonschema.validate(json.loads(r.output_text), schema)
+
+
 def test_previous_response_id_continues_the_conversation(smol: RunningServer) -> None:
     client = smol.client()
     first = client.responses.create(model=MODEL, input="My name is Ada.", instructions="Be brief.",

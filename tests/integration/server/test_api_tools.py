@@ -150,6 +150,23 @@ def test_n_choices_each_make_valid_calls_streamed_and_whole(smol: RunningServer)
         _check_calls(choice.message.tool_calls)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_auto_with_a_response_format_is_a_call_or_an_answer_that_follows_the_schema(smol: RunningServer,
+                                                                                     seed: int) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
+                                               "sunny": {"type": "boolean"}},
+              "required": ["city", "sunny"], "additionalProperties": False}
+    r = _ask(smol, temperature=1.0, seed=seed, parallel_tool_calls=False,
+             response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema}})
+    choice = r.choices[0]
+    if choice.message.tool_calls:
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        _check_calls(choice.message.tool_calls)
+    else:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), schema)
+
+
 def test_round_trip_call_then_tool_result_then_text(smol: RunningServer) -> None:
     first = _ask(smol, tool_choice="required", parallel_tool_calls=False, temperature=0)
     call = first.choices[0].message.tool_calls[0]
@@ -206,7 +223,7 @@ def test_langchain_bind_tools_invoke_and_stream(smol: RunningServer) -> None:
      "tools[0].function.parameters"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"extra_body": {"guided_regex": "a+"}}, "guided_regex"),  # only a JSON answer can sit beside calls
     ({"functions": [{"name": "f"}]}, "functions"),
 ])
 def test_bad_tool_requests_are_400_with_param_and_the_server_keeps_serving(smol: RunningServer, kwargs: dict,

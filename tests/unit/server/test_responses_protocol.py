@@ -118,12 +118,14 @@ def test_text_format_maps_onto_response_format() -> None:
     assert TextConfig().chat_response_format() is None
 
 
-def test_text_format_does_not_apply_to_a_forced_call_and_is_refused_with_auto() -> None:
+def test_text_format_does_not_apply_to_a_forced_call_and_shapes_the_answer_with_auto() -> None:
     fmt = {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}}
     for choice in ("required", {"type": "function", "name": "get_weather"}):
         assert request(tools=[TOOL], tool_choice=choice, text=fmt).to_chat_request().response_format is None
     assert request(tools=[TOOL], tool_choice="none", text=fmt).to_chat_request().response_format is not None
-    assert refused(tools=[TOOL], text=fmt).param == "text.format"  # auto: a call or text, as on chat
+    # auto (an agent with tools and an output type): a call, or an answer that follows the schema
+    auto = request(tools=[TOOL], text=fmt).to_chat_request()
+    assert auto.tool_request().calls_possible and auto.tool_request().response_schema == {"type": "object"}
 
 
 def test_allowed_tools_keeps_the_named_tools_with_its_mode() -> None:

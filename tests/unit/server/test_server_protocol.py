@@ -212,6 +212,14 @@ def test_tool_request_defaults_and_choices() -> None:
     assert not chat(tools=[TOOL], tool_choice="none").tool_request().calls_possible
     # tools + response_format is fine when no call can be made
     assert chat(tools=[TOOL], tool_choice="none", response_format={"type": "json_object"}).structured_output()
+    # beside tools that may be called, a JSON schema or json_object shapes the answer that makes no call
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    with_schema = chat(tools=[TOOL], response_format={"type": "json_schema",
+                                                      "json_schema": {"name": "x", "schema": schema}})
+    assert with_schema.tool_request().response_schema == schema
+    assert chat(tools=[TOOL], response_format={"type": "json_object"}).tool_request().response_schema == \
+        {"type": "object"}
+    assert chat(tools=[TOOL]).tool_request().response_schema is None
 
 
 @pytest.mark.parametrize("fields,param,needle", [
@@ -226,7 +234,7 @@ def test_tool_request_defaults_and_choices() -> None:
      "at most 64"),  # refused before the recursive schema check could overflow the stack
     ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "not in tools"),
-    ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "response_format", "cannot be combined"),
+    ({"tools": [TOOL], "guided_regex": "a+"}, "guided_regex", "cannot be combined"),
     ({"tools": [TOOL], "tool_choice": "required", "guided_regex": "a+"}, "guided_regex", "cannot be combined"),
 ])
 def test_bad_tools_are_refused(fields: dict, param: str | None, needle: str) -> None:

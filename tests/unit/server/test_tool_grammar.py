@@ -8,6 +8,7 @@ import json
 import pytest
 
 from engine.builder.tokenizer import synthetic_tokenizer
+from engine.types import InvalidRequestError
 from server.tools import grammar
 from server.tools.grammar import Trigger
 from server.tools.plan import ToolRequest, choose_format, generic_instructions, plan_tools
@@ -85,6 +86,24 @@ def test_generic_parallel_auto_and_named(lltok, tokenizer) -> None:
     assert named is not None and named.kind == "lark" and named.param == "tools"
     assert accepts(lltok, tokenizer, named.spec, '{"tool_call": ' + T + "}")
     assert not accepts(lltok, tokenizer, named.spec, '{"tool_call": ' + W + "}")
+
+
+def test_generic_auto_answer_follows_a_response_schema_with_refs(lltok, tokenizer) -> None:
+    """tools + response_format: an answer without a call is {"response": <the schema's value>}, refs resolved."""
+    schema = {"$defs": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+              "type": "object", "properties": {"city": {"$ref": "#/$defs/city"}, "temp": {"type": "integer"}},
+              "required": ["city", "temp"]}
+    g = grammar.generic_grammar([WEATHER], required=False, parallel=False, response=schema)
+    assert accepts(lltok, tokenizer, g, '{"response": {"city": "Paris", "temp": 21}}')
+    assert accepts(lltok, tokenizer, g, '{"tool_call": ' + W + "}")
+    assert not accepts(lltok, tokenizer, g, '{"response": "It is sunny."}')  # text no longer fits
+    assert not accepts(lltok, tokenizer, g, '{"response": {"city": "Oslo", "temp": 21}}')  # the ref's enum holds
+    assert not accepts(lltok, tokenizer, g, '{"response": {"city": "Paris", "temp": 21, "x": 1}}')  # closed
+    native = _Template(True, "{{ '<tool_call>' }}")  # Hermes markup: not built for native formats yet
+    request = ToolRequest((WEATHER,), "auto", response_schema=schema)
+    with pytest.raises(InvalidRequestError) as info:
+        plan_tools([{"role": "user", "content": "hi"}], request, native, _NoSpecials())
+    assert info.value.param == "response_format"
 
 
 def test_no_parameters_means_empty_arguments_and_refs_resolve(lltok, tokenizer) -> None:
