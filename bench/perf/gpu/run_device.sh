@@ -7,15 +7,7 @@
 # Needs .device/ (../shared/device/prepare.sh) carried along.
 set -o pipefail
 steps=${*:-tests bench}
-if [ -d /tmp/site/onnxruntime_ep_webgpu ]; then  # a warm machine keeps what setup.sh installed
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-else
-  source .device/setup.sh
-fi
-OUT=${OUT:-/tmp/ortserve_gpu_out}
-mkdir -p "$OUT"
+source bench/perf/gpu/env.sh  # the GPU set-up (LOCAL=1: a dry run here), OUT
 if [[ " $steps " == *" tests "* ]]; then
   ORTSERVE_DEVICE_TESTS=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
     tests/integration/ep/test_webgpu_engine.py tests/integration/ep/test_webgpu_device.py 2>&1 | tee "$OUT/pytest_log.txt"

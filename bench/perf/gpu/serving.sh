@@ -7,17 +7,7 @@
 # Results: $OUT/serving-*.json (one `ortserve bench` report per run) and $OUT/serving_log.txt.
 set -o pipefail
 steps=${*:-http engine}
-if [ -n "${LOCAL:-}" ]; then  # a dry run here: LOCAL=1 PROVIDER=cpu MODEL_DIR=... (no GPU set-up)
-  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-elif [ -d /tmp/site/onnxruntime_ep_webgpu ]; then
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-else
-  source .device/setup.sh
-fi
-OUT=${OUT:-/tmp/ortserve_gpu_out}
-mkdir -p "$OUT"
+source bench/perf/gpu/env.sh  # the GPU set-up (LOCAL=1: a dry run here), OUT
 LOG="$OUT/serving_log.txt"
 MODEL=${MODEL_DIR:-/tmp/ortserve-1b}
 PROVIDER=${PROVIDER:-webgpu}
