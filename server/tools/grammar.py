@@ -133,9 +133,11 @@ def generic_grammar(tools: Sequence[dict[str, Any]], *, required: bool, parallel
     return f"start: {_json(generic_schema(tools, required=required, parallel=parallel, response=response))}\n"
 
 
-def _tagged_start(trigger: Trigger, call_rule: str, *, required: bool, repeat: bool, separator: str) -> list[str]:
+def _tagged_start(trigger: Trigger, call_rule: str, *, required: bool, repeat: bool, separator: str,
+                  response: dict[str, Any] | None = None) -> list[str]:
     """Rules that put calls ``<trigger> <call_rule>`` (repeated after ``separator`` when ``repeat``) in the
-    answer: only calls when ``required``; otherwise free text first, and the trigger starts enforcement.
+    answer: only calls when ``required``; otherwise free text first, and the trigger starts enforcement; with a
+    ``response`` schema (a response_format beside the tools), either that JSON or calls, no text.
 
     NOTE(tools): a special-token trigger cannot occur in free text (llguidance never matches special tokens
     as text), so text may simply run until it. A text trigger needs the free-text alternative to exclude it,
@@ -145,6 +147,8 @@ def _tagged_start(trigger: Trigger, call_rule: str, *, required: bool, repeat: b
     more = f" ({json.dumps(separator) + ' ' if separator else ''}{trig} {call_rule})*" if repeat else ""
     if required:
         return [f"start: {trig} {call_rule}{more}"]
+    if response is not None:
+        return [f"start: answer | {trig} {call_rule}{more}", f"answer: {_json(response)}"]
     if trigger.special_id is not None:
         return [f"start: TEXT | TEXT {trig} {call_rule}{more}", f"TEXT: {_TEXT}"]
     escaped = _regex_escape(trigger.text)
@@ -154,15 +158,15 @@ def _tagged_start(trigger: Trigger, call_rule: str, *, required: bool, repeat: b
 
 
 def hermes_grammar(tools: Sequence[dict[str, Any]], *, trigger: Trigger, close: Trigger, required: bool,
-                   parallel: bool) -> str:
+                   parallel: bool, response: dict[str, Any] | None = None) -> str:
     """Hermes / Qwen: ``<tool_call>\\n{"name", "arguments"}\\n</tool_call>``, calls separated by a newline."""
-    lines = _tagged_start(trigger, "call", required=required, repeat=parallel, separator="\n")
+    lines = _tagged_start(trigger, "call", required=required, repeat=parallel, separator="\n", response=response)
     lines += [f'call: "\\n" body "\\n" {close.lark()}', f"body: {_json(call_schema(tools))}"]
     return "\n".join(lines) + "\n"
 
 
 def mistral_grammar(tools: Sequence[dict[str, Any]], *, trigger: Trigger, args_token: Trigger | None,
-                    required: bool, parallel: bool) -> str:
+                    required: bool, parallel: bool, response: dict[str, Any] | None = None) -> str:
     """Mistral: ``[TOOL_CALLS][{"name", "arguments"}, ...]`` (v3 tokenizers), or ``[TOOL_CALLS]name[ARGS]{...}``
     per call when the tokenizer has ``[ARGS]`` (v11+)."""
     if args_token is None:
@@ -172,9 +176,9 @@ def mistral_grammar(tools: Sequence[dict[str, Any]], *, trigger: Trigger, args_t
             array["maxItems"] = 1
         if defs:
             array["$defs"] = defs
-        lines = _tagged_start(trigger, "calls", required=required, repeat=False, separator="")
+        lines = _tagged_start(trigger, "calls", required=required, repeat=False, separator="", response=response)
         return "\n".join(lines + [f"calls: {_json(array)}"]) + "\n"
-    lines = _tagged_start(trigger, "call", required=required, repeat=parallel, separator="")
+    lines = _tagged_start(trigger, "call", required=required, repeat=parallel, separator="", response=response)
     names = []
     for index, tool in enumerate(tools):
         names.append(f"call{index}")

@@ -119,13 +119,12 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
         else list(request.tools)
     required = request.choice in ("required", "function")
     parallel = request.allows_parallel(native)
-    if request.response_schema is not None and native and not required:
-        # NOTE(tools): a native format's answer is free text or markup-tagged calls; a schema for the text part
-        # is not built yet. The generic format (models without tool markup) takes it as its "response".
+    if request.response_schema is not None and fmt == "llama3_json" and not required:
+        # NOTE(tools): Llama 3's call is a bare JSON object, so a JSON answer could not be told from a call.
         raise InvalidRequestError(
-            f"response_format cannot be combined with tools that may be called on this model (its {fmt} tool-call "
-            "format answers in free text); send tool_choice 'required' or 'none', or leave out one of them",
-            param="response_format", code="unsupported_parameter")
+            "response_format cannot be combined with tools that may be called on this model (its Llama 3 tool "
+            "calls are bare JSON objects, like the answer); send tool_choice 'required' or 'none', or leave out "
+            "one of them", param="response_format", code="unsupported_parameter")
     spec = _grammar(fmt, targets, required=required, parallel=parallel, template=template, tokenizer=tokenizer,
                     response=request.response_schema)
     return ToolPlan(
@@ -141,11 +140,12 @@ def _grammar(fmt: str, tools: list[dict[str, Any]], *, required: bool, parallel:
 
     if fmt == "hermes":
         return grammar.hermes_grammar(tools, trigger=trigger("<tool_call>"), close=trigger("</tool_call>"),
-                                      required=required, parallel=parallel)
+                                      required=required, parallel=parallel, response=response)
     if fmt == "mistral":
         args = trigger("[ARGS]") if "[ARGS]" in template.tool_source else None
         return grammar.mistral_grammar(tools, trigger=trigger("[TOOL_CALLS]"), required=required, parallel=parallel,
-                                       args_token=args if args is not None and args.special_id is not None else None)
+                                       args_token=args if args is not None and args.special_id is not None else None,
+                                       response=response)
     if fmt == "llama3_json":
         return grammar.llama3_grammar(tools, required=required, python_tag=trigger("<|python_tag|>"))
     return grammar.generic_grammar(tools, required=required, parallel=parallel, response=response)

@@ -99,11 +99,32 @@ def test_generic_auto_answer_follows_a_response_schema_with_refs(lltok, tokenize
     assert not accepts(lltok, tokenizer, g, '{"response": "It is sunny."}')  # text no longer fits
     assert not accepts(lltok, tokenizer, g, '{"response": {"city": "Oslo", "temp": 21}}')  # the ref's enum holds
     assert not accepts(lltok, tokenizer, g, '{"response": {"city": "Paris", "temp": 21, "x": 1}}')  # closed
-    native = _Template(True, "{{ '<tool_call>' }}")  # Hermes markup: not built for native formats yet
     request = ToolRequest((WEATHER,), "auto", response_schema=schema)
+    llama3 = _Template(True, "{{ '<|python_tag|>' }}")  # a Llama 3 call is bare JSON, like the answer
     with pytest.raises(InvalidRequestError) as info:
-        plan_tools([{"role": "user", "content": "hi"}], request, native, _NoSpecials())
+        plan_tools([{"role": "user", "content": "hi"}], request, llama3, _NoSpecials())
     assert info.value.param == "response_format"
+
+
+def test_native_auto_with_a_response_schema_is_that_json_or_calls(lltok, tokenizer) -> None:
+    """Hermes (text and special-token tags) and Mistral: the answer follows the schema or is calls; no free text."""
+    schema = {"type": "object", "properties": {"sunny": {"type": "boolean"}}, "required": ["sunny"]}
+    hermes = grammar.hermes_grammar([WEATHER], trigger=Trigger("<tool_call>"), close=Trigger("</tool_call>"),
+                                    required=False, parallel=False, response=schema)
+    assert accepts(lltok, tokenizer, hermes, '{"sunny": true}')
+    assert accepts(lltok, tokenizer, hermes, f"<tool_call>\n{W}\n</tool_call>")
+    assert not accepts(lltok, tokenizer, hermes, "It is sunny.")
+    assert not accepts(lltok, tokenizer, hermes, '{"sunny": true, "x": 1}')
+    tc = tokenizer.token_to_id("[TOOL_CALLS]")
+    mistral = grammar.mistral_grammar([WEATHER], trigger=Trigger("[TOOL_CALLS]", tc), args_token=None,
+                                      required=False, parallel=True, response=schema)
+    assert accepts(lltok, tokenizer, mistral, '{"sunny": false}')
+    assert accepts(lltok, tokenizer, mistral, tc, f"[{W}]")
+    assert not accepts(lltok, tokenizer, mistral, "Plain answer.")
+    planned = plan_tools([{"role": "user", "content": "hi"}], ToolRequest((WEATHER,), "auto", response_schema=schema),
+                         _Template(True, "{{ '<tool_call>' }}"), _NoSpecials())
+    assert planned.format == "hermes" and planned.structured is not None
+    assert accepts(lltok, tokenizer, planned.structured.spec, '{"sunny": true}')
 
 
 def test_no_parameters_means_empty_arguments_and_refs_resolve(lltok, tokenizer) -> None:
