@@ -204,7 +204,7 @@ class Runner:
         binding = self._decode_bindings.get((lo, hi)) or self._make_decode_binding(lo, hi)
         if self._narrow_mask:
             self._bind_narrow_mask(binding, lo, hi)
-        logits = self._run_decode(binding, hi)  # [width, 1, V]
+        logits = self._run_decode(binding, width)  # [width, 1, V]
         self.slot_len[rows] = pos + 1
         if width > len(rows):
             return logits[rows - lo, 0]  # [n, V] (a gather copy)
