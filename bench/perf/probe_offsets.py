@@ -12,7 +12,7 @@ Every form stores the same exact weights; they differ in what MatMulNBits' int8 
 Error: the int8-activation rounding simulated in numpy (float64) on the real Gemma 3 Q4_K tensors, relative
 RMS against the exact product. Speed: MatMulNBits (+ the correction) per form, M=1, interleaved rounds.
 
-    .venv/bin/python -m bench.probe_offsets --gguf .cache/gguf/gemma-3-270m-q4_k_m.gguf
+    .venv/bin/python -m bench.perf.probe_offsets --gguf .cache/gguf/gemma-3-270m-q4_k_m.gguf
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
    drafts only while one request decodes (speculative_max_batch 1, the default) and with every stream checking
    its drafts in a run of its own (speculative_max_batch = CONCURRENCY): aggregate output tokens/s.
 
-    ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.spec_probe --rounds 3 --json out.json
+    ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.perf.spec_probe --rounds 3 --json out.json
 
 Imports the engine (in-process); not part of the load-test harness.
 """
@@ -120,7 +120,7 @@ def _medians(report: dict, ks: list[int], batch_names: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.spec_probe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.perf.spec_probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="model folder (default: the pulled default model)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ks", default="0,2,4,8,12,16", help="--speculative-tokens values; 0 (the baseline) first")

@@ -1,9 +1,9 @@
 """llama.cpp on a GGUF as a subprocess peer, driven by JSON lines on stdin (one JSON answer per line on stdout).
 
-Runs under the dev-only llama-cpp-python venv (`INSTALL_ONLY=1 bench/compare_cpu.sh` builds `.bench-venv/`), never
-under ortserve's: it imports llama_cpp and numpy only. bench/gguf_parity.py and bench/compare_gguf.py start it.
+Runs under the dev-only llama-cpp-python venv (`INSTALL_ONLY=1 bench/perf/compare_cpu.sh` builds `.bench-venv/`), never
+under ortserve's: it imports llama_cpp and numpy only. bench/perf/gguf_parity.py and bench/perf/compare_gguf.py start it.
 
-    .bench-venv/bin/python bench/llamacpp_peer.py --gguf FILE --threads 2 [--logits-all]
+    .bench-venv/bin/python bench/perf/llamacpp_peer.py --gguf FILE --threads 2 [--logits-all]
 
 Requests:
     {"cmd": "tokenize", "texts": [...], "add_special": true}  -> {"ids": [[...], ...]}

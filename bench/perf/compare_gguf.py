@@ -3,14 +3,14 @@
 Three targets in one process tree, interleaved round by round (the order rotating), so machine load hits all
 alike; every ratio is taken within a round and the summary gives the medians:
   ortserve  the engine in-process (AsyncEngine on the converted folder; what `ortserve serve` runs, no HTTP);
-  bare      a bare ONNX Runtime loop on the same folder (bench.ceiling.BareLoop): what any server over this
+  bare      a bare ONNX Runtime loop on the same folder (bench.perf.ceiling.BareLoop): what any server over this
             graph could reach at most;
-  llama.cpp llama-cpp-python's low-level loop on the GGUF (bench/llamacpp_peer.py in the dev-only .bench-venv),
+  llama.cpp llama-cpp-python's low-level loop on the GGUF (bench/perf/llamacpp_peer.py in the dev-only .bench-venv),
             eval() per token and a numpy argmax, the same work as ours.
 Decode: a 32-token prompt, OUTPUT tokens greedy (eos ignored), tokens after the first over the time after it.
 Prompt: PREFILL tokens in, tokens/s = PREFILL / time to the first token (llama.cpp: one eval of the prompt).
 
-    .venv/bin/python -m bench.compare_gguf --gguf .cache/gguf/gemma-3-270m-q4_k_m.gguf \\
+    .venv/bin/python -m bench.perf.compare_gguf --gguf .cache/gguf/gemma-3-270m-q4_k_m.gguf \\
         --model-dir .cache/gemma3-270m --rounds 5 --json docs/perf/gemma3-cpu.json --plot docs/perf/gemma3-cpu.png
 """
 
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.gguf_parity import DEFAULT_PEER_PYTHON, PROMPTS, Peer, peer_works
+from bench.perf.gguf_parity import DEFAULT_PEER_PYTHON, PROMPTS, Peer, peer_works
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def _engine_run(engine, prompt: list[int], max_tokens: int, rid: str) -> tuple[list[int], list[float]]:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tokenizers import Tokenizer
 
-    from bench.ceiling import BareLoop
+    from bench.perf.ceiling import BareLoop
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
 
