@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,13 +20,9 @@ from pathlib import Path
 
 import httpx
 
+from bench.perf.serve import free_port, start_server
+
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _thread_cpu_s(pid: int, tid: int) -> float:
@@ -140,24 +135,6 @@ def run_genai(runner, max_tokens: int) -> dict[str, float]:
             "e2e_s": record.e2e_s or 0.0}
 
 
-def _start_server(model_dir: str, port: int, threads: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "server", "serve", "--model", model_dir, "--provider", "cpu",
-           "--intra-op-threads", str(threads), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sys.stderr)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.terminate()
-    raise RuntimeError("server did not become ready")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=7)
@@ -176,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.config import EngineConfig
 
     model_dir = str(pull_model())
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = _start_server(model_dir, port, args.threads)
+    server = start_server(model_dir, port, args.threads)
     spy = None
     try:
         MODEL["id"] = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]

@@ -23,17 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench.loadgen import HttpBackend, HttpSettings, run_load
+from bench.perf.serve import free_port, start_server
 from bench.scenarios import iter_requests, json_schema_for
 
 TOOLS: list[dict[str, Any]] = [
@@ -81,31 +78,6 @@ def _variant(kind: str, k: int) -> dict[str, Any]:
         return {"response_format": {"type": "json_schema", "json_schema": {"name": f"t{k}",
                                                                             "schema": _calls_schema(tools)}}}
     return {"structured_outputs": {"grammar": _auto_grammar(tools)}}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_server(model: str, port: int, threads: int, max_batch: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "server", "serve", "--model", model, "--provider", "cpu", "--intra-op-threads",
-           str(threads), "--max-batch", str(max_batch), "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sys.stderr)
-    deadline = time.monotonic() + 600  # a first run pulls and converts the model
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.terminate()
-    raise RuntimeError("server did not become ready")
 
 
 async def _tpot_run(backend: HttpBackend, scenario: str, batch: int, args: argparse.Namespace, seed: int) -> dict:
@@ -256,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         server = None
         url = args.url
         if url is None:
-            port = _free_port()
-            server = _start_server(args.model, port, args.threads, max(8, *args.batches))
+            port = free_port()
+            server = start_server(args.model, port, args.threads, "--max-batch", str(max(8, *args.batches)),
+                                  ready_timeout_s=600)  # a first run pulls and converts the model
             url = f"http://127.0.0.1:{port}/v1"
         try:
             results["tpot"] = asyncio.run(measure_tpot(url, args))
