@@ -118,6 +118,9 @@ class Runner:
         self.buckets = batch_buckets(n) if self.whole_buffer and (kv.addressable or self.kv_view_device) else (n,)
         self.copier = copier
         self.staging = staging if copier is not None else None
+        # every layer's key and value buffers, in the order the row copier takes them
+        self._kv_buffers = [*kv.keys, *kv.values]
+        self._stage_buffers = [*self.staging.keys, *self.staging.values] if self.staging is not None else []
         self.prefill_session = prefill_session or session
         self.prefill_io = prefill_io or io
         self._staged: tuple[int, int] | None = None  # (slot, length) whose KV the staging row holds
@@ -297,10 +300,6 @@ class Runner:
 
     # -- internals -------------------------------------------------------------------------------------
 
-    @property
-    def _kv_buffers(self) -> list[ort.OrtValue]:
-        return [*self.kv.keys, *self.kv.values]
-
     def _prefill_staged(self, slot: int, token_ids: Sequence[int], start: int, also: Sequence[int]) -> np.ndarray:
         """One chunk in the staging row (batch 1, S tokens: one run), then a device copy of that row into
         ``slot`` (and the slots in ``also``).
@@ -312,7 +311,7 @@ class Runner:
         writes anyway.
         """
         assert self.staging is not None and self.copier is not None
-        stage = [*self.staging.keys, *self.staging.values]
+        stage = self._stage_buffers
         if start > 0 and self._staged != (slot, start):
             self.copier.copy(self._kv_buffers, slot, stage, 0)
         logits = self._run_staged(token_ids, start)

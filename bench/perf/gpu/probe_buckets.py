@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         if runner.copier is not None and runner.staging is not None:
             result["staged_run_only_ms"] = {s: _median_ms(lambda s=s: runner._run_staged(prompt[:s], 0), args.repeat)
                                             for s in (50, 256) if s <= args.prefill_chunk}
-            stage = [*runner.staging.keys, *runner.staging.values]
+            stage = runner._stage_buffers
             result["row_copy_ms"] = {
                 "staging_to_slot": _median_ms(lambda: runner.copier.copy(stage, 0, runner._kv_buffers, 1), args.repeat),
                 "slot_to_staging": _median_ms(lambda: runner.copier.copy(runner._kv_buffers, 1, stage, 0), args.repeat),
