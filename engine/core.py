@@ -167,6 +167,10 @@ class EngineCore:
         """Apply everything in the inbox; False once shutdown was asked for."""
         changed = False
         while True:
+            if not block and self._inbox.empty():  # the usual case between steps: no exception raised
+                if changed:
+                    self._publish(time.monotonic())
+                return True
             try:
                 item = self._inbox.get(block=block)
             except queue.Empty:

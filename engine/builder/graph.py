@@ -138,11 +138,23 @@ class _Graph:
 
     def linear(self, x: str, w: LinearWeight, name: str, bias: np.ndarray | None = None) -> str:
         """y = x @ w.T (+ bias). x: [B, S, K] -> [B, S, N]."""
+        y, correction = self.linear_parts(x, w, name, bias)
+        if correction is not None:
+            (y,) = self.node("Add", [y, correction], 1, f"{name}/offset_add")
+        return y
+
+    def linear_parts(self, x: str, w: LinearWeight, name: str, bias: np.ndarray | None = None,
+                     ) -> tuple[str, str | None]:
+        """``x @ w.T`` as two terms whose sum is exact: (MatMulNBits, blocksum(x) @ offsets.T or None).
+
+        A caller whose next op adds anyway (a post-norm becomes a SkipSimplifiedLayerNormalization) takes the
+        correction as that op's skip input instead of an Add node of its own.
+        """
         if isinstance(w, np.ndarray):
             (y,) = self.node("MatMul", [x, self.act(f"{name}.weight_t", w.T)], 1, name)
             if bias is not None:
                 (y,) = self.node("Add", [y, self.act(f"{name}.bias", bias)], 1, f"{name}/bias")
-            return y
+            return y, None
         # NOTE(builder): MatMulNBits takes its scales in the activation dtype. K-quant sub-block scales
         # (an f16 times a 6- or 8-bit integer) need up to 19 significant bits: float16 would round them, so a
         # float16 build runs such a linear in float32 between two Casts (listed in ``float32_linears``).
@@ -152,6 +164,15 @@ class _Graph:
             x = self.cast(x, onnx_dt)
             self.float32_linears.append(name)
         n, k = w.shape
+        correction = None
+        if w.offsets is not None:
+            # NOTE(builder): exact offsets (Q4_1, K-quant mins): x @ W.T = MatMulNBits(u, s) + blocksum(x) @ offsets.T.
+            # Their nodes come before the MatMulNBits: ONNX Runtime runs nodes in graph order, and the small
+            # ones read x while it is still in cache, not after the MatMulNBits has streamed its weights
+            # through it (Gemma 3 270M, 2 AVX2 cores: about 1 ms of a 28 ms decode step).
+            bsum = self.blocksum(x, k, w.block_size)
+            offsets_t = self.act(f"{name}.block_offsets_t", w.offsets.T, dt)  # [K/bs, N]
+            (correction,) = self.node("MatMul", [bsum, offsets_t], 1, f"{name}/offset_matmul")
         inputs = [x, self.packed(f"{name}.qweight", w), self.act(f"{name}.scales", w.scales.reshape(-1), dt)]
         if bias is not None:
             inputs += ["", "", self.act(f"{name}.bias", bias, dt)]
@@ -159,14 +180,21 @@ class _Graph:
             "MatMulNBits", inputs, 1, name, "com.microsoft",
             K=k, N=n, bits=w.bits, block_size=w.block_size, accuracy_level=self.accuracy_level,
         )
-        if w.offsets is not None:
-            # NOTE(builder): exact offsets (Q4_1, K-quant mins): x @ W.T = MatMulNBits(u, s) + blocksum(x) @ offsets.T
-            bsum = self.blocksum(x, k, w.block_size)
-            offsets_t = self.act(f"{name}.block_offsets_t", w.offsets.T, dt)  # [K/bs, N]
-            (corr,) = self.node("MatMul", [bsum, offsets_t], 1, f"{name}/offset_matmul")
-            (y,) = self.node("Add", [y, corr], 1, f"{name}/offset_add")
         if dt != self.np_dtype:
+            if correction is not None:
+                (y,) = self.node("Add", [y, correction], 1, f"{name}/offset_add")
+                correction = None
             (y,) = self.node("Cast", [y], 1, f"{name}/cast_back", to=self.onnx_dtype)
+        return y, correction
+
+    def rms_norm(self, x: str, weight: np.ndarray, name: str, eps: float, skip: str | None = None) -> str:
+        """RMS norm of ``x`` (+ ``skip``, added first, in one SkipSimplifiedLayerNormalization)."""
+        if skip is None:
+            (y,) = self.node("SimplifiedLayerNormalization", [x, self.act(f"{name}.weight", weight)], 1, name,
+                             axis=-1, epsilon=eps, stash_type=1)
+            return y
+        (y, _, _, _) = self.node("SkipSimplifiedLayerNormalization", [x, skip, self.act(f"{name}.weight", weight)],
+                                 [f"{name}/out0", "", "", ""], name, "com.microsoft", epsilon=eps)
         return y
 
     def blocksum(self, x: str, k: int, block_size: int) -> str:
@@ -377,10 +405,11 @@ def build_graph(
             [*qkv_inputs, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens_k, total_len,
              cos_name, sin_name, "position_ids"],
             [f"{p}/attn/out0", f"present.{i}.key", f"present.{i}.value"], f"{p}/attn", "com.microsoft", **attrs)
-        o = g.linear(attn, lw.o, f"{p}.o_proj")  # [B, S, H]
-        if spec.post_norms:
-            (o,) = g.node("SimplifiedLayerNormalization", [o, g.act(f"{p}.post_attn_norm", lw.post_attn_norm)], 1,
-                          f"{p}/post_attn_norm", axis=-1, epsilon=eps, stash_type=1)
+        if spec.post_norms:  # the post-norm adds o_proj's offset correction (if any) on its way in
+            o, correction = g.linear_parts(attn, lw.o, f"{p}.o_proj")  # [B, S, H]
+            o = g.rms_norm(o, lw.post_attn_norm, f"{p}/post_attn_norm", eps, skip=correction)
+        else:
+            o = g.linear(attn, lw.o, f"{p}.o_proj")
         # 5. Post-attention norm, fused gate/up, activation, down.
         h, _, _, residual = g.node(
             "SkipSimplifiedLayerNormalization", [o, residual, g.act(f"{p}.ffn_norm", lw.ffn_norm)],
@@ -395,11 +424,11 @@ def build_graph(
         else:
             raise ValueError(f"activation must be silu or gelu_tanh, got {spec.activation!r}")
         (mlp,) = g.node("Mul", [act, up], 1, f"{p}/act_mul")  # [B, S, F]
-        pending = g.linear(mlp, lw.down, f"{p}.down_proj")
         if spec.post_norms:
-            (pending,) = g.node("SimplifiedLayerNormalization",
-                                [pending, g.act(f"{p}.post_ffn_norm", lw.post_ffn_norm)], 1,
-                                f"{p}/post_ffn_norm", axis=-1, epsilon=eps, stash_type=1)
+            pending, correction = g.linear_parts(mlp, lw.down, f"{p}.down_proj")
+            pending = g.rms_norm(pending, lw.post_ffn_norm, f"{p}/post_ffn_norm", eps, skip=correction)
+        else:
+            pending = g.linear(mlp, lw.down, f"{p}.down_proj")
         if on_layer is not None:
             on_layer(i)
 

@@ -27,7 +27,7 @@ from engine.builder.errors import ChecksumError, DownloadError, UnknownModelErro
 from engine.builder.folder import marker_matches
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-BUILDER_VERSION = 2  # bump when the graph changes so cached folders are rebuilt
+BUILDER_VERSION = 3  # bump when the graph changes so cached folders are rebuilt
 
 
 @dataclass(frozen=True)

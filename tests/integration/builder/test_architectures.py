@@ -113,6 +113,24 @@ def gemma3_tiny(tmp_path_factory):
     return folder, ref
 
 
+def test_k_quant_offsets_run_before_their_matmul_and_fold_into_the_post_norm(gemma3_tiny):
+    """The Q4_K attention output's offset term (blocksum(x) @ offsets.T) is computed ahead of its MatMulNBits
+    (nodes run in graph order: the small ops read x while it is in cache) and enters the post-attention norm
+    as its skip input, with no Add of its own; the float64 tests above check the sum stays exact."""
+    folder, _ = gemma3_tiny
+    nodes = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.node
+    order = {n.name: i for i, n in enumerate(nodes)}
+    by_name = {n.name: n for n in nodes}
+    assert not [n.name for n in nodes if n.name.endswith("/offset_add")]
+    for layer in range(2):
+        offset, matmul = by_name[f"layers.{layer}.o_proj/offset_matmul"], by_name[f"layers.{layer}.o_proj"]
+        blocksum = next(n for n in nodes if n.output[0] == offset.input[0])
+        assert order[blocksum.name] < order[offset.name] < order[matmul.name]
+        norm = by_name[f"layers.{layer}/post_attn_norm"]
+        assert norm.op_type == "SkipSimplifiedLayerNormalization"
+        assert list(norm.input[:2]) == [matmul.output[0], offset.output[0]]
+
+
 def test_sliding_window_chunked_prefill_beyond_the_window(gemma3_tiny, make_runner):
     """A 30-token prompt fed in chunks that straddle the window gives the reference's logits everywhere."""
     folder, ref = gemma3_tiny
