@@ -8,6 +8,8 @@ alike; every ratio is taken within a round and the summary gives the medians:
   llama.cpp llama-cpp-python's low-level loop on the GGUF (bench/perf/llamacpp_peer.py in the dev-only .bench-venv),
             eval() per token and a numpy argmax, the same work as ours.
 Decode: a 32-token prompt, OUTPUT tokens greedy (eos ignored), tokens after the first over the time after it.
+The engine drafts as it does by default (prompt lookup: its output often repeats, and drafts pay off there);
+`--speculative-tokens 0` gives it the same work per token as the other two. Rounds record the drafts.
 Prompt: PREFILL tokens in, tokens/s = PREFILL / time to the first token (llama.cpp: one eval of the prompt).
 
     .venv/bin/python -m bench.perf.compare_gguf --gguf .cache/gguf/gemma-3-270m-q4_k_m.gguf \\
@@ -58,6 +60,12 @@ def ortserve_prefill(engine, prompt: list[int]) -> float:
     return len(prompt) / (time.perf_counter() - t0)
 
 
+def _drafts(engine) -> tuple[int, int]:
+    """The engine's speculative draft tokens so far: (proposed, accepted)."""
+    extra = engine.stats().extra
+    return int(extra["spec_draft_tokens_total"]), int(extra["spec_accepted_tokens_total"])
+
+
 def git_sha() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -76,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--peer-python", type=Path, default=DEFAULT_PEER_PYTHON)
     parser.add_argument("--no-bare", action="store_true", help="skip the bare ONNX Runtime loop")
+    parser.add_argument("--speculative-tokens", type=int, default=None,
+                        help="the engine's prompt-lookup drafts (default: the engine's default; 0 = off, the same "
+                        "work per token as llama.cpp's loop and the bare loop)")
     parser.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "default"],
                         help="llama.cpp's OpenMP waiting (default PASSIVE: on a shared, oversubscribed machine its "
                         "spinning threads collapse, see docs/perf/gemma3.md; ACTIVE is llama.cpp's own default)")
@@ -98,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     short = text_ids[:32]
     long = text_ids[: args.prefill_tokens]
     max_len = args.prefill_tokens + args.output_tokens + 64
+    spec = {} if args.speculative_tokens is None else {"speculative_tokens": args.speculative_tokens}
     engine = AsyncEngine.from_model_dir(args.model_dir, EngineConfig(
-        provider="cpu", intra_op_threads=args.threads, max_batch=1, max_model_len=max_len, seed=0))
+        provider="cpu", intra_op_threads=args.threads, max_batch=1, max_model_len=max_len, seed=0, **spec))
+    speculative_tokens = engine.config.speculative_tokens
     bare = None if args.no_bare else BareLoop(args.model_dir, 1, args.threads, max_len)
     peer = Peer(args.gguf, python=args.peer_python, threads=args.threads, n_ctx=max_len,
                 omp_wait_policy=None if args.omp_wait_policy == "default" else args.omp_wait_policy)
@@ -130,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         order = names[r % len(names):] + names[: r % len(names)]
         load = os.getloadavg()[0]
         dec, pre, toks = {}, {}, {}
+        drafted, accepted = _drafts(engine)
         for name in order:
             dec[name], toks[name] = decode[name]()
+        drafted, accepted = (now - before for now, before in zip(_drafts(engine), (drafted, accepted)))
         for name in order:
             if name in prefill:
                 pre[name] = prefill[name]()
@@ -141,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                        "prompt_ratio": pre["ortserve"] / pre["llama.cpp"],
                        "bare_decode_ratio": dec["bare"] / dec["llama.cpp"] if "bare" in dec else None,
                        "engine_vs_bare": dec["ortserve"] / dec["bare"] if "bare" in dec else None,
-                       "greedy_tokens_equal_to_llamacpp": f"{same}/{len(toks['ortserve'])}"})
+                       "greedy_tokens_equal_to_llamacpp": f"{same}/{len(toks['ortserve'])}",
+                       "ortserve_draft_tokens": {"proposed": drafted, "accepted": accepted}})
         print(json.dumps(rounds[-1]), flush=True)
     peer.close()
     engine.shutdown()
@@ -153,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "gguf": args.gguf.name, "model_dir": str(args.model_dir), "threads": args.threads, "num_rounds": args.rounds,
         "output_tokens": args.output_tokens, "prefill_tokens": args.prefill_tokens, "git": git_sha(),
-        "omp_wait_policy": args.omp_wait_policy, "load_avg_during": [r["load_avg"] for r in rounds],
+        "omp_wait_policy": args.omp_wait_policy, "speculative_tokens": speculative_tokens, "load_avg_during": [r["load_avg"] for r in rounds],
         "cpu": platform.processor() or platform.machine(), "llama_cpp": info,
         "median": {"decode_ratio": med("decode_ratio"), "prompt_ratio": med("prompt_ratio"),
                    "bare_decode_ratio": med("bare_decode_ratio"), "engine_vs_bare": med("engine_vs_bare"),
