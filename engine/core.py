@@ -167,16 +167,13 @@ class EngineCore:
         """Apply everything in the inbox; False once shutdown was asked for."""
         changed = False
         while True:
-            if not block and self._inbox.empty():  # the usual case between steps: no exception raised
+            # NOTE(engine): empty() rather than get(block=False) and queue.Empty: an empty inbox is the usual
+            # case between steps, and this thread is its only reader, so a non-empty one cannot empty meanwhile.
+            if not block and self._inbox.empty():
                 if changed:
                     self._publish(time.monotonic())
                 return True
-            try:
-                item = self._inbox.get(block=block)
-            except queue.Empty:
-                if changed:
-                    self._publish(time.monotonic())
-                return True
+            item = self._inbox.get(block=block)
             block, changed = False, True
             if item is _SHUTDOWN:
                 return False
