@@ -7,6 +7,9 @@ alike; every ratio is taken within a round and the summary gives the medians:
             graph could reach at most;
   llama.cpp llama-cpp-python's low-level loop on the GGUF (bench/perf/llamacpp_peer.py in the dev-only .bench-venv),
             eval() per token and a numpy argmax, the same work as ours.
+  http      with --http: a real `ortserve serve` on the folder (same threads, one slot, the same drafts setting),
+            streamed over /v1/completions by the official openai client with the prompt as token ids: what a
+            user sees.
 Decode: a 32-token prompt, OUTPUT tokens greedy (eos ignored), tokens after the first over the time after it.
 The engine drafts as it does by default (prompt lookup: its output often repeats, and drafts pay off there);
 `--speculative-tokens 0` gives it the same work per token as the other two. Rounds record the drafts.
@@ -60,6 +63,40 @@ def ortserve_prefill(engine, prompt: list[int]) -> float:
     return len(prompt) / (time.perf_counter() - t0)
 
 
+def _http_target(args: argparse.Namespace, prompt: list[int], max_len: int):
+    """A real server on the folder and a function streaming one greedy completion from it: (process, decode fn).
+
+    Decode rate as for the engine: completion tokens after the first over the time after the first text chunk.
+    """
+    from openai import OpenAI
+
+    from bench.perf.serve import free_port, start_server
+
+    extra = ["--max-batch", "1", "--max-model-len", str(max_len)]
+    if args.speculative_tokens is not None:
+        extra += ["--speculative-tokens", str(args.speculative_tokens)]
+    port = free_port()
+    server = start_server(str(args.model_dir), port, args.threads, *extra)
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    model = client.models.list().data[0].id
+
+    def decode() -> tuple[float, list[int]]:
+        stamps: list[float] = []
+        tokens = 0
+        stream = client.completions.create(model=model, prompt=prompt, max_tokens=args.output_tokens, temperature=0,
+                                           stream=True, stream_options={"include_usage": True},
+                                           extra_body={"ignore_eos": True})
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                stamps.append(time.perf_counter())
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        assert tokens == args.output_tokens, tokens
+        return (tokens - 1) / (stamps[-1] - stamps[0]), []
+
+    return server, decode
+
+
 def _drafts(engine) -> tuple[int, int]:
     """The engine's speculative draft tokens so far: (proposed, accepted)."""
     extra = engine.stats().extra
@@ -90,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "default"],
                         help="llama.cpp's OpenMP waiting (default PASSIVE: on a shared, oversubscribed machine its "
                         "spinning threads collapse, see docs/perf/gemma3.md; ACTIVE is llama.cpp's own default)")
+    parser.add_argument("--http", action="store_true", help="add a real `ortserve serve` streamed by the openai client")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -131,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         return rate, [int(first[0])] + bare.tokens[0].tolist()
 
     decode = {"ortserve": lambda: ortserve_decode(engine, short, args.output_tokens), "llama.cpp": llama_decode}
+    server = None
+    if args.http:
+        server, http_decode = _http_target(args, short, max_len)
+        decode["http"] = http_decode
     prefill = {"ortserve": lambda: ortserve_prefill(engine, long), "llama.cpp": llama_prefill}
     if bare is not None:
         decode["bare"] = bare_decode
@@ -156,11 +198,16 @@ def main(argv: list[str] | None = None) -> int:
                        "prompt_ratio": pre["ortserve"] / pre["llama.cpp"],
                        "bare_decode_ratio": dec["bare"] / dec["llama.cpp"] if "bare" in dec else None,
                        "engine_vs_bare": dec["ortserve"] / dec["bare"] if "bare" in dec else None,
+                       "http_decode_ratio": dec["http"] / dec["llama.cpp"] if "http" in dec else None,
+                       "http_vs_engine": dec["http"] / dec["ortserve"] if "http" in dec else None,
                        "greedy_tokens_equal_to_llamacpp": f"{same}/{len(toks['ortserve'])}",
                        "ortserve_draft_tokens": {"proposed": drafted, "accepted": accepted}})
         print(json.dumps(rounds[-1]), flush=True)
     peer.close()
     engine.shutdown()
+    if server is not None:
+        server.terminate()
+        server.wait(30)
 
     def med(key: str, sub: str | None = None) -> float | None:
         vals = [r[key][sub] if sub else r[key] for r in rounds]
@@ -173,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": platform.processor() or platform.machine(), "llama_cpp": info,
         "median": {"decode_ratio": med("decode_ratio"), "prompt_ratio": med("prompt_ratio"),
                    "bare_decode_ratio": med("bare_decode_ratio"), "engine_vs_bare": med("engine_vs_bare"),
+                   "http_decode_ratio": med("http_decode_ratio"), "http_vs_engine": med("http_vs_engine"),
                    "decode_tok_s": {n: med("decode_tok_s", n) for n in names},
                    "prompt_tok_s": {n: med("prompt_tok_s", n) for n in prefill}},
         "rounds": rounds,
