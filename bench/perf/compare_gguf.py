@@ -246,7 +246,7 @@ def plot(summary: dict, path: Path) -> None:
         for i, name in enumerate(names):
             vals = [r[key][name] for r in summary["rounds"]]
             ax.scatter([i] * len(vals), vals, color="gray", s=12, zorder=3)
-            ax.bar(i, summary["median"][key][name], color=["tab:blue", "tab:orange", "tab:green"][i % 3])
+            ax.bar(i, summary["median"][key][name], color=["tab:blue", "tab:orange", "tab:green", "tab:gray"][i % 4])
         ax.set_xticks(range(len(names)), names)
         ax.set_title(title)
     ratio = summary["median"]
