@@ -81,35 +81,45 @@ class BareLoop:
             firsts.append(int(np.argmax(logits[0, -1])))
         return np.array(firsts, np.int64)
 
+    def begin(self, first: np.ndarray, start: int) -> None:
+        """Bind the decode inputs for greedy steps from position ``start``, feeding ``first`` (``[B]``) first."""
+        B = self.batch
+        self._ids = np.zeros((B, 1), np.int64)
+        self._pos = np.zeros((B, 1), np.int64)
+        # Every row sits at the same position, so a step's mask is all ones, as wide as the sequence (what
+        # the engine binds on CPU): contiguous views of one buffer, no per-step allocation.
+        self._ones = np.ones(B * self.length, np.int64)
+        self._logits = np.zeros((B, 1, self.io.vocab_size), np.float32)
+        self._binding = b = self.session.io_binding()
+        b.bind_cpu_input(self.io.input_ids, self._ids)
+        if self.io.position_ids:
+            b.bind_cpu_input(self.io.position_ids, self._pos)
+        b.bind_output(self.io.logits, "cpu", 0, np.float32, list(self._logits.shape), self._logits.ctypes.data)
+        self._bind_kv(b, 0, B)
+        self._ids[:, 0] = first
+        self.position = start
+
+    def step(self) -> np.ndarray:
+        """One greedy step of every row (after ``begin``); returns the tokens it produced, ``[B]``."""
+        B, p = self.batch, self.position
+        self._pos[:, 0] = p
+        self._binding.bind_cpu_input(self.io.attention_mask, self._ones[:B * (p + 1)].reshape(B, p + 1))
+        self.session.run_with_iobinding(self._binding)
+        self._ids[:, 0] = np.argmax(self._logits[:, 0], axis=-1)
+        self.position = p + 1
+        return self._ids[:, 0]
+
     def decode(self, first: np.ndarray, start: int, steps: int) -> float:
         """``steps`` batched greedy steps from position ``start``; returns decode tokens/s (all rows).
 
         The tokens generated (``[B, steps]``, the first not included) are left in ``self.tokens``.
         """
-        B = self.batch
-        ids = np.zeros((B, 1), np.int64)
-        pos = np.zeros((B, 1), np.int64)
-        # Every row sits at the same position, so a step's mask is all ones, as wide as the sequence (what
-        # the engine binds on CPU): contiguous views of one buffer, no per-step allocation.
-        ones = np.ones(B * self.length, np.int64)
-        logits = np.zeros((B, 1, self.io.vocab_size), np.float32)
-        b = self.session.io_binding()
-        b.bind_cpu_input(self.io.input_ids, ids)
-        if self.io.position_ids:
-            b.bind_cpu_input(self.io.position_ids, pos)
-        b.bind_output(self.io.logits, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-        self._bind_kv(b, 0, B)
-        ids[:, 0] = first
-        self.tokens = np.zeros((B, steps), np.int64)
+        self.begin(first, start)
+        self.tokens = np.zeros((self.batch, steps), np.int64)
         t0 = time.perf_counter()
         for i in range(steps):
-            p = start + i
-            pos[:, 0] = p
-            b.bind_cpu_input(self.io.attention_mask, ones[:B * (p + 1)].reshape(B, p + 1))
-            self.session.run_with_iobinding(b)
-            ids[:, 0] = np.argmax(logits[:, 0], axis=-1)
-            self.tokens[:, i] = ids[:, 0]
-        return B * steps / (time.perf_counter() - t0)
+            self.tokens[:, i] = self.step()
+        return self.batch * steps / (time.perf_counter() - t0)
 
 
 def genai_decode(model: Any, og: Any, prompt: list[int], steps: int) -> float:
