@@ -165,14 +165,16 @@ class ChatTemplate:
         return self._tool_source or self.source or ""
 
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
-               add_generation_prompt: bool = True, **extra: Any) -> str:
+               add_generation_prompt: bool = True, continue_final_message: bool = False, **extra: Any) -> str:
         """Render a conversation into the prompt text.
 
         Args:
             messages: ``[{"role": "system"|"user"|"assistant"|"tool", "content": str, ...}]``.
             tools: OpenAI-style tool definitions, passed through as the ``tools`` variable.
             add_generation_prompt: end with the assistant turn's opening (e.g. ``<|im_start|>assistant\\n``).
-            extra: more template variables (e.g. ``documents``).
+            continue_final_message: end right after the last message's content (an assistant prefill the answer
+                continues), without the end-of-turn markup the template writes after it.
+            extra: more template variables (e.g. ``documents``, ``enable_thinking``).
         Returns:
             The prompt text (special tokens as text; tokenize it without adding special tokens).
         Raises:
@@ -182,12 +184,32 @@ class ChatTemplate:
         template = self._tool_template if tools and self._tool_template is not None else self._template
         if template is None:
             raise InvalidRequestError(NO_TEMPLATE_MESSAGE, param="messages")
+        variables = {**self.special_tokens, **extra}
         try:
-            return template.render(messages=list(messages), tools=list(tools) if tools else None,
-                                   add_generation_prompt=add_generation_prompt,
-                                   **self.special_tokens, **extra)
+            text = template.render(messages=list(messages), tools=list(tools) if tools else None,
+                                   add_generation_prompt=add_generation_prompt, **variables)
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"chat template error: {exc}", param="messages") from exc
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
             raise InvalidRequestError(f"chat template could not render these messages: {exc}",
                                       param="messages") from exc
+        return _continued(text, messages) if continue_final_message else text
+
+
+def _continued(text: str, messages: Sequence[Mapping[str, Any]]) -> str:
+    """``text`` cut right after the last message's content (as transformers' ``continue_final_message``).
+
+    NOTE(template): the content is found from the end, so the same words earlier in the conversation do not
+    matter; a template that trims the content is matched by its trimmed form.
+    """
+    content = messages[-1].get("content") if messages else None
+    if not isinstance(content, str) or not content:
+        raise InvalidRequestError("continue_final_message needs a last message with text content to continue",
+                                  param="messages", code="invalid_value")
+    for candidate in (content, content.strip()):
+        at = text.rfind(candidate) if candidate else -1
+        if at >= 0:
+            return text[:at + len(candidate)]
+    raise InvalidRequestError("continue_final_message: the chat template does not write the last message's "
+                              "content as it is, so the answer cannot continue it", param="messages",
+                              code="invalid_value")

@@ -25,8 +25,11 @@ class ChatTemplateLike(Protocol):
     supports_tools: bool
     tool_source: str
 
+    source: str | None
+
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = True) -> str: ...
+               add_generation_prompt: bool = True, continue_final_message: bool = False,
+               **extra: Any) -> str: ...
 
 
 class EngineClient(Protocol):

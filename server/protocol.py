@@ -18,6 +18,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.types import FinishReason, InvalidRequestError, SamplingParams, TokenLogprob
+from server.prompt import TemplateOptions
 from server.protocol_structured import StructuredOutputFields
 from server.tools.plan import ToolRequest
 
@@ -98,6 +99,9 @@ class ChatMessage(OpenAIBaseModel):
     name: str | None = None
     tool_calls: list[AssistantToolCall] | None = Field(None, description="Calls an assistant message made.")
     tool_call_id: str | None = Field(None, description="In a tool message: the id of the call it answers.")
+    reasoning_content: str | None = Field(None, description="In an assistant message: its thinking (templates "
+                                          "that render past thinking show it).")
+    reasoning: str | None = Field(None, description="The same as reasoning_content (vLLM's and Ollama's name).")
 
     @field_validator("content")
     @classmethod
@@ -322,6 +326,14 @@ class ChatCompletionRequest(_SamplingFields):
     functions: list[dict[str, Any]] | None = Field(None, description="Deprecated; not supported (use tools).")
     function_call: str | dict[str, Any] | None = Field(None, description="Deprecated; not supported (use "
                                                                          "tool_choice).")
+    reasoning_effort: str | None = Field(None, description="Passed to chat templates that take it "
+                                         "(`reasoning_effort`); ignored by the others.")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="More chat template variables, e.g. "
+                                                        "{'enable_thinking': false}.")
+    add_generation_prompt: bool = Field(True, description="End the prompt with the assistant turn's opening.")
+    continue_final_message: bool = Field(False, description="The answer continues the last (assistant) message; "
+                                         "needs add_generation_prompt=false.")
+    echo: bool = Field(False, description="The answer starts with the last message when it is the assistant's.")
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
@@ -335,7 +347,15 @@ class ChatCompletionRequest(_SamplingFields):
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs",
                                       code="invalid_value")
+        self.template_options()  # refuses continue_final_message with add_generation_prompt, reserved kwargs
         return self
+
+    def template_options(self) -> TemplateOptions:
+        """The chat template controls (reasoning_effort reaches templates that take it)."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            kwargs.setdefault("reasoning_effort", self.reasoning_effort)
+        return TemplateOptions(self.add_generation_prompt, self.continue_final_message, self.echo, kwargs)
 
     @model_validator(mode="after")
     def _check_tools(self) -> ChatCompletionRequest:
@@ -388,6 +408,9 @@ class ChatCompletionRequest(_SamplingFields):
                 message["tool_call_id"] = m.tool_call_id
                 if m.name:
                     message["name"] = m.name
+            thinking = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+            if m.role == "assistant" and thinking:
+                message["reasoning_content"] = thinking  # the name templates read (Qwen3, DeepSeek-R1)
             out.append(message)
         return out
 
@@ -550,11 +573,14 @@ def chat_usage_chunk(request_id: str, created: int, model: str, usage_dict: dict
 def chat_completion(
     request_id: str, created: int, model: str, text: str | None, finish_reason: str | None,
     usage_dict: dict[str, int], logprobs: dict[str, Any] | None = None,
-    tool_calls: list[dict[str, Any]] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None, reasoning: str | None = None,
 ) -> dict[str, Any]:
     """The whole `chat.completion`; ``tool_calls`` ([{id, type, function: {name, arguments}}]) when the
-    answer made calls (``text`` is then None unless it also has text)."""
+    answer made calls (``text`` is then None unless it also has text); ``reasoning``: the model's thinking, as
+    `reasoning_content` and `reasoning` (clients read one or the other)."""
     message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning:
+        message["reasoning_content"] = message["reasoning"] = reasoning
     if tool_calls:
         message["tool_calls"] = tool_calls
     return {

@@ -11,7 +11,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from sse_starlette import EventSourceResponse
@@ -24,7 +24,7 @@ from server.response_events import Event, ResponseAssembler
 from server.engine_client import EngineClient
 from server.errors import EngineNotReadyError, ServerError, error_for
 from server.metrics import REJECTED, RequestTracker
-from server.tools.stream import ToolCallStream
+from server.reasoning import DeltaSource
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -267,15 +267,15 @@ async def _with_error_event(events: AsyncIterator[bytes], run: EngineRun,
         await run.close()
 
 
-def tool_finish_reason(reason: str | None, calls: ToolCallStream) -> str | None:
+def tool_finish_reason(reason: str | None, calls: DeltaSource) -> str | None:
     """OpenAI's finish_reason for an answer read by a tool-call parser: 'tool_calls' when it made calls and
     ended by itself ('length' stays 'length': the last call may be cut)."""
     return "tool_calls" if calls.has_calls and reason == str(FinishReason.STOP) else reason
 
 
-def _tool_chat_events(run: EngineRun, ctx: StreamContext, calls: Sequence[ToolCallStream]) -> AsyncIterator[bytes]:
-    """As _chat_events, with each choice's text read by its own tool-call parser (``calls[index]``): content
-    deltas and delta.tool_calls."""
+def _read_chat_events(run: EngineRun, ctx: StreamContext, calls: Sequence[DeltaSource]) -> AsyncIterator[bytes]:
+    """As _chat_events, with each choice's text read by its own DeltaSource (``calls[index]``): content deltas,
+    delta.tool_calls and the thinking (delta.reasoning_content and delta.reasoning)."""
 
     def chunk(index: int, delta: dict[str, Any], **extra: Any) -> bytes:
         return _event(protocol.chat_chunk(ctx.request_id, ctx.created, ctx.model, delta,
@@ -404,10 +404,10 @@ def event_source(events: AsyncIterator[bytes], run: EngineRun, ping_s: float,
 
 
 def stream_chat(run: EngineRun, ctx: StreamContext, ping_s: float, shutdown_grace_s: float,
-                tool_calls: Sequence[ToolCallStream] | None = None) -> EventSourceResponse:
-    """The chat stream; with ``tool_calls`` (the request can make calls; one parser per choice) the text goes
-    through its choice's parser."""
-    events = _chat_events(run, ctx) if tool_calls is None else _tool_chat_events(run, ctx, tool_calls)
+                readers: Sequence[DeltaSource] | None = None) -> EventSourceResponse:
+    """The chat stream; with ``readers`` (the request can make calls, or the model thinks; one per choice) the
+    text goes through its choice's reader."""
+    events = _chat_events(run, ctx) if readers is None else _read_chat_events(run, ctx, readers)
     return event_source(events, run, ping_s, shutdown_grace_s)
 
 
@@ -419,15 +419,39 @@ def stream_completion(run: EngineRun, ctx: StreamContext, ping_s: float,
 class TextDeltas:
     """The chat deltas of plain text: each output's text is one content delta (no tools, no parsing)."""
 
+    has_calls = False
+
+    def __init__(self) -> None:
+        self._content: list[str] = []
+
     def feed(self, piece: str, final: bool = False) -> list[dict[str, Any]]:
-        return [{"content": piece}] if piece else []
+        if not piece:
+            return []
+        self._content.append(piece)
+        return [{"content": piece}]
+
+    def message(self) -> dict[str, Any]:
+        return {"content": "".join(self._content), "tool_calls": None}
 
 
-class DeltaSource(Protocol):
-    """Turns the growing output into chat deltas ({"content"} / {"tool_calls"}): TextDeltas, or a tool-call
-    parser's stream when the request has tools."""
+class EchoedDeltas:
+    """A DeltaSource whose output starts with ``echo`` (the continued assistant message, vLLM's ``echo``): the
+    echoed text is read like the rest (it may hold the start of the thinking, or of a call)."""
 
-    def feed(self, piece: str, final: bool = False) -> list[dict[str, Any]]: ...
+    def __init__(self, echo: str, inner: DeltaSource) -> None:
+        self._echo = echo
+        self._inner = inner
+
+    def feed(self, piece: str, final: bool = False) -> list[dict[str, Any]]:
+        echo, self._echo = self._echo, ""
+        return self._inner.feed(echo + piece, final)
+
+    @property
+    def has_calls(self) -> bool:
+        return self._inner.has_calls
+
+    def message(self) -> dict[str, Any]:
+        return self._inner.message()
 
 
 @dataclass

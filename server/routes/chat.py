@@ -23,21 +23,21 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 
     run, ctx = await start_run(request, state, engine, tracker, "chatcmpl", prepared.prompt_ids, params,
                                body.include_usage)
-    calls = prepared.tool_call_streams()  # one parser per choice
+    readers = None if prepared.plain else prepared.delta_sources()  # one per choice
     if body.stream:
-        return stream_chat(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s, tool_calls=calls)
+        return stream_chat(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s, readers=readers)
     result = await collect(run, ctx, request)
     bodies = []
     for i, choice in enumerate((result, *result.more)):  # n > 1: one body per choice, merged
         logprobs = protocol.chat_logprobs(choice.logprobs, ctx.token_text) if params.logprobs else None
-        if calls is None:
+        if readers is None:
             bodies.append(protocol.chat_completion(ctx.request_id, ctx.created, ctx.model, choice.text,
                                                    choice.finish_reason, ctx.usage(), logprobs))
             continue
-        calls[i].feed(choice.text, final=True)
-        message = calls[i].message()
+        readers[i].feed(choice.text, final=True)
+        message = readers[i].message()
         bodies.append(protocol.chat_completion(
             ctx.request_id, ctx.created, ctx.model, message["content"],
-            tool_finish_reason(choice.finish_reason, calls[i]), ctx.usage(), logprobs,
-            tool_calls=message["tool_calls"]))
+            tool_finish_reason(choice.finish_reason, readers[i]), ctx.usage(), logprobs,
+            tool_calls=message["tool_calls"], reasoning=message.get("reasoning_content")))
     return JSONResponse(protocol.with_choices(bodies))

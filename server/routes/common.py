@@ -12,14 +12,17 @@ from typing import Any
 import anyio
 from starlette.requests import Request
 
-from engine.types import InvalidRequestError, PromptTooLongError, SamplingParams
+from engine.types import InvalidRequestError, PromptTooLongError, SamplingParams, StructuredOutput
 from server import protocol
 from server.engine_client import EngineClient
 from server.errors import ModelNotFoundError
 from server.metrics import RequestTracker
+from server.prompt import RenderedPrompt, TemplateOptions, render_prompt
+from server.reasoning import DeltaSource, ReasoningDeltas, ReasoningFormat
 from server.settings import Settings
 from server.state import ServerState, get_state
-from server.streaming import EngineRun, StreamContext
+from server.streaming import EchoedDeltas, EngineRun, StreamContext, TextDeltas
+from server.tools.grammar import Trigger, with_thinking
 from server.tools.parsers import make_parser
 from server.tools.plan import ToolPlan, ToolRequest, plan_tools
 from server.tools.stream import ToolCallStream
@@ -65,28 +68,23 @@ def _encode(engine: EngineClient, text: str, param: str, add_special_tokens: boo
     return list(engine.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
-def _render_and_encode(engine: EngineClient, messages: list[dict[str, Any]],
-                       tools: list[dict[str, Any]] | None = None) -> list[int]:
-    text = engine.chat_template.render(messages, tools=tools, add_generation_prompt=True)
-    return _encode(engine, text, "messages")
+def _render_and_encode(engine: EngineClient, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                       options: TemplateOptions) -> tuple[RenderedPrompt, list[int]]:
+    rendered = render_prompt(engine.chat_template, messages, tools, options)
+    return rendered, _encode(engine, rendered.text, "messages")
 
 
-async def chat_prompt_ids(engine: EngineClient, messages: list[dict[str, Any]],
-                          tools: list[dict[str, Any]] | None = None) -> list[int]:
-    """Render the chat template and tokenize, in a worker thread (long prompts take milliseconds)."""
-    return await anyio.to_thread.run_sync(_render_and_encode, engine, messages, tools)
-
-
-def _plan_and_encode(engine: EngineClient, messages: list[dict[str, Any]],
-                     tools: ToolRequest) -> tuple[ToolPlan, list[int]]:
+def _plan_and_encode(engine: EngineClient, messages: list[dict[str, Any]], tools: ToolRequest,
+                     options: TemplateOptions) -> tuple[ToolPlan, RenderedPrompt, list[int]]:
     plan = plan_tools(messages, tools, engine.chat_template, engine.tokenizer)
-    return plan, _render_and_encode(engine, plan.messages, plan.template_tools)
+    return (plan, *_render_and_encode(engine, plan.messages, plan.template_tools, options))
 
 
-async def chat_prompt(engine: EngineClient, messages: list[dict[str, Any]],
-                      tools: ToolRequest) -> tuple[ToolPlan, list[int]]:
-    """The tool plan (format, grammar, parser) and the prompt ids, in a worker thread."""
-    return await anyio.to_thread.run_sync(_plan_and_encode, engine, messages, tools)
+async def chat_prompt(engine: EngineClient, messages: list[dict[str, Any]], tools: ToolRequest,
+                      options: TemplateOptions = TemplateOptions()) -> tuple[ToolPlan, RenderedPrompt, list[int]]:
+    """The tool plan (format, grammar, parser), the rendered prompt and its ids, in a worker thread (long prompts
+    take milliseconds)."""
+    return await anyio.to_thread.run_sync(_plan_and_encode, engine, messages, tools, options)
 
 
 async def completion_prompt_ids(engine: EngineClient, prompt: str | list[int]) -> list[int]:
@@ -125,32 +123,71 @@ def remaining_context(engine: EngineClient, num_prompt_tokens: int) -> int:
 
 @dataclass(frozen=True)
 class PreparedChat:
-    """A chat request made ready for the engine: its prompt, sampling parameters and tool plan."""
+    """A chat request made ready for the engine: its prompt, sampling parameters and tool plan.
+
+    ``reasoning``: the thinking format of the output (None: no split); ``echo``: text the answer starts with
+    (the continued assistant message, with ``echo``).
+    """
 
     prompt_ids: list[int]
     params: SamplingParams
     plan: ToolPlan
+    reasoning: ReasoningFormat | None = None
+    echo: str = ""
 
-    def tool_calls(self) -> ToolCallStream | None:
-        """A fresh reader of the output's tool calls when the request can make calls (None: plain text)."""
-        return ToolCallStream(make_parser(self.plan.parser), self.plan.max_calls) if self.plan.parser else None
+    @property
+    def plain(self) -> bool:
+        """The output is plain text as it comes (no calls, no thinking, no echo): the fast streaming path."""
+        return self.plan.parser is None and self.reasoning is None and not self.echo
 
-    def tool_call_streams(self) -> list[ToolCallStream] | None:
-        """One fresh reader per choice (``params.n``), or None when the request makes no calls."""
-        return [ToolCallStream(make_parser(self.plan.parser), self.plan.max_calls)
-                for _ in range(self.params.n)] if self.plan.parser else None
+    def delta_source(self) -> DeltaSource:
+        """A fresh reader of one choice's output: thinking split off first, then the answer read by the tool-call
+        parser (or as plain text). Feed it the output; its ``message()`` is the whole answer."""
+        inner: DeltaSource = (ToolCallStream(make_parser(self.plan.parser), self.plan.max_calls)
+                              if self.plan.parser else TextDeltas())
+        source = ReasoningDeltas(self.reasoning, inner) if self.reasoning is not None else inner
+        return EchoedDeltas(self.echo, source) if self.echo else source
+
+    def delta_sources(self) -> list[DeltaSource]:
+        """One fresh reader per choice (``params.n``)."""
+        return [self.delta_source() for _ in range(self.params.n)]
+
+
+def _allow_thinking(structured: StructuredOutput, fmt: ReasoningFormat,
+                    engine: EngineClient) -> StructuredOutput:
+    """A whole-answer constraint (a forced call, the generic format's JSON, a JSON answer) that first lets a
+    thinking model think; other constraints (a client's regex or grammar) stay as they are."""
+    def trigger(text: str) -> Trigger:
+        return Trigger(text, engine.tokenizer.special_token_id(text))
+
+    if structured.kind == "lark":
+        spec = structured.spec
+    elif structured.kind == "json_schema":
+        spec = f"start: %json {structured.spec}\n"
+    elif structured.kind == "json_object":
+        spec = 'start: %json {"type": "object"}\n'
+    else:
+        return structured
+    spec = with_thinking(spec, trigger(fmt.open_tag), trigger(fmt.close_tag), starts_open=fmt.starts_open)
+    return replace(structured, kind="lark", spec=spec)
 
 
 async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.ChatCompletionRequest) -> PreparedChat:
-    """Tool plan, template + tokenize (in a thread) and the checked SamplingParams; shared by chat and Responses."""
-    plan, prompt_ids = await chat_prompt(engine, body.template_messages(), body.tool_request())
+    """Tool plan, template + tokenize (in a thread) and the checked SamplingParams; shared by chat, Responses and
+    Messages."""
+    plan, rendered, prompt_ids = await chat_prompt(engine, body.template_messages(), body.tool_request(),
+                                                   body.template_options())
     default_max_tokens = settings.default_max_tokens or remaining_context(engine, len(prompt_ids))
     params = body.to_sampling_params(default_max_tokens, engine.max_model_len)
-    if plan.structured is not None or plan.preserved_tokens:
-        params = replace(params, structured=plan.structured or params.structured,
-                         preserved_tokens=plan.preserved_tokens)
+    structured = plan.structured or params.structured
+    fmt = rendered.reasoning
+    if structured is not None and fmt is not None and (plan.whole_answer or plan.structured is None):
+        structured = _allow_thinking(structured, fmt, engine)
+    preserved = plan.preserved_tokens + (fmt.tags if fmt is not None else ())
+    if structured is not params.structured or preserved:
+        params = replace(params, structured=structured, preserved_tokens=preserved)
     params = checked_params(engine, prompt_ids, params, "messages")
-    return PreparedChat(prompt_ids, params, plan)
+    return PreparedChat(prompt_ids, params, plan, fmt, rendered.echo)
 
 
 async def start_run(request: Request, state: ServerState, engine: EngineClient, tracker: RequestTracker,

@@ -19,7 +19,7 @@ from server.response_events import ResponseAssembler
 from server.response_store import make_stored
 from server.routes.common import engine_for, prepare_chat, start_run, start_tracking
 from server.state import ServerState, get_state
-from server.streaming import TextDeltas, collect_response, stream_response
+from server.streaming import collect_response, stream_response
 
 router = APIRouter(tags=["responses"])
 
@@ -60,7 +60,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         conversation = [*history, *wire.chat_messages(input_items), *wire.chat_messages(output_items)]
         state.responses.put(response_id, make_stored(response, conversation, wire.input_item_objects(input_items)))
 
-    deltas = prepared.tool_calls() or TextDeltas()
+    deltas = prepared.delta_source()
     if body.stream:
         return stream_response(run, ctx, assembler, deltas, store, settings.sse_ping_s, settings.shutdown_grace_s)
     return JSONResponse(await collect_response(run, ctx, request, assembler, deltas, store))

@@ -213,3 +213,25 @@ def _regex_escape(text: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+def with_thinking(spec: str, open_tag: Trigger, close_tag: Trigger, *, starts_open: bool) -> str:
+    """``spec`` (a grammar whose ``start`` is the whole answer) after a thinking block: ``<think>...</think>``
+    first, optional when the model opens it itself, the rest of it required when the prompt already opened it.
+
+    NOTE(reasoning): without this a forced call or a JSON answer would leave a thinking model no room to think,
+    and where the prompt opened the block, the call would be written inside it (and read as thinking).
+    """
+    if not spec.startswith("start:"):
+        return spec
+    answer = "ortserve_answer:" + spec[len("start:"):]
+    if close_tag.special_id is not None:  # special tokens never match text: the thought runs until the token
+        lines = [f"ortserve_think: ORTSERVE_THOUGHT {close_tag.lark()}", f"ORTSERVE_THOUGHT: {_TEXT}"]
+    else:
+        lines = [f"ortserve_think[lazy]: /(?s:.*){_regex_escape(close_tag.text)}/"]
+    lines.append(r"ORTSERVE_WS: /[ \t\r\n]+/")
+    if starts_open:
+        head = "start: ortserve_think ORTSERVE_WS? ortserve_answer"
+    else:
+        head = f"start: ({open_tag.lark()} ortserve_think ORTSERVE_WS?)? ortserve_answer"
+    return "\n".join([head, *lines]) + "\n" + answer

@@ -77,6 +77,8 @@ class ToolPlan:
         parser: the parser that reads calls from the output; None when no call can be made.
         preserved_tokens: special tokens the detokenizer must keep for the parser.
         max_calls: 1 when parallel_tool_calls is false.
+        whole_answer: the grammar constrains the answer from its first token (a forced call, the generic
+            format's JSON, a JSON answer beside the calls); False when text runs free until a call opens.
     """
 
     format: str
@@ -86,6 +88,7 @@ class ToolPlan:
     parser: str | None = None
     preserved_tokens: tuple[str, ...] = ()
     max_calls: int | None = None
+    whole_answer: bool = False
 
 
 def choose_format(template: _Template) -> str:
@@ -130,7 +133,8 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
     return ToolPlan(
         fmt, rendered, list(request.tools) if native else None,
         structured=StructuredOutput("lark", spec, param="tools"),
-        parser=fmt, preserved_tokens=PARSERS[fmt].preserved_tokens, max_calls=None if parallel else 1)
+        parser=fmt, preserved_tokens=PARSERS[fmt].preserved_tokens, max_calls=None if parallel else 1,
+        whole_answer=required or not native or request.response_schema is not None)
 
 
 def _grammar(fmt: str, tools: list[dict[str, Any]], *, required: bool, parallel: bool, template: _Template,
@@ -204,6 +208,10 @@ def _generic_history(messages: Sequence[dict[str, Any]], request: ToolRequest) -
             else:
                 out.append({"role": "user", "content": text})
             results_open = True
+            continue
+        if role == "user" and results_open:  # the user's words after the results: the same user turn
+            results_open = False
+            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n\n" + (message.get("content") or "")}
             continue
         results_open = False
         if role == "assistant" and message.get("tool_calls"):
