@@ -22,12 +22,17 @@ from server.protocol import ChatCompletionRequest, OpenAIBaseModel
 logger = logging.getLogger(__name__)
 
 # Fields of the Responses API that do not apply to a local model: accepted, logged and ignored.
-IGNORED_FIELDS = ("reasoning", "include", "truncation", "service_tier", "top_logprobs", "max_tool_calls",
+IGNORED_FIELDS = ("include", "truncation", "service_tier", "top_logprobs", "max_tool_calls",
                   "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options", "safety_identifier",
-                  "context_management", "stream_options")
+                  "context_management", "stream_options", "client_metadata")
+# Tool types the Responses API runs on OpenAI's side. Offered ones are skipped (a warning is logged), so that
+# clients which always offer them (Codex CLI sends web_search on every turn) still work; forcing one is a 400.
+HOSTED_TOOL_TYPES = ("web_search", "web_search_preview", "web_search_preview_2025_03_11", "web_search_2025_08_26",
+                     "file_search", "code_interpreter", "computer_use_preview", "computer_use", "image_generation",
+                     "mcp", "local_shell", "shell", "apply_patch", "tool_search", "custom")
 # ortserve's sampling extensions on chat, passed through unchanged (same names, same ranges).
 SAMPLING_EXTRAS = ("top_k", "min_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty",
-                   "ignore_eos")
+                   "ignore_eos", "chat_template_kwargs")
 # Chat parameter -> the Responses parameter it came from (errors name what the client sent).
 _PARAM_NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
                 "response_format": "text.format", "prompt": "input"}
@@ -121,14 +126,33 @@ class MessageItem(OpenAIBaseModel):
 
 
 class FunctionCallItem(OpenAIBaseModel):
-    """A call the model made earlier (sent back as input, or from a stored response)."""
+    """A call the model made earlier (sent back as input, or from a stored response); ``namespace`` names the
+    namespace tool the function belongs to."""
 
     type: Literal["function_call"]
     call_id: str
     name: str
     arguments: str
+    namespace: str | None = None
     id: str | None = None
     status: str | None = None
+
+
+class ReasoningItem(OpenAIBaseModel):
+    """Thinking the model did earlier, sent back as input: its text (``content`` parts of type reasoning_text,
+    else the summary) goes to the next assistant message. ``encrypted_content`` is accepted and unused (this
+    server never encrypts it)."""
+
+    type: Literal["reasoning"]
+    summary: list[Any] = Field(default_factory=list)
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        parts = self.content if self.content else self.summary
+        return "\n".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
 
 
 class FunctionCallOutputItem(OpenAIBaseModel):
@@ -141,12 +165,14 @@ class FunctionCallOutputItem(OpenAIBaseModel):
     status: str | None = None
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 _ITEM_MODELS: dict[str, type[OpenAIBaseModel]] = {
     "message": MessageItem, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem,
+    "reasoning": ReasoningItem,
 }
-# Item types a client may send back that carry nothing a local model uses.
-_DROPPED_ITEMS = ("reasoning",)
+# Item types a client may send back that carry nothing a local model uses (Codex's compaction summaries are
+# encrypted for OpenAI's servers, its web searches ran there).
+_DROPPED_ITEMS = ("compaction", "compaction_summary", "web_search_call", "item_reference")
 
 
 def parse_items(raw: Sequence[Any], param: str = "input") -> list[InputItem]:
@@ -173,22 +199,28 @@ def parse_items(raw: Sequence[Any], param: str = "input") -> list[InputItem]:
     return items
 
 
-def chat_messages(items: Sequence[InputItem]) -> list[dict[str, Any]]:
+def chat_messages(items: Sequence[InputItem], names: ToolNames | None = None) -> list[dict[str, Any]]:
     """Input (or output) items -> chat messages: function calls join the assistant message before them.
 
     ``[user, assistant text, function_call a, function_call b, output a, output b]`` becomes ``[user,
-    assistant {content, tool_calls: [a, b]}, tool a, tool b]``, the shape chat templates expect.
+    assistant {content, tool_calls: [a, b]}, tool a, tool b]``, the shape chat templates expect. A reasoning
+    item's text becomes the next assistant message's ``reasoning_content``; a namespaced call gets the flat
+    name its tool has in the chat request (``names``).
     """
     messages: list[dict[str, Any]] = []
+    thinking = ""
     for item in items:
+        if isinstance(item, ReasoningItem):
+            thinking = "\n".join(t for t in (thinking, item.text()) if t)
+            continue
         if isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
             messages.append({"role": role, "content": _content_text(item.content, "input")})
         elif isinstance(item, FunctionCallItem):
-            call = {"id": item.call_id, "type": "function",
-                    "function": {"name": item.name, "arguments": item.arguments}}
+            name = names.flat(item.namespace, item.name) if names is not None else item.name
+            call = {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": item.arguments}}
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
+            if last is not None and last["role"] == "assistant" and not thinking:
                 last.setdefault("tool_calls", []).append(call)
                 if not last["content"]:
                     last["content"] = None
@@ -197,7 +229,23 @@ def chat_messages(items: Sequence[InputItem]) -> list[dict[str, Any]]:
         else:
             output = item.output if isinstance(item.output, str) else _content_text(item.output, "input")
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+        if thinking and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning_content"] = thinking
+        if messages[-1]["role"] != "system":
+            thinking = ""
     return messages
+
+
+def merge_leading_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The system (and developer) messages before the first other one, as one system message: many chat
+    templates honour only a first system message (Codex CLI sends two developer messages on every turn)."""
+    head = 0
+    while head < len(messages) and messages[head]["role"] == "system":
+        head += 1
+    if head < 2:
+        return messages
+    text = "\n\n".join(m["content"] for m in messages[:head] if m["content"])
+    return [{"role": "system", "content": text}, *messages[head:]]
 
 
 # --- tools ------------------------------------------------------------------------------------------
@@ -225,6 +273,30 @@ class FunctionTool(OpenAIBaseModel):
     def echo(self) -> dict[str, Any]:
         return {"type": "function", "name": self.name, "description": self.description,
                 "parameters": self.parameters, "strict": True if self.strict is None else self.strict}
+
+
+class ToolNames:
+    """Flat chat names of a request's function tools, and back: functions inside a ``namespace`` tool keep
+    their own name where it is unique among the tools, else become ``<namespace>__<name>``; calls carry the
+    function's own name and its ``namespace`` on the way out, as the client declared them."""
+
+    def __init__(self) -> None:
+        self._flat: dict[tuple[str | None, str], str] = {}
+        self._declared: dict[str, tuple[str | None, str]] = {}
+
+    def add(self, namespace: str | None, name: str, taken: set[str]) -> str:
+        flat = name if name not in taken else f"{namespace}__{name}"[:64]
+        self._flat[(namespace, name)] = flat
+        self._declared[flat] = (namespace, name)
+        return flat
+
+    def flat(self, namespace: str | None, name: str) -> str:
+        """The chat name of ``namespace``'s function ``name`` (unknown pairs: the name as it is)."""
+        return self._flat.get((namespace, name), self._flat.get((None, name), name))
+
+    def declared(self, flat: str) -> tuple[str | None, str]:
+        """(namespace, name) of the chat name ``flat``."""
+        return self._declared.get(flat, (None, flat))
 
 
 def _builtin_refused(kind: Any, param: str) -> InvalidRequestError:
@@ -326,12 +398,16 @@ class ResponsesRequest(OpenAIBaseModel):
     stream: bool = Field(False, description="Stream semantic events (`event: response.*`) as server-sent events.")
     store: bool = Field(True, description="Keep the response in this process's bounded in-memory store.")
     metadata: dict[str, str] | None = Field(None, description="Up to 16 string pairs, echoed back.")
+    reasoning: dict[str, Any] | None = Field(None, description="`effort` reaches chat templates that take "
+                                             "`reasoning_effort` ('none' also sets enable_thinking false); "
+                                             "`summary` is accepted (the thinking is returned as it is).")
     user: str | None = None
     background: bool = Field(False, description="Not supported (no background mode).")
     conversation: Any = Field(None, description="Not supported (use previous_response_id).")
     prompt: Any = Field(None, description="Not supported (no stored prompt templates).")
     _items: list[InputItem] = PrivateAttr(default_factory=list)
     _tools: list[FunctionTool] = PrivateAttr(default_factory=list)
+    _names: ToolNames = PrivateAttr(default_factory=ToolNames)
 
     @model_validator(mode="after")
     def _check_request(self) -> ResponsesRequest:
@@ -351,8 +427,46 @@ class ResponsesRequest(OpenAIBaseModel):
             logger.info("responses: ignoring fields that do not apply to this server: %s", ignored)
         self._check_metadata()
         self._items = [] if isinstance(self.input, str) else parse_items(self.input)
-        self._tools = [self._tool(tool, index) for index, tool in enumerate(self.tools or [])]
+        self._tools = self._function_tools()
         return self
+
+    def _function_tools(self) -> list[FunctionTool]:
+        """The request's function tools, namespaces flattened (their chat names in ``_names``); hosted tools
+        are skipped with a warning."""
+        found: list[tuple[str | None, FunctionTool]] = []
+        skipped: list[str] = []
+        for index, data in enumerate(self.tools or []):
+            where = f"tools[{index}]"
+            kind = data.get("type") if isinstance(data, dict) else None
+            if kind == "namespace":
+                if not isinstance(data.get("name"), str) or not isinstance(data.get("tools"), list):
+                    raise _invalid(f"{where}: a namespace tool needs a name and a list of tools", where, "invalid_type")
+                for inner, tool in enumerate(data["tools"]):
+                    if isinstance(tool, dict) and tool.get("type") != "function":
+                        skipped.append(f"{data['name']}.{tool.get('name') or tool.get('type')}")
+                        continue
+                    found.append((data["name"], _typed(FunctionTool, tool, f"{where}.tools[{inner}]")))
+            elif kind in HOSTED_TOOL_TYPES:
+                skipped.append(str(kind))
+            else:
+                found.append((None, self._tool(data, index)))
+        if skipped:
+            logger.warning("responses: skipping tools this server cannot run (it runs no hosted tools, and only "
+                           "function tools are called): %s", ", ".join(skipped))
+        counts: dict[str, int] = {}
+        for _, tool in found:
+            counts[tool.name] = counts.get(tool.name, 0) + 1
+        taken = {name for name, count in counts.items() if count > 1}
+        tools = []
+        for namespace, tool in found:
+            flat = self._names.add(namespace, tool.name, taken if namespace is not None else set())
+            tools.append(tool if flat == tool.name else tool.model_copy(update={"name": flat}))
+        return tools
+
+    @property
+    def tool_names(self) -> ToolNames:
+        """The chat names of the function tools and the (namespace, name) each stands for."""
+        return self._names
 
     def _check_metadata(self) -> None:
         metadata = self.metadata or {}
@@ -390,8 +504,13 @@ class ResponsesRequest(OpenAIBaseModel):
         if self.instructions:
             messages.append({"role": "system", "content": self.instructions})
         messages.extend(history)
-        messages.extend(chat_messages(self.input_items()))
-        body: dict[str, Any] = {"messages": messages, "stream": self.stream}
+        messages.extend(chat_messages(self.input_items(), self._names))
+        body: dict[str, Any] = {"messages": merge_leading_system(messages), "stream": self.stream}
+        effort = (self.reasoning or {}).get("effort")
+        if isinstance(effort, str):
+            body["reasoning_effort"] = effort
+            if effort == "none":  # templates that think unless told (Qwen3, SmolLM3) take this
+                body["chat_template_kwargs"] = {"enable_thinking": False}
         for name in ("model", "temperature", "top_p", "user"):
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
@@ -443,7 +562,8 @@ class ResponsesRequest(OpenAIBaseModel):
             "metadata": dict(self.metadata or {}),
             "parallel_tool_calls": True if self.parallel_tool_calls is None else self.parallel_tool_calls,
             "previous_response_id": self.previous_response_id,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {"effort": (self.reasoning or {}).get("effort"),
+                          "summary": (self.reasoning or {}).get("summary")},
             "store": self.store,
             "temperature": 1.0 if self.temperature is None else self.temperature,
             "text": {"format": text_format},
@@ -458,11 +578,12 @@ class ResponsesRequest(OpenAIBaseModel):
 # --- response objects -------------------------------------------------------------------------------
 
 
-def response_usage(num_prompt_tokens: int, num_generated_tokens: int) -> dict[str, Any]:
-    """`usage` of a Response: input/output/total tokens and their (always zero here) details."""
+def response_usage(num_prompt_tokens: int, num_generated_tokens: int, num_cached_tokens: int = 0) -> dict[str, Any]:
+    """`usage` of a Response: input/output/total tokens; prompt tokens served from the prefix cache are
+    `input_tokens_details.cached_tokens`."""
     return {
         "input_tokens": num_prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": num_cached_tokens, "cache_write_tokens": 0},
         "output_tokens": num_generated_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": num_prompt_tokens + num_generated_tokens,
@@ -477,9 +598,19 @@ def message_item(item_id: str, status: str, parts: list[dict[str, Any]]) -> dict
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": parts}
 
 
-def function_call_item(item_id: str, status: str, call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
+def function_call_item(item_id: str, status: str, call_id: str, name: str, arguments: str,
+                       namespace: str | None = None) -> dict[str, Any]:
+    item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
             "arguments": arguments}
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
+
+
+def reasoning_item(item_id: str, status: str, text: str) -> dict[str, Any]:
+    """The model's thinking as it wrote it (``content`` reasoning_text; no summary, nothing encrypted)."""
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}], "encrypted_content": None}
 
 
 def response_object(skeleton: dict[str, Any], status: str, output: list[dict[str, Any]],
@@ -515,7 +646,8 @@ def input_item_objects(items: Sequence[InputItem]) -> list[dict[str, Any]]:
             if isinstance(item.content, str):
                 data["content"] = [{"type": part_type, "text": item.content}]
             data.setdefault("status", "completed")
-        data.setdefault("id", new_id({"message": "msg", "function_call": "fc"}.get(data["type"], "fco")))
+        data.setdefault("id", new_id({"message": "msg", "function_call": "fc", "reasoning": "rs"}.get(data["type"],
+                                                                                                     "fco")))
         objects.append(data)
     return objects
 

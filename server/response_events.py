@@ -20,11 +20,12 @@ class _Item:
     """One output item being built: a message (text) or a function call (arguments)."""
 
     id: str
-    kind: str  # "message" | "function_call"
+    kind: str  # "message" | "function_call" | "reasoning"
     output_index: int
-    text: str = ""  # message text, or the call's arguments so far
+    text: str = ""  # message text, the call's arguments so far, or the thinking
     call_id: str = ""
     name: str = ""
+    namespace: str | None = None  # a call's namespace tool
     status: str = "in_progress"
     has_part: bool = False  # a message's output_text part was announced (content_part.added)
 
@@ -32,7 +33,9 @@ class _Item:
         if self.kind == "message":
             parts = [wire.output_text_part(self.text)] if self.has_part else []
             return wire.message_item(self.id, self.status, parts)
-        return wire.function_call_item(self.id, self.status, self.call_id, self.name, self.text)
+        if self.kind == "reasoning":
+            return wire.reasoning_item(self.id, self.status, self.text)
+        return wire.function_call_item(self.id, self.status, self.call_id, self.name, self.text, self.namespace)
 
 
 @dataclass
@@ -59,6 +62,7 @@ class ResponseAssembler:
     """
 
     skeleton: dict[str, Any]  # id, created_at, model and the request's echo (protocol_responses.response_skeleton)
+    names: wire.ToolNames | None = None  # chat names of the tools -> (namespace, name) they were declared with
     _sequence: int = field(default=0, init=False)
     _items: list[_Item] = field(default_factory=list, init=False)
     _open: _Item | None = field(default=None, init=False)
@@ -107,6 +111,8 @@ class ResponseAssembler:
             events = [self._event("response.output_text.done", **where, content_index=0, text=item.text, logprobs=[]),
                       self._event("response.content_part.done", **where, content_index=0,
                                   part=wire.output_text_part(item.text))]
+        elif item.kind == "reasoning":
+            events = [self._event("response.reasoning_text.done", **where, content_index=0, text=item.text)]
         else:
             events = [self._event("response.function_call_arguments.done", **where, name=item.name,
                                   arguments=item.text)]
@@ -139,8 +145,10 @@ class ResponseAssembler:
         if item is None:
             events += self._close_open()
             self._pending_space = ""  # whitespace between text and a call belongs to neither
+            namespace, name = self.names.declared(function.get("name") or "") if self.names is not None \
+                else (None, function.get("name") or "")
             item = _Item(wire.new_id("fc"), "function_call", len(self._items), call_id=delta.get("id") or "",
-                         name=function.get("name") or "")
+                         name=name, namespace=namespace)
             self._calls[index] = item
             events += self._open_item(item)
         fragment = function.get("arguments") or ""
@@ -150,9 +158,22 @@ class ResponseAssembler:
                                       output_index=item.output_index, delta=fragment))
         return events
 
-    def feed(self, delta: dict[str, Any]) -> list[Event]:
-        """Events for one chat delta ({"content": ...} and/or {"tool_calls": [...]})."""
+    def _thinking(self, text: str) -> list[Event]:
         events: list[Event] = []
+        if self._open is None or self._open.kind != "reasoning":
+            events += self._close_open()
+            events += self._open_item(_Item(wire.new_id("rs"), "reasoning", len(self._items)))
+        item = self._open
+        assert item is not None
+        item.text += text
+        return events + [self._event("response.reasoning_text.delta", item_id=item.id,
+                                     output_index=item.output_index, content_index=0, delta=text)]
+
+    def feed(self, delta: dict[str, Any]) -> list[Event]:
+        """Events for one chat delta ({"reasoning_content": ...}, {"content": ...} and/or {"tool_calls": [...]})."""
+        events: list[Event] = []
+        if delta.get("reasoning_content"):
+            events += self._thinking(delta["reasoning_content"])
         if delta.get("content"):
             events += self._text(delta["content"])
         for call in delta.get("tool_calls") or ():
@@ -165,8 +186,9 @@ class ResponseAssembler:
         """Close the open item and end the response: completed, or incomplete when the token limit cut it."""
         cut = finish_reason == "length"
         events: list[Event] = []
-        if not self._items:
-            events += self._open_item(_Item(wire.new_id("msg"), "message", 0))
+        if all(item.kind == "reasoning" for item in self._items):  # an answer always has its message
+            events += self._close_open("incomplete" if cut else "completed")
+            events += self._open_item(_Item(wire.new_id("msg"), "message", len(self._items)))
             if self._pending_space:
                 events += self._append(self._pending_space)
         events += self._close_open("incomplete" if cut else "completed")

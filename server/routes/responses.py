@@ -49,7 +49,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         prepared = await prepare_chat(engine, settings, chat)
         run, ctx = await start_run(request, state, engine, tracker, "resp", prepared.prompt_ids, prepared.params,
                                    include_usage=True, request_id=response_id)
-    assembler = ResponseAssembler(wire.response_skeleton(response_id, ctx.created, ctx.model, body))
+    assembler = ResponseAssembler(wire.response_skeleton(response_id, ctx.created, ctx.model, body), body.tool_names)
     input_items = body.input_items()
 
     def store(finished: ResponseAssembler) -> None:
@@ -57,7 +57,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
             return
         response = finished.response()
         output_items = wire.parse_items(response["output"], "output")
-        conversation = [*history, *wire.chat_messages(input_items), *wire.chat_messages(output_items)]
+        conversation = [*history, *wire.chat_messages(input_items, body.tool_names),
+                        *wire.chat_messages(output_items, body.tool_names)]
         state.responses.put(response_id, make_stored(response, conversation, wire.input_item_objects(input_items)))
 
     deltas = prepared.delta_source()

@@ -22,7 +22,8 @@ def test_metrics_count_responses_by_outcome(api_server: RunningServer) -> None:
     r = api_server.client().responses.create(model="tiny", input="hi", max_output_tokens=5, temperature=0,
                                              extra_body={"ignore_eos": True})
     assert r.status == "incomplete" and r.usage.output_tokens == 5
-    bad = httpx.post(f"{api_server.url}/responses", json={"input": "hi", "tools": [{"type": "web_search"}]})
+    bad = httpx.post(f"{api_server.url}/responses", json={"input": "hi", "tools": [{"type": "web_search"}],
+                                                          "tool_choice": {"type": "web_search"}})
     assert bad.status_code == 400
     m = api_server.wait_idle(1.0)
     for status, added in (("length", 1), ("rejected", 1)):

@@ -138,10 +138,19 @@ def test_allowed_tools_keeps_the_named_tools_with_its_mode() -> None:
 
 @pytest.mark.parametrize("tool_type", ["web_search", "web_search_preview", "file_search", "code_interpreter",
                                        "computer_use_preview", "image_generation", "mcp"])
-def test_built_in_tools_are_refused_naming_the_type(tool_type: str) -> None:
-    error = invalid(tools=[TOOL, {"type": tool_type}])
-    assert error.param == "tools[1].type" and repr(tool_type) in str(error)
-    assert refused(tools=[TOOL], tool_choice={"type": tool_type}).param == "tool_choice.type"
+def test_offered_hosted_tools_are_skipped_and_forced_ones_refused(tool_type: str,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="server.protocol_responses"):
+        chat = request(tools=[TOOL, {"type": tool_type}]).to_chat_request()
+    assert [t.function.name for t in chat.tools] == ["get_weather"]
+    assert tool_type in caplog.text and "skipping" in caplog.text
+    error = refused(tools=[TOOL], tool_choice={"type": tool_type})
+    assert error.param == "tool_choice.type" and repr(tool_type) in str(error)
+
+
+def test_an_unknown_tool_type_is_refused_naming_it() -> None:
+    error = invalid(tools=[TOOL, {"type": "no_such_tool"}])
+    assert error.param == "tools[1].type" and "'no_such_tool'" in str(error)
 
 
 @pytest.mark.parametrize("fields,param", [
@@ -169,9 +178,9 @@ def test_chat_errors_are_renamed_to_the_responses_fields() -> None:
 
 def test_fields_that_do_not_apply_are_accepted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="server.protocol_responses"):
-        chat = request(reasoning={"effort": "high"}, truncation="auto", include=["x"], store=False,
-                       metadata={"k": "v"}).to_chat_request()
-    assert "reasoning" in caplog.text and "truncation" in caplog.text
+        chat = request(reasoning={"summary": "auto"}, truncation="auto", include=["x"], store=False,
+                       metadata={"k": "v"}, prompt_cache_key="k", client_metadata={"a": "b"}).to_chat_request()
+    assert "truncation" in caplog.text and "client_metadata" in caplog.text
     assert chat.template_messages() == [{"role": "user", "content": "hi"}]
 
 
