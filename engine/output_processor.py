@@ -90,7 +90,8 @@ class OutputProcessor:
                 token_ids=out.token_ids, num_prompt_tokens=state.num_prompt_tokens,
                 num_generated_tokens=state.num_generated_tokens, finished=finished, finish_reason=reason,
                 logprobs=out.logprobs, error=out.error, first_scheduled_s=out.first_scheduled_s,
-                index=out.index, num_cached_tokens=state.num_cached_tokens))
+                index=out.index, num_cached_tokens=state.num_cached_tokens,
+                stop_string=matched if reason is FinishReason.STOP else None))
             if finished:
                 del self.states[out.request_id]
         return to_abort
@@ -128,4 +129,4 @@ def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
         num_generated_tokens=last.num_generated_tokens, finished=last.finished,
         finish_reason=last.finish_reason, logprobs=logprobs, error=last.error,
         first_scheduled_s=next((o.first_scheduled_s for o in outputs if o.first_scheduled_s is not None), None),
-        index=last.index, num_cached_tokens=last.num_cached_tokens)
+        index=last.index, num_cached_tokens=last.num_cached_tokens, stop_string=last.stop_string)

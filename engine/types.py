@@ -148,6 +148,7 @@ class RequestOutput:
     first_scheduled_s: float | None = None
     index: int = 0  # the choice this delta belongs to (n > 1)
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (usage.cached_tokens)
+    stop_string: str | None = None  # the stop string that ended this choice (Anthropic's stop_sequence)
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
         The app; run it with uvicorn. `/health` answers 503 until the engine is ready.
     """
     from server import __version__
-    from server.routes import chat, completions, health, metrics, models, responses
+    from server.routes import chat, completions, health, messages, metrics, models, responses, tokenize
 
     app = FastAPI(
         title="ortserve",
@@ -145,7 +145,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     app.state.engine_loader = loader if engine is None else None
 
     install_error_handlers(app)
-    for module in (chat, completions, responses, models, health, metrics):
+    for module in (chat, completions, responses, messages, tokenize, models, health, metrics):
         app.include_router(module.router)
 
     # Middleware: the last added runs first. Order seen by a request: CORS -> auth -> body limit.
@@ -158,7 +158,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-            allow_headers=["*"],  # SDKs send their own headers (x-stainless-*, openai-*)
+            allow_headers=["*"],  # SDKs send their own headers (x-stainless-*, openai-*, anthropic-*)
         )
     return app
 

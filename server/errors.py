@@ -25,6 +25,8 @@ from engine.types import (
 )
 from server.metrics import REJECTED
 from server.protocol import error_body
+from server.protocol_anthropic import from_openai_error as anthropic_error
+from server.protocol_anthropic import is_anthropic_path
 
 logger = logging.getLogger(__name__)
 
@@ -201,25 +203,31 @@ def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
     return 500, error_body("Internal server error.", "internal_error", None, "internal_error"), {}
 
 
-def json_error(exc: BaseException) -> JSONResponse:
+def json_error(exc: BaseException, path: str = "") -> JSONResponse:
+    """The error response for ``exc``: OpenAI's shape, or Anthropic's on the Messages routes (``path``)."""
     status, body, headers = error_for(exc)
+    return _response(status, body, headers, path, exc)
+
+
+def _response(status: int, body: dict[str, Any], headers: dict[str, str], path: str,
+              exc: BaseException | None = None) -> JSONResponse:
+    if is_anthropic_path(path):
+        body = anthropic_error(status, body, exc)
     return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def _handle_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    if exc.status_code == 404:
+    path = request.url.path
+    if exc.status_code in (404, 405):
         status, body, headers = error_for(exc)
-        body["error"]["message"] = f"Unknown route: {request.method} {request.url.path}"
-        return JSONResponse(body, status_code=status, headers=headers)
-    if exc.status_code == 405:
-        status, body, headers = error_for(exc)
-        body["error"]["message"] = f"Method {request.method} is not allowed on {request.url.path}"
-        return JSONResponse(body, status_code=status, headers=headers)
-    return json_error(exc)
+        body["error"]["message"] = (f"Unknown route: {request.method} {path}" if exc.status_code == 404
+                                    else f"Method {request.method} is not allowed on {path}")
+        return _response(status, body, headers, path)
+    return json_error(exc, path)
 
 
 # Generation routes whose outcomes ortserve_requests_total counts.
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"})
 
 
 def _count_outcome(request: Request, status: int) -> None:
@@ -243,7 +251,7 @@ async def _handle_any(request: Request, exc: Exception) -> JSONResponse:
         logger.error("error while serving %s %s: %s", request.method, request.url.path, exc,
                      exc_info=None if expected else exc)
     _count_outcome(request, status)
-    return json_error(exc)
+    return json_error(exc, request.url.path)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -1,7 +1,8 @@
-"""ASGI middleware for the API key (Bearer, constant-time compare) and the request body (size limit, read
-timeout; memory given back after large ones).
+"""ASGI middleware for the API key (Bearer or x-api-key, constant-time compare) and the request body (size limit,
+read timeout; memory given back after large ones).
 
-Both answer in the OpenAI error shape before any route runs. No onnxruntime import.
+Both answer before any route runs, in the OpenAI error shape (Anthropic's on the Messages routes). No onnxruntime
+import.
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.memory import MemoryReclaim
 from server.protocol import error_body
+from server.protocol_anthropic import from_openai_error, is_anthropic_path
 
 
-async def _send_json(send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _send_json(send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] | None = None,
+                     path: str = "") -> None:
+    if is_anthropic_path(path):
+        body = from_openai_error(status, body)
     payload = json.dumps(body).encode("utf-8")
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers + (headers or [])})
@@ -25,7 +30,8 @@ async def _send_json(send: Send, status: int, body: dict, headers: list[tuple[by
 
 
 class AuthMiddleware:
-    """Requires `Authorization: Bearer <api_key>` on every path but `open_paths` (when a key is set)."""
+    """Requires the API key on every path but `open_paths` (when a key is set): `Authorization: Bearer <api_key>`
+    (OpenAI's clients) or `x-api-key: <api_key>` (Anthropic's)."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, open_paths: frozenset[str]) -> None:
         self.app = app
@@ -40,19 +46,22 @@ class AuthMiddleware:
                 or (scope["path"].rstrip("/") or "/") in self._open_paths):
             await self.app(scope, receive, send)
             return
-        header = b""
+        header = api_key = b""
         for name, value in scope["headers"]:
             if name == b"authorization":
                 header = value
-                break
+            elif name == b"x-api-key":
+                api_key = value
         scheme, _, token = header.partition(b" ")
         # NOTE(server): hmac.compare_digest so the comparison time does not leak the key's prefix.
-        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key):
+        if (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)) or \
+                (api_key and hmac.compare_digest(api_key.strip(), self._key)):
             await self.app(scope, receive, send)
             return
-        message = "Missing API key (send 'Authorization: Bearer KEY')." if not header else "Invalid API key."
+        message = ("Missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')."
+                   if not header and not api_key else "Invalid API key.")
         await _send_json(send, 401, error_body(message, "authentication_error", None, "invalid_api_key"),
-                         [(b"www-authenticate", b"Bearer")])
+                         [(b"www-authenticate", b"Bearer")], path=scope["path"])
 
 
 # Bodies at least this large make the server give memory back shortly after their request (server.memory).
@@ -104,7 +113,7 @@ class BodyLimitMiddleware:
                 except ValueError:
                     declared = 0
                 if declared > self.max_body_bytes:
-                    await _send_json(send, 413, self._too_large())
+                    await _send_json(send, 413, self._too_large(), path=scope["path"])
                     return
         if scope["method"] == "POST":
             headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
@@ -134,10 +143,10 @@ class BodyLimitMiddleware:
         try:
             await self.app(scope, limited_receive, send)
         except _BodyTooLarge:
-            await _send_json(send, 413, self._too_large())
+            await _send_json(send, 413, self._too_large(), path=scope["path"])
         except _BodyTimedOut as exc:
             await _send_json(send, 408, error_body(exc.detail, "invalid_request_error", None, "request_timeout"),
-                             [(b"connection", b"close")])
+                             [(b"connection", b"close")], path=scope["path"])
         finally:
             if received >= _LARGE_BODY_BYTES:
                 self._reclaim.soon()

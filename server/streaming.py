@@ -236,7 +236,7 @@ class _ChunkTemplate:
         return self._head + _dump(text).encode("utf-8") + self._tail
 
 
-def _check_error(out: RequestOutput) -> None:
+def check_error(out: RequestOutput) -> None:
     if out.finish_reason == FinishReason.ERROR:
         raise EngineRequestError(out.error or "the engine failed while running this request")
 
@@ -246,7 +246,7 @@ def _error_events(exc: Exception) -> list[bytes]:
     return [_event(error_for(exc)[1]), _DONE]
 
 
-async def _with_error_event(events: AsyncIterator[bytes], run: EngineRun,
+async def with_error_event(events: AsyncIterator[bytes], run: EngineRun,
                             error_events: Callable[[Exception], list[bytes]] = _error_events) -> AsyncIterator[bytes]:
     """End the stream with `error_events(exc)` on failure; always close the run."""
     try:
@@ -286,7 +286,7 @@ def _read_chat_events(run: EngineRun, ctx: StreamContext, calls: Sequence[DeltaS
             yield chunk(index, {"role": "assistant", "content": ""})
         async for out in run.outputs():
             ctx.account(out)
-            _check_error(out)
+            check_error(out)
             parser = calls[out.index]
             done = out.finish_reason is not None  # this choice's last output
             deltas = parser.feed(out.text, final=done)
@@ -305,7 +305,7 @@ def _read_chat_events(run: EngineRun, ctx: StreamContext, calls: Sequence[DeltaS
             yield _event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, ctx.usage()))
         yield _DONE
 
-    return _with_error_event(events(), run)
+    return with_error_event(events(), run)
 
 
 def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
@@ -319,7 +319,7 @@ def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
                    for index in range(ctx.n)]
         async for out in run.outputs():
             ctx.account(out)
-            _check_error(out)
+            check_error(out)
             logprobs = (protocol.chat_logprobs(out.logprobs, ctx.token_text)
                         if ctx.want_logprobs and out.logprobs else None)
             if logprobs:
@@ -337,7 +337,7 @@ def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
             yield _event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, ctx.usage()))
         yield _DONE
 
-    return _with_error_event(events(), run)
+    return with_error_event(events(), run)
 
 
 def _completion_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
@@ -348,7 +348,7 @@ def _completion_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[byte
         text_offsets = [0] * ctx.n
         async for out in run.outputs():
             ctx.account(out)
-            _check_error(out)
+            check_error(out)
             logprobs = None
             if ctx.want_logprobs and out.logprobs:
                 logprobs = protocol.completion_logprobs(out.logprobs, ctx.token_text, text_offsets[out.index])
@@ -368,7 +368,7 @@ def _completion_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[byte
                                                    usage_dict=ctx.usage(), with_choice=False))
         yield _DONE
 
-    return _with_error_event(events(), run)
+    return with_error_event(events(), run)
 
 
 # sse-starlette cancels a stream still open this long after the grace period: only one whose client has
@@ -471,7 +471,7 @@ async def collect(run: EngineRun, ctx: StreamContext, request: Request) -> Colle
         parts: list[list[str]] = [[] for _ in range(ctx.n)]
         async for out in run.outputs():
             ctx.account(out)
-            _check_error(out)
+            check_error(out)
             choice = choices[out.index]
             parts[out.index].append(out.text)
             if out.logprobs:
@@ -483,10 +483,10 @@ async def collect(run: EngineRun, ctx: StreamContext, request: Request) -> Colle
         choices[0].more = choices[1:]
         return choices[0]
 
-    return await _collected(run, request, gather())
+    return await collected(run, request, gather())
 
 
-async def _collected(run: EngineRun, request: Request, gathering: Awaitable[T]) -> T:
+async def collected(run: EngineRun, request: Request, gathering: Awaitable[T]) -> T:
     """Await a non-streamed request's gathering; a client that leaves aborts it; always close the run."""
     try:
         return await _race_disconnect(request, gathering)
@@ -500,7 +500,7 @@ async def _collected(run: EngineRun, request: Request, gathering: Awaitable[T]) 
 # --- the Responses API (POST /v1/responses) ------------------------------------------------------------
 
 
-def _named_event(event: Event) -> bytes:
+def named_event(event: Event) -> bytes:
     """A Responses event: `event: <type>` then its JSON on one `data:` line (no [DONE] ends these streams)."""
     return b"event: " + event["type"].encode("ascii") + b"\ndata: " + _dump(event).encode("utf-8") + b"\n\n"
 
@@ -512,7 +512,7 @@ async def _response_event_lists(run: EngineRun, ctx: StreamContext, assembler: R
     yield assembler.start()
     async for out in run.outputs():
         ctx.account(out)
-        _check_error(out)
+        check_error(out)
         events: list[Event] = []
         for delta in deltas.feed(out.text, final=out.finished):
             events += assembler.feed(delta)
@@ -532,15 +532,15 @@ def stream_response(run: EngineRun, ctx: StreamContext, assembler: ResponseAssem
     async def events() -> AsyncIterator[bytes]:
         async for batch in _response_event_lists(run, ctx, assembler, deltas, on_finished):
             for event in batch:
-                yield _named_event(event)
+                yield named_event(event)
 
     def failed(exc: Exception) -> list[bytes]:
         message = error_for(exc)[1]["error"]["message"]  # never a traceback: error_for hides our own bugs
         batch = assembler.fail(message, response_usage(ctx.num_prompt_tokens, ctx.num_generated_tokens, ctx.num_cached_tokens))
         on_finished(assembler)
-        return [_named_event(event) for event in batch]
+        return [named_event(event) for event in batch]
 
-    return event_source(_with_error_event(events(), run, failed), run, ping_s, shutdown_grace_s)
+    return event_source(with_error_event(events(), run, failed), run, ping_s, shutdown_grace_s)
 
 
 async def collect_response(run: EngineRun, ctx: StreamContext, request: Request, assembler: ResponseAssembler,
@@ -552,4 +552,4 @@ async def collect_response(run: EngineRun, ctx: StreamContext, request: Request,
             pass
         return assembler.response()
 
-    return await _collected(run, request, gather())
+    return await collected(run, request, gather())
