@@ -54,12 +54,15 @@ class RenderedPrompt:
     Attributes:
         text: the rendered prompt.
         echo: text the answer starts with (the continued assistant message, with ``echo``), else "".
-        reasoning: the thinking format of the output (None: the model does not think, or not in a known way).
+        reasoning: the thinking format of the answer (None: the model does not think, or not in a known way);
+            with an echo, as it stands where the echoed text starts.
+        generation: the same where the generated tokens start (after the echoed text): what a grammar allows.
     """
 
     text: str
     echo: str = ""
     reasoning: ReasoningFormat | None = None
+    generation: ReasoningFormat | None = None
 
 
 def render_prompt(template: ChatTemplateLike, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -81,4 +84,6 @@ def render_prompt(template: ChatTemplateLike, messages: list[dict[str, Any]], to
     # NOTE(reasoning): the answer is then the echoed text plus the output, so the thinking state is the one
     # before the echoed text.
     head = text[:len(text) - len(echo)] if echo and continuing and text.endswith(echo) else text
-    return RenderedPrompt(text, echo, reasoning_format(template.source or "", head))
+    source = template.source or ""
+    generation = reasoning_format(source, text)
+    return RenderedPrompt(text, echo, reasoning_format(source, head) if head != text else generation, generation)

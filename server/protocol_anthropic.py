@@ -28,6 +28,9 @@ ANTHROPIC_PATH_PREFIX = "/v1/messages"
 # Fields that do not apply to a local model: accepted, logged at debug level, ignored.
 IGNORED_FIELDS = ("metadata", "context_management", "service_tier", "cache_control", "container", "mcp_servers",
                   "inference_geo", "speed", "diagnostics")
+# ortserve's sampling extensions on chat, passed through unchanged (same names, same ranges).
+SAMPLING_EXTRAS = ("min_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos",
+                   "structured_outputs")
 # Chat parameter -> the Messages field it came from (errors name what the client sent).
 _PARAM_NAMES = {"max_completion_tokens": "max_tokens", "max_tokens": "max_tokens", "stop": "stop_sequences",
                 "response_format": "output_config.format", "prompt": "messages"}
@@ -425,6 +428,9 @@ class MessagesRequest(_MessagesFields):
                 sampling[name] = getattr(self, name)
         if self.stop_sequences:
             sampling["stop"] = self.stop_sequences
+        for name in SAMPLING_EXTRAS:
+            if name in (self.model_extra or {}):
+                sampling[name] = self.model_extra[name]  # type: ignore[index]
         return self.to_chat_request(**sampling)
 
 

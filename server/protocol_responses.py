@@ -32,7 +32,7 @@ HOSTED_TOOL_TYPES = ("web_search", "web_search_preview", "web_search_preview_202
                      "mcp", "local_shell", "shell", "apply_patch", "tool_search", "custom")
 # ortserve's sampling extensions on chat, passed through unchanged (same names, same ranges).
 SAMPLING_EXTRAS = ("top_k", "min_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty",
-                   "ignore_eos", "chat_template_kwargs")
+                   "ignore_eos", "chat_template_kwargs", "structured_outputs")
 # Chat parameter -> the Responses parameter it came from (errors name what the client sent).
 _PARAM_NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
                 "response_format": "text.format", "prompt": "input"}

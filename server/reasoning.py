@@ -21,17 +21,24 @@ class ReasoningFormat:
 
     Attributes:
         open_tag, close_tag: the markup around the thinking (``<think>`` and ``</think>``).
-        starts_open: the prompt ends inside an open thinking block (DeepSeek-R1 style templates write
-            ``<think>`` into the generation prompt), so the output begins with thinking and no open tag.
+        start: where the output starts: "free" (the model may open a block first), "open" (the prompt ends
+            inside an open block: DeepSeek-R1 style templates write ``<think>`` into the generation prompt, so
+            the output begins with thinking and no open tag) or "closed" (the prompt's turn already holds a
+            closed block: Qwen3 with ``enable_thinking: false``, or a prefill that thought; the output is
+            all answer).
     """
 
     open_tag: str = THINK_OPEN
     close_tag: str = THINK_CLOSE
-    starts_open: bool = False
+    start: str = "free"
 
     @property
     def tags(self) -> tuple[str, str]:
         return self.open_tag, self.close_tag
+
+    @property
+    def starts_open(self) -> bool:
+        return self.start == "open"
 
 
 def reasoning_format(template_source: str, prompt_text: str) -> ReasoningFormat | None:
@@ -39,17 +46,21 @@ def reasoning_format(template_source: str, prompt_text: str) -> ReasoningFormat 
 
     Args:
         template_source: the chat template's Jinja source (a template that thinks writes its tags).
-        prompt_text: the rendered prompt, up to where generation starts (or where the echoed text starts).
+        prompt_text: the rendered prompt, up to where the output starts (or where the echoed text starts).
 
     NOTE(reasoning): decided from the template, as llama.cpp's `--reasoning-format auto` does: a template
     that never writes ``<think>`` gets no split (a model may still write the tag; it then stays in the text).
-    The prompt's tail says whether the block is already open: its last ``<think>`` comes after its last
-    ``</think>`` (Qwen3 with ``enable_thinking: false`` renders a closed, empty block instead).
+    The prompt's tail says where the output starts: after a last ``<think>`` that no ``</think>`` follows, the
+    block is open; a ``</think>`` followed by whitespace only closed this turn's block.
     """
     if THINK_OPEN not in template_source and THINK_OPEN not in prompt_text:
         return None
-    opened = prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
-    return ReasoningFormat(starts_open=opened)
+    last_open, last_close = prompt_text.rfind(THINK_OPEN), prompt_text.rfind(THINK_CLOSE)
+    if last_open > last_close:
+        return ReasoningFormat(start="open")
+    if last_close >= 0 and not prompt_text[last_close + len(THINK_CLOSE):].strip():
+        return ReasoningFormat(start="closed")
+    return ReasoningFormat()
 
 
 class ReasoningSplitter:
@@ -61,7 +72,7 @@ class ReasoningSplitter:
 
     Usage::
 
-        split = ReasoningSplitter(ReasoningFormat())
+        split = ReasoningSplitter(ReasoningFormat())  # start="free"
         split.feed("<think>Hmm")           # ("Hmm", "")
         split.feed("</think>\\n\\nHi")      # ("", "Hi")
         split.feed("", final=True)         # ("", "")
@@ -69,7 +80,8 @@ class ReasoningSplitter:
 
     def __init__(self, fmt: ReasoningFormat) -> None:
         self._open, self._close = fmt.tags
-        self._state = "think" if fmt.starts_open else "start"  # start -> think -> answer, or start -> answer
+        # start -> think -> after -> answer, or start -> answer
+        self._state = {"open": "think", "closed": "answer"}.get(fmt.start, "start")
         self._pending = ""  # text not yet given out (a tag prefix, or whitespace before the first tag)
         self.reasoning = ""
         self.answer = ""

@@ -180,9 +180,10 @@ async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.
     default_max_tokens = settings.default_max_tokens or remaining_context(engine, len(prompt_ids))
     params = body.to_sampling_params(default_max_tokens, engine.max_model_len)
     structured = plan.structured or params.structured
-    fmt = rendered.reasoning
-    if structured is not None and fmt is not None and (plan.whole_answer or plan.structured is None):
-        structured = _allow_thinking(structured, fmt, engine)
+    fmt, at_generation = rendered.reasoning, rendered.generation
+    if (structured is not None and at_generation is not None and at_generation.start != "closed"
+            and (plan.whole_answer or plan.structured is None)):
+        structured = _allow_thinking(structured, at_generation, engine)
     preserved = plan.preserved_tokens + (fmt.tags if fmt is not None else ())
     if structured is not params.structured or preserved:
         params = replace(params, structured=structured, preserved_tokens=preserved)

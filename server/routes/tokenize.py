@@ -27,7 +27,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
         if body.add_special_tokens:
             ids = await anyio.to_thread.run_sync(lambda: engine.tokenizer.encode(rendered.text,
                                                                                  add_special_tokens=True))
-    strs = [engine.tokenizer.decode([i]) for i in ids] if body.return_token_strs else None
+    strs = [engine.tokenizer.decode([i], skip_special_tokens=False) for i in ids] if body.return_token_strs else None
     return tokenize_response(list(ids), engine.max_model_len, strs)
 
 
@@ -38,4 +38,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
         if not 0 <= token_id < engine.vocab_size:
             raise InvalidRequestError(f"tokens[{index}] must be a token id in [0, {engine.vocab_size}), got "
                                       f"{token_id}", param=f"tokens[{index}]", code="invalid_value")
-    return {"prompt": await anyio.to_thread.run_sync(engine.tokenizer.decode, body.tokens)}
+    # NOTE(server): special tokens stay in the text (as vLLM's /detokenize keeps them): a rendered prompt
+    # round-trips.
+    text = await anyio.to_thread.run_sync(lambda: engine.tokenizer.decode(body.tokens, skip_special_tokens=False))
+    return {"prompt": text}
