@@ -339,3 +339,63 @@ def test_stored_size_counts_the_json() -> None:
     stored = _stored("abc")
     expected = sum(len(json.dumps(x)) for x in (stored.body, list(stored.conversation), []))
     assert stored.num_bytes == expected
+
+
+# --- Codex CLI's requests ------------------------------------------------------------------------------
+
+
+def _fn(name: str) -> dict:
+    return {"type": "function", "name": name, "parameters": {"type": "object", "properties": {}}}
+
+
+def test_namespace_tools_are_flattened_and_calls_carry_their_namespace_back() -> None:
+    body = request(tools=[_fn("search"), {"type": "namespace", "name": "agents", "description": "Sub-agents.",
+                                          "tools": [_fn("spawn"), _fn("search")]},
+                          {"type": "web_search", "external_web_access": False}],
+                   input=[{"role": "user", "content": "hi"},
+                          {"type": "function_call", "call_id": "c1", "name": "search", "namespace": "agents",
+                           "arguments": "{}"},
+                          {"type": "function_call_output", "call_id": "c1", "output": "found"}])
+    chat = body.to_chat_request()
+    assert [t.function.name for t in chat.tools] == ["search", "spawn", "agents__search"]
+    assert chat.template_messages()[1]["tool_calls"][0]["function"]["name"] == "agents__search"
+    names = body.tool_names
+    assert names.declared("agents__search") == ("agents", "search") and names.declared("spawn") == ("agents", "spawn")
+    assert names.declared("search") == (None, "search")
+    asm = ResponseAssembler({"id": "resp_1"}, names)
+    events = asm.feed({"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "agents__search",
+                                                                               "arguments": "{}"}}]})
+    assert events[0]["item"]["name"] == "search" and events[0]["item"]["namespace"] == "agents"
+
+
+def test_codex_developer_messages_and_reasoning_items() -> None:
+    items = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Rules."}]},
+             {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Skills."}]},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+             {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Greet."}],
+              "encrypted_content": "gAAAA..."},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello"}]},
+             {"type": "reasoning", "id": "rs_2", "summary": [],
+              "content": [{"type": "reasoning_text", "text": "Use the tool."}]},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}]
+    chat = request(input=items, tools=[TOOL], include=["reasoning.encrypted_content"],
+                   reasoning={"effort": "low", "summary": "auto"}).to_chat_request()
+    messages = chat.template_messages()
+    assert messages[0] == {"role": "system", "content": "Rules.\n\nSkills."}
+    assert messages[2] == {"role": "assistant", "content": "Hello", "reasoning_content": "Greet."}
+    assert messages[3]["reasoning_content"] == "Use the tool." and messages[3]["tool_calls"][0]["id"] == "c1"
+    assert chat.reasoning_effort == "low"
+    off = request(reasoning={"effort": "none"}).to_chat_request()
+    assert off.chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_reasoning_deltas_become_a_reasoning_item() -> None:
+    asm = ResponseAssembler({"id": "resp_1"})
+    events = asm.start() + asm.feed({"reasoning_content": "Hm"}) + asm.feed({"reasoning_content": "m."})
+    events += asm.feed({"content": "Hi"}) + asm.finish("stop", {"input_tokens": 1})
+    kinds = [e["type"] for e in events]
+    assert kinds[2:6] == ["response.output_item.added", "response.reasoning_text.delta",
+                          "response.reasoning_text.delta", "response.reasoning_text.done"]
+    output = asm.response()["output"]
+    assert [o["type"] for o in output] == ["reasoning", "message"]
+    assert output[0]["content"] == [{"type": "reasoning_text", "text": "Hmm."}] and output[0]["summary"] == []
