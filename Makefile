@@ -8,7 +8,11 @@ PORT ?= 8000
 MODEL ?=
 ARGS ?=
 
-.PHONY: serve test install venv pull lint clean bench-cpu
+# The agent CLIs the tests drive (tests/integration/agents), from npm, pinned; installed under .cache/ (ignored).
+AGENT_CLIS := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0
+AGENT_DIR := .cache/agent-clis
+
+.PHONY: serve test install venv pull lint clean bench-cpu agent-clis
 
 $(BIN)/activate:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ortserve needs Python 3.11+, found " + sys.version.split()[0] + " (set PYTHON=python3.12 or similar)")'
@@ -37,7 +41,18 @@ pull: install
 serve: install
 	$(BIN)/ortserve serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
-test: venv
+# NOTE: the packages bring their native binaries as optional dependencies (about 400 MB each); their install
+# scripts are not needed (the tests run the platform package's binary).
+$(AGENT_DIR)/.installed-$(subst /,_,$(subst @,,$(subst $() ,+,$(AGENT_CLIS)))):
+	@command -v npm >/dev/null || { echo "make test needs Node.js and npm (for the agent CLI tests)"; exit 1; }
+	mkdir -p $(AGENT_DIR)
+	npm install --prefix $(AGENT_DIR) --no-audit --no-fund --no-save --ignore-scripts $(AGENT_CLIS)
+	rm -f $(AGENT_DIR)/.installed-*
+	touch $@
+
+agent-clis: $(AGENT_DIR)/.installed-$(subst /,_,$(subst @,,$(subst $() ,+,$(AGENT_CLIS))))
+
+test: venv agent-clis
 	$(BIN)/python -m pytest $(ARGS)
 
 clean:
