@@ -5,6 +5,7 @@ No onnxruntime import; tokenizing and templating run in a worker thread, never o
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,7 +23,7 @@ from server.reasoning import DeltaSource, ReasoningDeltas, ReasoningFormat
 from server.settings import Settings
 from server.state import ServerState, get_state
 from server.streaming import EchoedDeltas, EngineRun, StreamContext, TextDeltas
-from server.tools.grammar import Trigger, with_thinking
+from server.tools.grammar import Trigger, json_answer_grammar, with_thinking
 from server.tools.parsers import make_parser
 from server.tools.plan import ToolPlan, ToolRequest, plan_tools
 from server.tools.stream import ToolCallStream
@@ -162,10 +163,9 @@ def _allow_thinking(structured: StructuredOutput, fmt: ReasoningFormat,
 
     if structured.kind == "lark":
         spec = structured.spec
-    elif structured.kind == "json_schema":
-        spec = f"start: %json {structured.spec}\n"
-    elif structured.kind == "json_object":
-        spec = 'start: %json {"type": "object"}\n'
+    elif structured.kind in ("json_schema", "json_object"):
+        spec = json_answer_grammar(json.loads(structured.spec) if structured.kind == "json_schema"
+                                   else {"type": "object"})
     else:
         return structured
     spec = with_thinking(spec, trigger(fmt.open_tag), trigger(fmt.close_tag), starts_open=fmt.starts_open)

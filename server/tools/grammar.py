@@ -97,6 +97,11 @@ def _json(schema: dict[str, Any]) -> str:
     return "%json " + json.dumps({**close_objects(schema), "x-guidance": _JSON_STYLE}, ensure_ascii=False)
 
 
+def json_answer_grammar(schema: dict[str, Any]) -> str:
+    """The whole answer is one JSON value following ``schema`` (objects closed, the tools' JSON style)."""
+    return f"start: {_json(schema)}\n"
+
+
 def _hoist_defs(schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     schema = dict(schema)
     return schema, schema.pop("$defs", {})
