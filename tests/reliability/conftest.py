@@ -132,6 +132,22 @@ def assert_openai_error(status: int, body: bytes | str, *, expect_status: int | 
     return error
 
 
+def assert_api_error(path: str, status: int, body: bytes | str) -> dict:
+    """The error shape of ``path``'s API: Anthropic's on the Messages routes, OpenAI's elsewhere; returns
+    `error`."""
+    if not (path == "/v1/messages" or path.startswith("/v1/messages/")):
+        return assert_openai_error(status, body)
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    assert status >= 400, (status, text[:300])
+    assert_no_internals(text)
+    data = json.loads(text)
+    assert set(data) == {"type", "error"} and data["type"] == "error", text[:300]
+    error = data["error"]
+    assert isinstance(error.get("message"), str) and error["message"], text[:300]
+    assert isinstance(error.get("type"), str) and error["type"], text[:300]
+    return error
+
+
 _INTERNALS = ("Traceback (most recent call last)", 'File "/', ".py\", line ", "site-packages")
 
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 from server.app import create_app
 from server.settings import Settings
 from tests.integration.server.conftest import RunningServer, serve_app
-from tests.reliability.conftest import AbusedServer, assert_no_internals, assert_openai_error, rel_settings
+from tests.reliability.conftest import AbusedServer, assert_api_error, assert_no_internals, rel_settings
 
 KEY = "schema-fuzz-key"
 KEYED_HEADERS = {"Authorization": f"Bearer {KEY}"}  # harmless where no key is set
@@ -36,12 +36,13 @@ def keyed_server(tiny_model: Path) -> Iterator[RunningServer]:
 
 
 def check(response, path: str) -> None:
-    """No 5xx; an error has the OpenAI shape; nothing leaks Python internals."""
+    """No 5xx; an error has its API's shape (OpenAI's, Anthropic's on /v1/messages); nothing leaks Python
+    internals."""
     text = response.text
     assert response.status_code < 500, (path, response.status_code, text[:500])
     assert_no_internals(text)
     if response.status_code >= 400:
-        assert_openai_error(response.status_code, text)
+        assert_api_error(path, response.status_code, text)
     elif response.headers.get("content-type", [""])[0].startswith("application/json"):
         json.loads(text)
 
@@ -76,4 +77,4 @@ def test_every_operation_with_a_key_configured(case, keyed_server: RunningServer
     check(anonymous, case.path)
     if case.path not in OPEN_PATHS:
         assert anonymous.status_code == 401, (case.method, case.path, anonymous.status_code)
-        assert json.loads(anonymous.text)["error"]["type"] == "authentication_error"
+        assert assert_api_error(case.path, anonymous.status_code, anonymous.text)["type"] == "authentication_error"

@@ -15,7 +15,8 @@ import pytest
 
 from server.app import create_app
 from tests.integration.server.conftest import RunningServer, serve_app
-from tests.reliability.conftest import PROMPT, AbusedServer, assert_no_internals, assert_openai_error, rel_settings
+from tests.reliability.conftest import (PROMPT, AbusedServer, assert_api_error, assert_no_internals, assert_openai_error,
+                                        rel_settings)
 
 KEY = "s3cret-key-for-tests"
 # What may be reached without the key: liveness and /metrics (unless configured); the docs need the key.
@@ -47,7 +48,8 @@ def test_every_route_but_the_open_ones_needs_the_key(keyed: RunningServer) -> No
     # OPTIONS and HEAD on every path too: without the key neither may tell a real route from an unknown one.
     requests += [(method, path) for path in sorted({p for _, p in requests}) for method in ("OPTIONS", "HEAD")]
     bad_headers = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"},
-                   {"Authorization": KEY}, {"Authorization": f"Bearer {KEY}x"}, {"X-Api-Key": KEY}]
+                   {"Authorization": KEY}, {"Authorization": f"Bearer {KEY}x"}, {"X-Api-Key": f"{KEY}x"},
+                   {"X-Api-Key": f"Bearer {KEY}"}]
     with httpx.Client(base_url=keyed.base, timeout=30) as http:
         for method, path in requests:
             for headers in bad_headers:
@@ -58,13 +60,14 @@ def test_every_route_but_the_open_ones_needs_the_key(keyed: RunningServer) -> No
                 if method == "HEAD":  # no body to read
                     assert r.status_code == 401 and r.content == b"", (method, path)
                     continue
-                error = assert_openai_error(r.status_code, r.content, expect_status=401)
+                assert r.status_code == 401, (method, path, headers, r.status_code)
+                error = assert_api_error(path, r.status_code, r.content)
                 assert error["type"] == "authentication_error", (method, path)
                 assert KEY not in r.text
             if path not in OPEN_PATHS:  # with the key the route is reached (whatever it then answers)
-                r = http.request(method, path, headers={"Authorization": f"Bearer {KEY}"},
-                                 json=CHAT if method == "POST" else None)
-                assert r.status_code != 401 and r.status_code < 500, (method, path, r.status_code)
+                for good in ({"Authorization": f"Bearer {KEY}"}, {"X-Api-Key": KEY}):  # OpenAI's, Anthropic's
+                    r = http.request(method, path, headers=good, json=CHAT if method == "POST" else None)
+                    assert r.status_code != 401 and r.status_code < 500, (method, path, r.status_code)
 
 
 def test_metrics_can_require_the_key(tiny_model: Path) -> None:
