@@ -64,8 +64,8 @@ def _tool_use_id(call_id: str) -> str:
 
 @dataclass
 class MessageAssembler:
-    """The content blocks of one answer, from chat deltas (``{"reasoning_content"}``, ``{"content"}``, ``{"tool_calls"}``
-    as the chat path makes them).
+    """The content blocks of one answer, from chat deltas (``{"reasoning_content"}``, ``{"content"}``,
+    ``{"tool_calls"}`` as the chat path makes them).
 
     One block is open at a time; a delta of another kind closes it and opens the next. Every method returns the
     events it caused, as Anthropic streams them.

@@ -518,7 +518,8 @@ async def _response_event_lists(run: EngineRun, ctx: StreamContext, assembler: R
             events += assembler.feed(delta)
         if out.finished:
             events += assembler.finish(protocol.finish_reason_str(out.finish_reason),
-                                       response_usage(ctx.num_prompt_tokens, ctx.num_generated_tokens, ctx.num_cached_tokens))
+                                       response_usage(ctx.num_prompt_tokens, ctx.num_generated_tokens,
+                                                      ctx.num_cached_tokens))
             on_finished(assembler)
         yield events
 
@@ -536,7 +537,8 @@ def stream_response(run: EngineRun, ctx: StreamContext, assembler: ResponseAssem
 
     def failed(exc: Exception) -> list[bytes]:
         message = error_for(exc)[1]["error"]["message"]  # never a traceback: error_for hides our own bugs
-        batch = assembler.fail(message, response_usage(ctx.num_prompt_tokens, ctx.num_generated_tokens, ctx.num_cached_tokens))
+        batch = assembler.fail(message, response_usage(ctx.num_prompt_tokens, ctx.num_generated_tokens,
+                                                       ctx.num_cached_tokens))
         on_finished(assembler)
         return [named_event(event) for event in batch]
 

@@ -42,7 +42,7 @@ def gemma(gemma3_model: Path) -> Iterator[ServeProcess]:
     # NOTE: Gemma 3 270M's GGUF ships no chat template; the built-in gemma one is its turn format.
     with serve_process(gemma3_model, "--served-model-name", MODEL, "--chat-template", "gemma",
                        "--max-model-len", "32768", "--max-batch", "1", "--api-key", KEY, "--log-level", "info",
-                       ready_timeout_s=600) as server:
+                       ready_timeout_s=600, with_stdout=True) as server:
         yield server
 
 
@@ -94,11 +94,13 @@ def test_claude_code_completes_a_turn(gemma: ServeProcess, tmp_path: Path) -> No
     assert usage["input_tokens"] + usage["cache_read_input_tokens"] > 3000  # its real system prompt
 
 
-def _codex(gemma: ServeProcess, tmp_path: Path, *args: str) -> tuple[list[str], subprocess.Popen, Path]:
+def _codex(server: ServeProcess, tmp_path: Path, *args: str,
+           model: str = MODEL) -> tuple[list[str], subprocess.Popen, Path]:
+    """`codex exec --json` on ``server`` in a scratch directory; returns (command, process, its stderr file)."""
     scratch, home, codex_home = _dirs(tmp_path, "scratch", "home", "codex")
-    provider = f'{{name="ortserve", base_url="{gemma.base}/v1", wire_api="responses", env_key="ORTSERVE_API_KEY"}}'
+    provider = f'{{name="ortserve", base_url="{server.base}/v1", wire_api="responses", env_key="ORTSERVE_API_KEY"}}'
     cmd = [str(CODEX), "exec", "--skip-git-repo-check", "--sandbox", "read-only", "--json",
-           "-c", f"model={json.dumps(MODEL)}", "-c", 'model_provider="ortserve"',
+           "-c", f"model={json.dumps(model)}", "-c", 'model_provider="ortserve"',
            "-c", f"model_providers.ortserve={provider}", "-c", "analytics.enabled=false",
            "-c", "check_for_update_on_startup=false", *args, "Say hello in one short sentence."]
     # NOTE: stderr to a file: a full pipe nobody reads would stall the CLI.
@@ -153,3 +155,23 @@ def test_codex_completes_a_turn(gemma: ServeProcess, tmp_path: Path) -> None:
     assert usage["input_tokens"] > 3000  # its real instructions and environment
     statuses = _answered(gemma, "/v1/responses")
     assert statuses and set(statuses) == {200}, (statuses, gemma.stderr()[-3000:])
+
+
+def test_on_the_default_model_each_cli_says_its_prompt_is_too_long(default_model: Path, tmp_path: Path) -> None:
+    """What a user of the default SmolLM2 (2k tokens served) sees: each CLI's own message about the context,
+    from the server's 400 in its API's shape (refused before anything runs, so this takes seconds)."""
+    with serve_process(default_model, "--served-model-name", "smollm2", "--log-level", "info",
+                       with_stdout=True) as smol:
+        claude_home, codex_home = _dirs(tmp_path, "claude", "codex-cli")
+        env = _env(claude_home, ANTHROPIC_BASE_URL=smol.base, ANTHROPIC_API_KEY="unused", DISABLE_TELEMETRY="1",
+                   DISABLE_ERROR_REPORTING="1", DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+        claude = subprocess.run(["node", str(CLAUDE), "-p", "Say hello.", "--model", "smollm2", "--max-turns", "1",
+                                 "--output-format", "json"], cwd=claude_home, env=env, stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        result = json.loads(claude.stdout)
+        assert result["api_error_status"] == 400 and result["result"].startswith("Prompt is too long"), result
+        assert "(limit 2048)" in result["result"]
+        _, proc, stderr = _codex(smol, codex_home, model="smollm2")
+        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+        assert "ran out of room in the model's context window" in out + stderr.read_text(), out[-2000:]
+        assert set(_answered(smol, "/v1/messages")) == {400} and set(_answered(smol, "/v1/responses")) == {400}

@@ -129,7 +129,8 @@ class ServeProcess:
 
 @contextlib.contextmanager
 def serve_process(model: Path, *args: str, ready_timeout_s: float = 120.0, wait_ready: bool = True,
-                  env: dict[str, str] | None = None, decode_delay_s: float | None = None) -> Iterator[ServeProcess]:
+                  env: dict[str, str] | None = None, decode_delay_s: float | None = None,
+                  with_stdout: bool = False) -> Iterator[ServeProcess]:
     """`python -m server serve --model MODEL ARGS` on a free 127.0.0.1 port until the block exits.
 
     Args:
@@ -137,6 +138,7 @@ def serve_process(model: Path, *args: str, ready_timeout_s: float = 120.0, wait_
         env: extra environment; ORTSERVE_* variables of the test's own environment are not passed on.
         decode_delay_s: run the CLI through tests/integration/server/paced_serve.py, whose engine sleeps this
             long before every decode step (a stream of N tokens then lasts N * decode_delay_s at least).
+        with_stdout: the process's stdout (uvicorn's access log) goes to the same log as its stderr.
     """
     sock = free_socket()
     port = sock.getsockname()[1]
@@ -149,7 +151,7 @@ def serve_process(model: Path, *args: str, ready_timeout_s: float = 120.0, wait_
     # NOTE: stderr goes to a file, not a pipe: a full pipe nobody reads would block the server.
     log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**base_env, "PYTHONPATH": str(ROOT), **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=log, text=True)
+                            stdout=log if with_stdout else subprocess.DEVNULL, stderr=log, text=True)
     served = ServeProcess(f"http://127.0.0.1:{port}", proc, log)
     try:
         if wait_ready:

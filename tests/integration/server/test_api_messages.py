@@ -56,8 +56,9 @@ def test_text_with_a_system_prompt(client: anthropic.Anthropic, smol: RunningSer
     assert m.stop_reason in ("end_turn", "max_tokens") and m.stop_sequence is None
     assert 1 <= m.usage.output_tokens <= 24
     engine = smol.engine
-    rendered = engine.chat_template.render([{"role": "system", "content": "You are a helpful assistant. Answer briefly."},
-                                            {"role": "user", "content": "Name a color."}])
+    rendered = engine.chat_template.render([
+        {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+        {"role": "user", "content": "Name a color."}])
     assert _prompt_tokens(m) == len(engine.tokenizer.encode(rendered))
     # system as text blocks, and content as blocks, are the same prompt
     same = client.messages.count_tokens(
@@ -171,7 +172,8 @@ def test_what_agents_send_is_accepted(client: anthropic.Anthropic) -> None:
         system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
         messages=[{"role": "user", "content": [
                       {"type": "text", "text": "Hi"},
-                      {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]},
+                      {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                   "data": "iVBORw0KGgo="}}]},
                   {"role": "assistant", "content": [{"type": "thinking", "thinking": "Greet back.", "signature": "x"},
                                                     {"type": "redacted_thinking", "data": "abc"},
                                                     {"type": "text", "text": "Hello!"}]},

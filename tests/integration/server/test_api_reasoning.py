@@ -43,7 +43,8 @@ def _extra(obj, name: str):
 
 
 def test_thinking_is_apart_from_the_answer(thinking: RunningServer) -> None:
-    r = thinking.client().chat.completions.create(model="tiny", messages=HI, max_tokens=60, extra_body=THINK_THEN_ANSWER)
+    r = thinking.client().chat.completions.create(model="tiny", messages=HI, max_tokens=60,
+                                                  extra_body=THINK_THEN_ANSWER)
     message = r.choices[0].message
     assert message.content == ANSWER and r.choices[0].finish_reason == "stop"
     assert _extra(message, "reasoning_content") == THOUGHT and _extra(message, "reasoning") == THOUGHT
@@ -148,8 +149,8 @@ def test_responses_reasoning_items(thinking: RunningServer) -> None:
     turn2 = [{"role": "user", "content": "Hi"}, r.output[0].model_dump(exclude_none=True),
              {"role": "assistant", "content": ANSWER}, {"role": "user", "content": "And?"}]
     again = thinking.client().responses.create(model="tiny", input=turn2, max_output_tokens=2, temperature=0)
-    rendered = _rendered(thinking, messages=[*HI, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT},
-                                             {"role": "user", "content": "And?"}])
+    rendered = _rendered(thinking, messages=[
+        *HI, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}, {"role": "user", "content": "And?"}])
     assert again.usage.input_tokens == len(thinking.engine.tokenizer.encode(rendered))
 
 

@@ -36,8 +36,8 @@ INSTRUCTIONS = "You are a coding agent running in a terminal. Be precise, safe a
 def codex_input(prompt: str) -> list[dict]:
     return [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": INSTRUCTIONS}]},
             {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<skills></skills>"}]},
-            {"type": "message", "role": "user", "content": [{"type": "input_text",
-                                                             "text": "<environment_context>/tmp</environment_context>"}]},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "<environment_context>/tmp</environment_context>"}]},
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": prompt}]}]
 
 

@@ -72,7 +72,8 @@ def test_tool_use_and_tool_result_blocks() -> None:
 def test_tool_choice(choice: dict, expected: tuple) -> None:
     tools = chat(tools=[TOOL], tool_choice=choice).tool_request()
     assert (tools.choice, tools.function) == expected and tools.parallel is None
-    assert chat(tools=[TOOL], tool_choice={**choice, "disable_parallel_tool_use": True}).tool_request().parallel is False
+    one = chat(tools=[TOOL], tool_choice={**choice, "disable_parallel_tool_use": True})
+    assert one.tool_request().parallel is False
 
 
 def test_a_final_assistant_message_is_a_prefill() -> None:
