@@ -71,7 +71,7 @@ class AsyncEngine:
                               prefix_caching=config.prefix_caching, can_copy=runner.can_copy,
                               speculative_tokens=speculative_tokens,
                               speculative_max_batch=config.speculative_max_batch,
-                              low_slots=len(runner.buckets) > 1)
+                              low_slots=len(runner.buckets) > 1, max_prefills=config.max_prefills_per_step)
         self.kv_cache_bytes = kv.shape.nbytes
         self._processor = OutputProcessor()
         self._seq = 0

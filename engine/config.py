@@ -28,7 +28,7 @@ class EngineConfig:
         max_queue: requests allowed to wait for a slot; one more raises EngineOverloadedError.
         max_model_len: tokens per request (prompt + output); None -> min(context_length,
             search.max_length or 2048).
-        prefill_chunk: token budget per step (decode tokens + one prefill chunk); also the width of the
+        prefill_chunk: token budget per step (decode tokens + prefill chunks); also the width of the
             KV tail reserved for idle rows on devices whose buffers can't be sliced.
         intra_op_threads: ORT intra-op threads; None -> number of physical cores.
         allow_spinning: let ORT's intra-op threads spin between ops (lower latency, burns CPU).
@@ -52,6 +52,8 @@ class EngineConfig:
         speculative_max_batch: drafts are checked only while at most this many requests decode: a check runs
             alone (GroupQueryAttention takes S > 1 new tokens with a past at batch 1 only), so beside other
             streams it costs a run of its own instead of one row of the shared decode run.
+        max_prefills_per_step: the most requests whose prompt chunks share one step's token budget (0: as
+            many as it holds; 1: one request's chunk per step, the others wait a step each).
         fault_injector: TEST-ONLY hook, called on the core thread with a ``StepInfo`` just before each model
             run; an exception it raises fails exactly that run's requests (finish_reason ERROR), as a device
             error would, and the engine goes on. None (the default) costs nothing.
@@ -76,6 +78,7 @@ class EngineConfig:
     prefix_caching: bool = True
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     speculative_max_batch: int = 1
+    max_prefills_per_step: int = 0
     fault_injector: Callable[[StepInfo], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -93,6 +96,8 @@ class EngineConfig:
                "must be >= 1", self.intra_op_threads)
         _check(0 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS, "speculative_tokens",
                f"must be in [0, {MAX_SPECULATIVE_TOKENS}]", self.speculative_tokens)
+        _check(self.max_prefills_per_step >= 0, "max_prefills_per_step", "must be >= 0 (0: as the budget holds)",
+               self.max_prefills_per_step)
         _check(self.speculative_max_batch >= 1, "speculative_max_batch", "must be >= 1", self.speculative_max_batch)
 
 

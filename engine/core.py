@@ -18,7 +18,7 @@ import numpy as np
 
 from engine.runner import Runner
 from engine.sampler import RequestSampler, SampleResult, sample_batch
-from engine.scheduler import Finished, Request, Scheduler, SchedulerOutput, Verify
+from engine.scheduler import Finished, PrefillChunk, Request, Scheduler, SchedulerOutput, Verify
 from engine.types import EngineDeadError, EngineError, FinishReason, StepInfo, TokenLogprob
 
 if TYPE_CHECKING:
@@ -206,8 +206,8 @@ class EngineCore:
         return None if request.index == 0 else np.random.default_rng([seed, request.index])
 
     def step(self) -> None:
-        """One scheduler step: KV copies, the decode batch (outputs sent at once), draft checks, then one
-        prefill chunk."""
+        """One scheduler step: KV copies, the decode batch (outputs sent at once), draft checks, then the
+        prefill chunks (one run each)."""
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         for copy in out.copies:  # NOTE(engine): before any run: a copy reads rows this step may overwrite
@@ -217,8 +217,8 @@ class EngineCore:
         num_verified = 0
         for verify in out.verify:
             num_verified += self._run_verify(verify)
-        if out.prefill is not None:
-            self._run_prefill(out)
+        for chunk in out.prefills:  # NOTE(engine): each its own run; a last chunk's first token goes out at once
+            self._run_prefill(chunk)
         self._steps += 1
         elapsed = time.perf_counter() - t0
         num_decoded = len(out.decode) + num_verified
@@ -267,9 +267,7 @@ class EngineCore:
         self._emit([(request, results[:num_added])], finished)
         return num_added
 
-    def _run_prefill(self, out: SchedulerOutput) -> None:
-        chunk = out.prefill
-        assert chunk is not None
+    def _run_prefill(self, chunk: PrefillChunk) -> None:
         request = chunk.request
         choices = (request, *request.forks)
         failed: dict[Request, str] = {}
