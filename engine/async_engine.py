@@ -194,7 +194,7 @@ class AsyncEngine:
         if low < 0 or high >= self.vocab_size:
             bad = low if low < 0 else high
             raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size}), got {bad}",
-                                      param="prompt")
+                                      param="prompt", code="invalid_value")
 
     # -- requests --------------------------------------------------------------------------------------
 
@@ -216,7 +216,8 @@ class AsyncEngine:
             raise InvalidRequestError(f"request_id {request_id!r} is already running", param="request_id")
         if params.n > self.config.max_batch:
             raise InvalidRequestError(f"n must be at most {self.config.max_batch} (the sequences this server runs "
-                                      f"at once, --max-batch), got {params.n}", param="n")
+                                      f"at once, --max-batch), got {params.n}", param="n",
+                                      code="invalid_value")
         # NOTE(engine): in flight = running + waiting; the waiting part is bounded by max_queue.
         if len(states) >= self.config.max_batch + self.config.max_queue:
             raise EngineOverloadedError()

@@ -112,7 +112,7 @@ class SamplingParams:
 
 def _check(ok: bool, param: str, rule: str, value: object) -> None:
     if not ok:
-        raise InvalidRequestError(f"{param} {rule}, got {value!r}", param=param)
+        raise InvalidRequestError(f"{param} {rule}, got {value!r}", param=param, code="invalid_value")
 
 
 @dataclass(frozen=True)

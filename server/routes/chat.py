@@ -16,6 +16,7 @@ router = APIRouter(tags=["generation"])
 @router.post("/v1/chat/completions", response_model=None, summary="Create a chat completion")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state, engine = engine_for(request, body.model)
+    body.check_tool_answers()
     settings = state.settings
     tracker = start_tracking(request, state)
     prepared = await prepare_chat(engine, settings, body)

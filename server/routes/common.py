@@ -95,7 +95,8 @@ async def completion_prompt_ids(engine: EngineClient, prompt: str | list[int]) -
         return await anyio.to_thread.run_sync(_encode, engine, prompt, "prompt", True)
     for index, token_id in enumerate(prompt):
         if token_id < 0:
-            raise InvalidRequestError(f"prompt token ids must be >= 0, got {token_id} at {index}", param="prompt")
+            raise InvalidRequestError(f"prompt token ids must be >= 0, got {token_id} at {index}", param="prompt",
+                                      code="invalid_value")
     return list(prompt)
 
 
@@ -115,7 +116,7 @@ def checked_params(engine: EngineClient, prompt_ids: Sequence[int], params: Samp
     for token_id, _ in params.logit_bias:
         if token_id >= engine.vocab_size:
             raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {engine.vocab_size}), got {token_id}",
-                                      param="logit_bias")
+                                      param="logit_bias", code="invalid_value")
     return params
 
 
@@ -137,7 +138,7 @@ class PreparedChat:
 
     def tool_call_streams(self) -> list[ToolCallStream] | None:
         """One fresh reader per choice (``params.n``), or None when the request makes no calls."""
-        return [ToolCallStream(make_parser(self.plan.parser), self.plan.max_calls)
+        return [ToolCallStream(make_parser(self.plan.parser), self.plan.max_calls, self.plan.tool_names)
                 for _ in range(self.params.n)] if self.plan.parser else None
 
 

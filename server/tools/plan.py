@@ -77,6 +77,8 @@ class ToolPlan:
         parser: the parser that reads calls from the output; None when no call can be made.
         preserved_tokens: special tokens the detokenizer must keep for the parser.
         max_calls: 1 when parallel_tool_calls is false.
+        tool_names: the names a call may have (the grammar's choice): a name cut by max_tokens is completed
+            from them when its prefix names one tool.
     """
 
     format: str
@@ -86,6 +88,7 @@ class ToolPlan:
     parser: str | None = None
     preserved_tokens: tuple[str, ...] = ()
     max_calls: int | None = None
+    tool_names: tuple[str, ...] = ()
 
 
 def choose_format(template: _Template) -> str:
@@ -130,7 +133,8 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
     return ToolPlan(
         fmt, rendered, list(request.tools) if native else None,
         structured=StructuredOutput("lark", spec, param="tools"),
-        parser=fmt, preserved_tokens=PARSERS[fmt].preserved_tokens, max_calls=None if parallel else 1)
+        parser=fmt, preserved_tokens=PARSERS[fmt].preserved_tokens, max_calls=None if parallel else 1,
+        tool_names=tuple(t["function"]["name"] for t in targets))
 
 
 def _grammar(fmt: str, tools: list[dict[str, Any]], *, required: bool, parallel: bool, template: _Template,
