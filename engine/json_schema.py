@@ -12,7 +12,8 @@ Closing must not make a valid document impossible: a key that the object (or one
 branches) lists in ``required`` but not in ``properties`` may take any value under the schema as written,
 so it becomes a free property (``{}``) of the closed object. A ``oneOf`` branch that is only a local
 ``$ref`` is inlined (one level), so that the grammar library sees the ``const``/``enum``/type discriminator
-that makes the branches exclusive (llguidance enforces a ``oneOf`` only when it can prove that).
+that makes the branches exclusive (llguidance enforces a ``oneOf`` only when it can prove that); an
+``allOf`` branch that is one is inlined as well, and stays open there (the definition itself is closed).
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ def close_objects(schema: Any, *, _close: bool = True, _root: Any = None) -> Any
     for key in _MAP:
         if isinstance(out.get(key), dict):
             out[key] = {name: close_objects(s, _root=root) for name, s in out[key].items()}
-    if isinstance(out.get("allOf"), list):
-        out["allOf"] = [close_objects(s, _close=False, _root=root) for s in out["allOf"]]
+    if isinstance(out.get("allOf"), list):  # its $ref branches inlined too: they must stay open here
+        out["allOf"] = [close_objects(_inline_ref(s, root), _close=False, _root=root) for s in out["allOf"]]
     closable = _close and "allOf" not in out  # an allOf's branches bring keys of their own
     if closable and isinstance(out.get("properties"), dict) and not any(k in out for k in _OPEN_KEYS):
         missing = [k for k in _required_keys(out) if k not in out["properties"]]
