@@ -81,6 +81,15 @@ def collect_logits(model_dir: Path, rows: int, threads: int, seed: int = 0) -> n
     return np.stack(out[:rows])
 
 
+def synthetic_logits(vocab: int, rows: int, seed: int = 0) -> np.ndarray:
+    """float32 ``[rows, vocab]`` shaped like a language model's: a Gumbel tail and 30 tokens 4-12 nats up."""
+    rng = np.random.default_rng(seed)
+    logits = (rng.gumbel(size=(rows, vocab)) * 1.5).astype(np.float32)
+    strong = rng.integers(0, vocab, (rows, 30))
+    logits[np.arange(rows)[:, None], strong] += rng.uniform(4, 12, (rows, 30)).astype(np.float32)
+    return logits
+
+
 def reference_draw(logits: np.ndarray, sampler: Any) -> int:
     """The pre-issue-25 route to the same law: every transform over the whole row, a float64 cumsum."""
     processed = sampler.process(logits)
@@ -174,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", action="append", type=Path, default=[],
                         help="a model folder whose logits to sample (repeatable); default: the pulled default model")
+    parser.add_argument("--synthetic", action="append", type=int, default=[], metavar="VOCAB",
+                        help="also rows of this width shaped like a model's (Gumbel tail, a few strong tokens), "
+                             "for a vocabulary whose model folder is not at hand (repeatable)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rows", type=int, default=64, help="logit rows collected per model")
     parser.add_argument("--rounds", type=int, default=5)
@@ -182,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args(argv)
-    if not args.model_dir:
+    if not args.model_dir and not args.synthetic:
         from engine.builder.pull import pull_model
 
         args.model_dir = [pull_model(progress=False)]
@@ -192,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"collecting {args.rows} logit rows from {model_dir}", file=sys.stderr)
         logits = collect_logits(model_dir, args.rows, args.threads)
         results += [dict(r, model=model_dir.name) for r in measure(logits, args.batch, args.rounds, args.min_s)]
+    for vocab in args.synthetic:
+        print(f"synthetic rows, vocabulary {vocab}", file=sys.stderr)
+        results += [dict(r, model=f"synthetic-{vocab}")
+                    for r in measure(synthetic_logits(vocab, args.rows), args.batch, args.rounds, args.min_s)]
     report = {"load_average_before": load,
               "load_average_after": [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]],
               "results": results}
