@@ -38,6 +38,10 @@ class EngineConfig:
             the analog of the AMDGPU EP's HIP graphs): fixed [max_batch, 1] shapes, every input and output
             in a fixed device buffer. None -> on for WebGPU when the graph allows it (else off, the reason
             logged); True -> required (a model or provider that can't is a ModelLoadError); False -> off.
+        matmul_row_groups: captured decode steps run each MatMulNBits on groups of at most 3 rows, this
+            many groups, then one run on the rest (``engine.graph_capture.split_matmul_rows``: WebGPU's
+            small-M kernel is several times faster than its tiled one at 4-8 rows); 0 -> off, None -> the
+            device's default.
         seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
         chat_template: replaces the model's chat template: a built-in name (``engine.chat_template.
             BUILTIN_TEMPLATES``) or a Jinja file; None keeps the model's own.
@@ -69,6 +73,7 @@ class EngineConfig:
     allow_spinning: bool = True
     whole_buffer: bool | None = None
     graph_capture: bool | None = None
+    matmul_row_groups: int | None = None
     seed: int | None = None
     chat_template: str | None = None
     grammar_compile_timeout_s: float = 10.0
