@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     engine = AsyncEngine.from_model_dir(args.model, EngineConfig(provider=args.provider, max_batch=args.max_batch,
                                                                  prefill_chunk=args.prefill_chunk,
-                                                                 whole_buffer=args.whole_buffer or None,
+                                                                 kv_rows="opaque" if args.whole_buffer else None,
                                                                  matmul_row_groups=args.row_groups))
     result: dict = {"load_s": round(time.perf_counter() - t0, 2), "placement": str(engine.placement),
                     "max_batch": args.max_batch, "row_groups": args.row_groups}

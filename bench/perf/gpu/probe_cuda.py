@@ -188,7 +188,6 @@ def main(argv: list[str] | None = None) -> int:
 
     # Prefill of a long prompt into row 5 in chunks (row 5 bound alone by address).
     prompt = rng.integers(3, vocab, args.prompt).astype(np.int64)
-    ones = np.ones(length, dtype=np.int64)
     prefill: dict[str, Any] = {}
     keep = "logits_to_keep" in {i.name for i in session.get_overridable_initializers()}
     for chunk in (256, 512, 1024):
@@ -274,7 +273,7 @@ def _identity_and_copy(result, rows, run_request, folder, selected, args) -> Non
     print(json.dumps({"bit_identical": result["bit_identical"]}), flush=True)
 
     # Whole-row copy between slots: a graph of Identity nodes bound by address (one run copies every layer).
-    from onnx import TensorProto, helper
+    from onnx import helper
     elem = helper.np_dtype_to_tensor_dtype(rows.dtype)
     n_buf = 2 * folder.num_layers
     row_shape = [1, *rows.shape[1:]]
