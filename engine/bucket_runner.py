@@ -201,7 +201,7 @@ class BucketRunner(RunnerBase):
         else:
             logits = self.prefill_logits[:num * vocab].reshape(1, num, vocab)
             binding.bind_ortvalue_output(io.logits, _value(logits))
-        self.prefill_session.run_with_iobinding(binding)
+        self._run(binding, self.prefill_session)
         return logits[0, -1]
 
     def _prefill_whole(self, slot: int, token_ids: Sequence[int], start: int, also: Sequence[int]) -> np.ndarray:
@@ -220,21 +220,14 @@ class BucketRunner(RunnerBase):
     def _run_decode(self, binding: ort.IOBinding, width: int) -> np.ndarray:
         """Run the decode binding of rows ``[0, width)``; returns its float32 ``[width, 1, V]`` logits."""
         if self.device_io is None:
-            self.session.run_with_iobinding(binding)
+            self._run(binding)
             return self.decode_logits
         device_io = self._device_ios[width]
         if self._packed is not None:
             self._packed[:width, 0] = self.decode_ids[:width, 0]
             self._packed[:width, 1] = self.mask_ones[:width] - 1
         device_io.upload()
-        run_options = self._run_options.get(width)
-        if run_options is None:
-            self.session.run_with_iobinding(binding)
-        else:
-            # NOTE(engine): onnxruntime's Python wrapper refuses address-bound buffers (a KV prefix) under
-            # capture ("requires fixed WebGPU device OrtValues"); the session itself replays them correctly
-            # (bench/perf/gpu/probe_buckets.py), so the bucket's step runs through the binding it was captured with.
-            self.session._sess.run_with_iobinding(binding._iobinding, run_options)
+        self._run(binding, run_options=self._run_options.get(width))
         return device_io.read_logits()
 
     def _make_decode_binding(self, width: int) -> ort.IOBinding:
@@ -243,11 +236,11 @@ class BucketRunner(RunnerBase):
             self._device_ios[width].bind(binding)
         else:
             whole = width == self.num_slots
-            binding.bind_ortvalue_input(self.io.input_ids, self._ids_value if whole else _value(self.decode_ids[:width]))
+            self._bind_host(binding, self.io.input_ids, self._ids_value if whole else _value(self.decode_ids[:width]))
             if self.io.position_ids:
-                binding.bind_ortvalue_input(self.io.position_ids,
-                                            self._pos_value if whole else _value(self.decode_pos[:width]))
-            binding.bind_ortvalue_input(self.io.attention_mask, self._mask_value if whole else _value(self.mask[:width]))
+                self._bind_host(binding, self.io.position_ids,
+                                self._pos_value if whole else _value(self.decode_pos[:width]))
+            self._bind_host(binding, self.io.attention_mask, self._mask_value if whole else _value(self.mask[:width]))
             binding.bind_ortvalue_output(self.io.logits, _value(self.decode_logits[:width]))
         self.kv.bind_rows(binding, self._past, self._present, 0, width)
         self._decode_bindings[width] = binding

@@ -138,6 +138,13 @@ class RunnerBase:
         self.keep_last = LOGITS_TO_KEEP in {i.name for i in session.get_overridable_initializers()}
         self.prefill_logits = np.zeros((1 if self.keep_last else chunk) * self.vocab_size, dtype=np.float32)
         self._keep_one = ort.OrtValue.ortvalue_from_numpy(np.ones(1, dtype=np.int64))
+        # NOTE(engine): IOBinding copies a host input to the device that consumes it when it is BOUND, not when
+        # the session runs: a device session would keep reading the values of the first binding while the CPU
+        # writes new ones in place (seen on the CUDA EP: every decode step fed the first step's token, and a
+        # prefill read the mask of an earlier run). So on a device every host input of a cached binding is bound
+        # again before each run (one host->device copy, as a plain run makes); host sessions read in place.
+        self.rebind_inputs = not kv.addressable
+        self._host_inputs: dict[int, list[tuple[str, ort.OrtValue]]] = {}  # id(binding) -> inputs to re-bind
 
     def release(self, slot: int, keep: int = 0) -> None:
         """The slot's request left; its first ``keep`` KV positions stay valid (a prefix kept for reuse).
@@ -149,6 +156,26 @@ class RunnerBase:
 
     def warmup(self) -> None:
         """Run what the first request would otherwise compile (nothing by default)."""
+
+    def _bind_host(self, binding: ort.IOBinding, name: str, value: ort.OrtValue) -> None:
+        """Bind a host input whose memory the CPU keeps writing (re-bound before each run on a device)."""
+        binding.bind_ortvalue_input(name, value)
+        if self.rebind_inputs:
+            self._host_inputs.setdefault(id(binding), []).append((name, value))
+
+    def _run(self, binding: ort.IOBinding, session: ort.InferenceSession | None = None,
+             run_options: ort.RunOptions | None = None) -> None:
+        """Run ``binding`` (on ``session``, default the decoder's) with its host inputs' current values."""
+        for name, value in self._host_inputs.get(id(binding), ()):
+            binding.bind_ortvalue_input(name, value)
+        session = session or self.session
+        if run_options is None:
+            session.run_with_iobinding(binding)
+        else:
+            # NOTE(engine): onnxruntime's Python wrapper refuses address-bound buffers (a KV prefix) under
+            # capture ("requires fixed WebGPU device OrtValues"); the session itself replays them correctly
+            # (bench/perf/gpu/probe_buckets.py), so a captured step runs through the binding it was captured with.
+            session._sess.run_with_iobinding(binding._iobinding, run_options)
 
     def _check_chunk(self, num: int, what: str = "prefill chunk") -> None:
         if not 0 < num <= self.prefill_chunk:
@@ -241,8 +268,7 @@ class Runner(RunnerBase):
             return
         none = np.zeros(0, dtype=np.int64)
         self._write_decode_inputs(none, [], none, 0, self.num_slots)
-        self.session.run_with_iobinding(self._decode_bindings.get((0, self.num_slots))
-                                        or self._make_decode_binding(0, self.num_slots))
+        self._run(self._decode_bindings.get((0, self.num_slots)) or self._make_decode_binding(0, self.num_slots))
         self._run_chunk(0, [0, 0], 0, all_logits=False)
         self.slot_len[0] = 0
 
@@ -269,7 +295,7 @@ class Runner(RunnerBase):
         binding = self._decode_bindings.get((lo, hi)) or self._make_decode_binding(lo, hi)
         if self._narrow_mask:
             self._bind_narrow_mask(binding, lo, hi)
-        self.session.run_with_iobinding(binding)
+        self._run(binding)
         self.slot_len[rows] = pos + 1
         if hi - lo > len(rows):
             return self.decode_logits[rows - lo, 0]  # [n, V] (a gather copy)
@@ -289,7 +315,7 @@ class Runner(RunnerBase):
         self._set_row_ones(slot, ones)
         binding = self._decode_bindings.get((slot, slot + 1)) or self._make_decode_binding(slot, slot + 1)
         binding.bind_cpu_input(self.io.attention_mask, self.mask[slot:slot + 1, :ones])
-        self.session.run_with_iobinding(binding)
+        self._run(binding)
         self.slot_len[slot] = ones
         return self.decode_logits[:1, 0]
 
@@ -350,7 +376,7 @@ class Runner(RunnerBase):
         binding.bind_ortvalue_input(self.io.input_ids, ort.OrtValue.ortvalue_from_numpy(ids))
         if self.io.position_ids:
             binding.bind_ortvalue_input(self.io.position_ids, ort.OrtValue.ortvalue_from_numpy(pos))
-        self.session.run_with_iobinding(binding)
+        self._run(binding)
         self.slot_len[slot] = start + num
         return logits[0]
 
@@ -368,10 +394,11 @@ class Runner(RunnerBase):
         ids = self._ids_value if whole else _value(self.decode_ids[lo:hi])
         pos = self._pos_value if whole else _value(self.decode_pos[lo:hi])
         mask = self._mask_value if whole else _value(self.mask[lo:hi])
-        binding.bind_ortvalue_input(self.io.input_ids, ids)
+        self._bind_host(binding, self.io.input_ids, ids)
         if self.io.position_ids:
-            binding.bind_ortvalue_input(self.io.position_ids, pos)
-        binding.bind_ortvalue_input(self.io.attention_mask, mask)
+            self._bind_host(binding, self.io.position_ids, pos)
+        if not self._narrow_mask:  # (a narrow mask is bound per run)
+            self._bind_host(binding, self.io.attention_mask, mask)
         binding.bind_ortvalue_output(self.io.logits, _value(self.decode_logits[:hi - lo]))
         self.kv.bind_rows(binding, self._past, self._present, lo, hi)
         self._decode_bindings[(lo, hi)] = binding
@@ -381,9 +408,9 @@ class Runner(RunnerBase):
         """A prefill binding of ``slot`` (logits of the last position), or with ``verify`` one whose
         logits_to_keep is ``_keep_n`` (its logits output is bound per run)."""
         binding = self.session.io_binding()
-        binding.bind_ortvalue_input(self.io.attention_mask, _value(self.mask[slot:slot + 1]))
+        self._bind_host(binding, self.io.attention_mask, _value(self.mask[slot:slot + 1]))
         if self.keep_last:
-            binding.bind_ortvalue_input(LOGITS_TO_KEEP, self._keep_n_value if verify else self._keep_one)
+            self._bind_host(binding, LOGITS_TO_KEEP, self._keep_n_value if verify else self._keep_one)
             if not verify:
                 binding.bind_ortvalue_output(self.io.logits,
                                              _value(self.prefill_logits[:self.vocab_size].reshape(1, 1, self.vocab_size)))
