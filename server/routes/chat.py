@@ -6,11 +6,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from server import protocol
+from server.large_bodies import ThreadedBodyRoute
 from server.protocol import ChatCompletionRequest
 from server.routes.common import engine_for, prepare_chat, start_run, start_tracking
 from server.streaming import collect, stream_chat, tool_finish_reason
 
-router = APIRouter(tags=["generation"])
+router = APIRouter(tags=["generation"], route_class=ThreadedBodyRoute)
 
 
 @router.post("/v1/chat/completions", response_model=None, summary="Create a chat completion")

@@ -273,6 +273,8 @@ class GenericParser(ToolParser):
                     break
                 calls.append(call)
             return ParsedMessage("", tuple(calls))
+        if member.key in ("tool_call", "tool_calls"):
+            return ParsedMessage("")  # a call cut before its name (max_tokens): no text, nothing to name
         return ParsedMessage(text if final else "")  # some other JSON: the user's text, shown at the end
 
 
