@@ -51,7 +51,7 @@ class ToolCallStream:
         parser: the model's format.
         max_calls: keep at most this many calls (1 when parallel_tool_calls is false); None keeps all.
         tool_names: the names a call may have; at the end, a call whose name max_tokens cut is named by the one
-            tool its prefix matches (the grammar allows no other), else it keeps the prefix.
+            tool its prefix matches (the grammar allows no other), and dropped while the prefix fits several.
     """
 
     def __init__(self, parser: ToolParser, max_calls: int | None = None, tool_names: Sequence[str] = ()) -> None:
@@ -80,7 +80,8 @@ class ToolCallStream:
         parsed = self._parser.parse(self._text, final)
         calls = parsed.calls if self._max_calls is None else parsed.calls[:self._max_calls]
         if final:
-            calls = tuple(self._completed(call) for call in calls)
+            sent, unsent = calls[:len(self._calls)], calls[len(self._calls):]  # a sent call's name was whole
+            calls = (*sent, *(c for call in unsent if (c := self._completed(call)) is not None))
         self._parsed = ParsedMessage(parsed.content, calls)
         deltas: list[dict[str, Any]] = []
         new_content = self._grown(self._content, parsed.content, "content")
@@ -100,12 +101,13 @@ class ToolCallStream:
                 sent.arguments = call.arguments
         return deltas
 
-    def _completed(self, call: ParsedCall) -> ParsedCall:
-        """A call cut inside its name, named by the only tool whose name starts with what was written."""
-        if call.complete or call.name in self._tool_names:
+    def _completed(self, call: ParsedCall) -> ParsedCall | None:
+        """A call cut inside its name, named by the only tool whose name starts with what was written; None
+        while that prefix could still be several tools (no call is shown under a name that is no tool's)."""
+        if call.complete or not self._tool_names or call.name in self._tool_names:
             return call
         matches = [n for n in self._tool_names if n.startswith(call.name)]
-        return replace(call, name=matches[0]) if len(matches) == 1 else call
+        return replace(call, name=matches[0]) if len(matches) == 1 else None
 
     @staticmethod
     def _grown(sent: str, now: str, what: str) -> str:

@@ -71,3 +71,36 @@ def test_a_tool_message_that_answers_no_call_is_a_400(server: ServeProcess) -> N
         assert error["param"] == f"messages[{index}].tool_call_id" and error["code"] == "invalid_value", error
         assert "answers no tool call" in error["message"]
     assert json.loads(chat(server, messages=PROMPT).content)["choices"][0]["finish_reason"] == "length"
+
+
+def _post_raw(server: ServeProcess, body: bytes) -> httpx.Response:
+    return httpx.post(f"{server.base}/v1/chat/completions", content=body, timeout=120,
+                      headers={"content-type": "application/json"})
+
+
+def test_large_bodies_validated_off_the_loop_answer_as_small_ones_do(server: ServeProcess) -> None:
+    """Bodies past THREADED_BODY_BYTES are decoded and validated in the threadpool: the answers are the ones
+    FastAPI gives a small body (the same field named, the same codes), and a valid one is served."""
+    from server.large_bodies import THREADED_BODY_BYTES
+
+    many = [{"role": "user", "content": "hi"}] * (THREADED_BODY_BYTES // 20)
+    body = json.dumps({"model": "tiny", "max_tokens": 1, "messages": many}).encode()
+    assert len(body) > THREADED_BODY_BYTES
+    r = _post_raw(server, body)  # tens of thousands of messages: more tokens than the tiny model's context
+    error = assert_openai_error(r.status_code, r.content, expect_status=400)
+    assert error["param"] == "messages" and error["code"] == "context_length_exceeded", error
+    padded = {"model": "tiny", "max_tokens": 1, "messages": PROMPT, "user": "x" * THREADED_BODY_BYTES}
+    assert _post_raw(server, json.dumps(padded).encode()).status_code == 200
+    for bad, param, code in (({**padded, "temperature": "hot"}, "temperature", "invalid_type"),
+                             ({**padded, "messages": [*many, {"role": "tool", "content": "x"}]},
+                              f"messages[{len(many)}].tool_call_id", "missing_required_parameter")):
+        small = {k: v for k, v in bad.items() if k != "user"} if param == "temperature" else None
+        r = _post_raw(server, json.dumps(bad).encode())
+        error = assert_openai_error(r.status_code, r.content, expect_status=400)
+        assert error["param"] == param and error["code"] == code, error
+        if small is not None:  # the same answer as the small body's
+            assert assert_openai_error(*(lambda s: (s.status_code, s.content))(_post_raw(
+                server, json.dumps(small).encode())), expect_status=400) == error
+    r = _post_raw(server, b'{"model": "tiny", "messages": [' + b'{"role": "user", "content": "hi"},' * 20_000 + b"]")
+    error = assert_openai_error(r.status_code, r.content, expect_status=400)
+    assert error["code"] == "invalid_json", error
