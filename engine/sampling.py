@@ -47,31 +47,39 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
     """
     n, vocab = logits.shape
     y = logits
+    scale = None
     if temperature is not None and np.any(temperature != 1.0):
-        y = logits / np.asarray(temperature, dtype=np.float32)[:, None]  # float32, as apply_temperature
+        scale = np.asarray(temperature, dtype=np.float32)[:, None]
+        y = np.empty_like(logits)  # logits / temperature, float32 as apply_temperature; filled group by group
+    k = np.zeros(n, dtype=np.int64) if top_k is None else np.asarray(top_k, dtype=np.int64)
+    k = np.where((k > 0) & (k < vocab), k, 0)
     # 1. weights = exp(y - top), zero past the vocab, and their block sums: (n, nb, B), (n, nb)
     num_blocks = -(-vocab // _BLOCK)
+    num_groups = num_blocks * _BLOCK // _GROUP_ROWS
+    maxima = np.empty((n, num_groups), dtype=np.float32) if np.any((k > 0) & (k <= num_groups)) else None
     weights = np.empty((n, num_blocks * _BLOCK), dtype=np.float32)
     weights[:, vocab:] = 0.0
     top = np.empty(n, dtype=np.float32)
     block_mass = np.empty((n, num_blocks), dtype=np.float32)
     ones = np.ones(_BLOCK, dtype=np.float32)
-    # NOTE(engine): in groups of rows that fit in a core's cache (a 262k-wide row is 1 MB): the max, the exp
-    # and the block sums then read the group from cache, not memory (2x at 262k; one group at 49k, batch 8).
+    # NOTE(engine): in groups of rows that fit in a core's cache (a 262k-wide row is 1 MB): the temperature, the
+    # max, the exp and the block sums then read the group from cache, not memory (3x at 262k; 49k: 5 rows a group).
     step = max(1, _CACHE_FLOATS // vocab)
     for lo in range(0, n, step):
         hi = min(n, lo + step)
+        if scale is not None:
+            np.divide(logits[lo:hi], scale[lo:hi], out=y[lo:hi])
         top[lo:hi] = y[lo:hi].max(axis=-1)
         np.subtract(y[lo:hi], top[lo:hi, None], out=weights[lo:hi, :vocab])
         np.exp(weights[lo:hi, :vocab], out=weights[lo:hi, :vocab])  # -inf -> 0
         # NOTE(engine): a matrix-vector product sums the blocks (BLAS, ~1e-7 relative in float32): 5x faster
         # than numpy's sum over a short last axis, whose per-block overhead dominates at 256 elements.
         block_mass[lo:hi] = (weights[lo:hi].reshape(-1, _BLOCK) @ ones).reshape(hi - lo, num_blocks)
+        if maxima is not None:  # top-k's group maxima (see _draw_filtered), while the group is in cache
+            maxima[lo:hi] = weights[lo:hi].reshape(hi - lo, _GROUP_ROWS, num_groups).max(axis=1)
     blocks = weights.reshape(n, num_blocks, _BLOCK)
     block_mass = block_mass.astype(np.float64)
     # 2. the rows without filters draw over their whole row; the others over their kept candidates
-    k = np.zeros(n, dtype=np.int64) if top_k is None else np.asarray(top_k, dtype=np.int64)
-    k = np.where((k > 0) & (k < vocab), k, 0)
     p = np.ones(n) if top_p is None else np.asarray(top_p, dtype=np.float64)
     mp = np.zeros(n) if min_p is None else np.asarray(min_p, dtype=np.float64)
     filtered = (k > 0) | (p < 1.0) | (mp > 0.0)
@@ -81,7 +89,7 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
         tokens[dense] = _draw_blocks(blocks[dense] if len(dense) < n else blocks,
                                      block_mass[dense], u[dense])
     if len(dense) < n:
-        _draw_filtered(y, top, weights, block_mass.sum(axis=-1), u, k, p, mp, filtered, tokens)
+        _draw_filtered(y, top, weights, block_mass.sum(axis=-1), maxima, u, k, p, mp, filtered, tokens)
     return tokens
 
 
@@ -105,10 +113,12 @@ def _draw_blocks(blocks: np.ndarray, block_mass: np.ndarray, u: np.ndarray) -> n
     return block * size + np.minimum(offset, last)
 
 
-def _draw_filtered(y: np.ndarray, top: np.ndarray, weights: np.ndarray, mass: np.ndarray, u: np.ndarray,
-                   k: np.ndarray, p: np.ndarray, mp: np.ndarray, filtered: np.ndarray, tokens: np.ndarray) -> None:
+def _draw_filtered(y: np.ndarray, top: np.ndarray, weights: np.ndarray, mass: np.ndarray, maxima: np.ndarray | None,
+                   u: np.ndarray, k: np.ndarray, p: np.ndarray, mp: np.ndarray, filtered: np.ndarray,
+                   tokens: np.ndarray) -> None:
     """The rows in ``filtered``: their kept tokens among candidates near the best token, then the draw
-    (written into ``tokens``). ``mass``: each row's total weight."""
+    (written into ``tokens``). ``mass``: each row's total weight; ``maxima``: the weights' strided group
+    maxima ``(n, G)`` when a row has a top-k of at most G."""
     n, width = weights.shape
     need_sort = (k > 0) | (p < 1.0)
     # NOTE(engine): a top-k row's k-th best value is at least the k-th largest of the maxima of any k disjoint
@@ -119,10 +129,9 @@ def _draw_filtered(y: np.ndarray, top: np.ndarray, weights: np.ndarray, mass: np
     by_groups = (k > 0) & (k <= num_groups)
     group_floor = np.zeros(n, dtype=np.float32)
     if by_groups.any():
-        grouped = weights if by_groups.all() else weights[by_groups]
-        maxima = grouped.reshape(-1, _GROUP_ROWS, num_groups).max(axis=1)  # (rows, G)
-        maxima = -np.sort(-maxima, axis=-1)
-        group_floor[by_groups] = maxima[np.arange(len(maxima)), k[by_groups] - 1]
+        assert maxima is not None
+        ranked = -np.sort(-maxima[by_groups], axis=-1)  # (rows, G), largest first
+        group_floor[by_groups] = ranked[np.arange(len(ranked)), k[by_groups] - 1]
     pending = filtered.copy()
     for cut in _CUTS:
         if cut is None:  # the last round: every finite token of the rows still pending
