@@ -247,12 +247,12 @@ def test_schema_feature_the_grammar_cannot_enforce_is_400_naming_tools(smol: Run
 
 
 def test_a_call_cut_by_max_tokens_keeps_what_was_written(smol: RunningServer) -> None:
-    """Greedy forced calls cut after 1..20 tokens: once the call's name has begun it is there, named after the
+    """Greedy forced calls cut after 1..18 tokens: once the call's name has begun it is there, named after the
     one tool it can be (completed from its prefix when the cut falls inside the name), with the arguments
     written so far; the streamed deltas add up to the same call, and finish_reason stays 'length'."""
     final = _ask(smol, tool_choice="required", temperature=0, max_tokens=96).choices[0].message.tool_calls[0]
     seen_call = False
-    for max_tokens in range(1, 21):
+    for max_tokens in range(1, 19):
         r = _ask(smol, tool_choice="required", temperature=0, max_tokens=max_tokens)
         choice = r.choices[0]
         assert choice.finish_reason == "length"
@@ -265,6 +265,8 @@ def test_a_call_cut_by_max_tokens_keeps_what_was_written(smol: RunningServer) ->
         seen_call = True
         assert [c.function.name for c in calls] == [final.function.name]
         assert final.function.arguments.startswith(calls[0].function.arguments)
+        if max_tokens % 3:
+            continue  # the streamed form is checked on every third cut
         stream = smol.client().chat.completions.create(model="smollm2", tools=TOOLS, messages=ASK, stream=True,
                                                        tool_choice="required", temperature=0, max_tokens=max_tokens)
         name, arguments, reasons = "", "", []
