@@ -244,5 +244,5 @@ def test_captured_step_machinery_equals_the_plain_path_on_cpu(tiny_model, packed
 
 
 def test_graph_capture_required_on_cpu_is_a_load_error(tiny_model) -> None:
-    with pytest.raises(ModelLoadError, match="graph_capture=True needs the WebGPU EP"):
+    with pytest.raises(ModelLoadError, match="graph_capture=True needs the WebGPU or CUDA EP"):
         AsyncEngine.from_model_dir(tiny_model, EngineConfig(provider="cpu", graph_capture=True))
