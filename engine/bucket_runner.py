@@ -91,6 +91,8 @@ class BucketRunner(RunnerBase):
         self._device_ios: dict[int, DeviceDecodeIO] = {}
         self._packed: np.ndarray | None = None
         self._run_options: dict[int, ort.RunOptions] = {}
+        if device_alloc is not None and row_chunks:
+            self._host_logits, _ = input_allocator((n, 1, vocab), np.float32)
         if device_alloc is not None:
             if packed_input:
                 self._packed = np.zeros((n, 2), dtype=np.int32)  # (token id, seqlens_k = ones - 1) per row
@@ -101,13 +103,18 @@ class BucketRunner(RunnerBase):
                     stage[io.position_ids] = self.decode_pos[:b]
                 if self._packed is not None:
                     stage = {packed_input: self._packed[:b]}
-                self._device_ios[b] = DeviceDecodeIO(session, stage, io.logits, (b, 1, vocab), device_alloc)
+                host_logits = None
+                if row_chunks:  # NOTE(engine): pointer memory: copy_tensors into host-accessible memory (4x pageable)
+                    host_logits = self._host_logits[:b] if b < n else self._host_logits
+                self._device_ios[b] = DeviceDecodeIO(session, stage, io.logits, (b, 1, vocab), device_alloc,
+                                                     host_logits)
                 if graph_ids and len(self.buckets) > 1:
                     self._run_options[b] = ort.RunOptions()
                     self._run_options[b].add_run_config_entry("gpu_graph_id", str(b))
             self.device_io = self._device_ios[n]
-            self.input_source = "cpu->device"
-            self.logits_source = "device->cpu"
+            source = getattr(input_allocator, "source", "cpu")
+            self.input_source = f"{source}->device"
+            self.logits_source = f"device->{source if row_chunks else 'cpu'}"
 
     @property
     def can_copy(self) -> bool:

@@ -294,10 +294,14 @@ class DeviceDecodeIO:
         logits_name: the logits output's name.
         logits_shape: ``[num_slots, 1, vocab]``.
         allocate: device allocator (CPU OrtValues work too: tests).
+        host_logits: a float32 host array of ``logits_shape`` (host-accessible memory where the device offers it)
+            that ``read_logits`` copies into with ``onnxruntime.copy_tensors`` (pointer memory: CUDA, HIP); None:
+            the readback binding's fresh array (WebGPU, see the note above).
     """
 
     def __init__(self, session: ort.InferenceSession, staging: Mapping[str, np.ndarray], logits_name: str,
-                 logits_shape: tuple[int, ...], allocate: DeviceAllocator) -> None:
+                 logits_shape: tuple[int, ...], allocate: DeviceAllocator,
+                 host_logits: np.ndarray | None = None) -> None:
         self._names = list(staging)
         self._staging = [staging[name] for name in self._names]
         self._host = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._staging]  # zero copy
@@ -307,6 +311,8 @@ class DeviceDecodeIO:
         self.logits = allocate(tuple(logits_shape), np.float32)
         self._readback = session.io_binding()
         self._readback.bind_ortvalue_output(logits_name, self.logits)
+        self._host_logits = host_logits
+        self._host_logits_value = None if host_logits is None else ort.OrtValue.ortvalue_from_numpy(host_logits)
 
     def bind(self, binding: ort.IOBinding) -> None:
         """Bind the device inputs and the device logits into the decode step's binding."""
@@ -323,5 +329,11 @@ class DeviceDecodeIO:
         ort.copy_tensors(self._host, self._device)
 
     def read_logits(self) -> np.ndarray:
-        """The last run's logits, float32 ``logits_shape`` (a fresh array)."""
+        """The last run's logits, float32 ``logits_shape`` (``host_logits``, or a fresh array)."""
+        if self._host_logits is not None and not self._on_cpu:
+            # NOTE(engine): a run whose outputs stay on the device may return before the device is done; wait for
+            # it, then copy (copy_tensors without a stream is synchronous)
+            self._readback.synchronize_outputs()
+            ort.copy_tensors([self.logits], [self._host_logits_value])
+            return self._host_logits
         return self._readback.copy_outputs_to_cpu()[0]
