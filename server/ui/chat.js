@@ -45,6 +45,7 @@ class Answer {
     this.usage = null;
     this.finishReason = null;
     this.drawQueued = false;
+    this.closed = false;
   }
 
   /** Fold one chat.completion.chunk into the answer. */
@@ -86,12 +87,18 @@ class Answer {
     return { completionTokens: tokens, approx: exact === undefined, tokensPerS, ttftMs };
   }
 
+  /** The answer is complete: draw it a last time; later queued draws do nothing. */
+  close() {
+    this.draw();
+    this.closed = true;
+  }
+
   queueDraw() {
-    if (this.drawQueued) return;
+    if (this.drawQueued || this.closed) return;
     this.drawQueued = true;
     requestAnimationFrame(() => {
       this.drawQueued = false;
-      this.draw();
+      if (!this.closed) this.draw();
     });
   }
 
@@ -299,12 +306,13 @@ export class Chat {
       this.unsend(userText);
       return;
     }
-    node.dataset.state = outcome === "done" ? "done" : outcome;
-    if (outcome === "done" && answer.finishReason) node.dataset.finishReason = answer.finishReason;
-    answer.draw();
+    answer.close();
     this.history.push(answer.message());
     if (answer.toolCalls.length) this.addToolResultBoxes(node);
     if (answer.usage) this.showContext(answer.usage);
+    // Last, so that whoever waits for the state sees the finished message.
+    if (outcome === "done" && answer.finishReason) node.dataset.finishReason = answer.finishReason;
+    node.dataset.state = outcome;
   }
 
   /** Nothing came back: the question leaves the history and the view, and goes back into the prompt box. */

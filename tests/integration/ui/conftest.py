@@ -58,15 +58,16 @@ def browser() -> Iterator[WebDriver]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def wait_until(condition: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
-    """Poll `condition()` until it is truthy and return its value; fail naming `what` after `timeout_s`."""
+def wait_until(condition: Callable[[], Any], what: str | Callable[[], str], timeout_s: float = WAIT_S) -> Any:
+    """Poll `condition()` until it is truthy and return its value; fail naming `what` (a callable: what it
+    returns then) after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
         time.sleep(0.05)
 
 
@@ -111,16 +112,27 @@ class ChatPage:
     def last_answer(self) -> WebElement:
         return wait_until(lambda: self.answers()[-1] if self.answers() else None, "an answer")
 
+    def js(self, script: str, *args: Any) -> Any:
+        """Run `script` in the page (one read of the DOM: no element can go stale in between)."""
+        return self.driver.execute_script(script, *args)
+
     def answer_state(self) -> str | None:
-        answers = self.answers()
-        return answers[-1].get_attribute("data-state") if answers else None
+        return self.js("const a = document.querySelectorAll('.msg.assistant'); "
+                       "return a.length ? a[a.length - 1].dataset.state : null;")
+
+    def answer_text(self) -> str:
+        return self.js("const a = document.querySelectorAll('.msg.assistant .body'); "
+                       "return a.length ? a[a.length - 1].innerText : '';")
 
     def wait_answer_done(self) -> WebElement:
         wait_until(lambda: self.answer_state() in ("done", "stopped", "dropped", "error"), "the answer to end")
         return self.last_answer()
 
+    def key_dialog_open(self) -> bool:
+        return self.js("return document.getElementById('key-dialog').open;")
+
     def errors(self) -> list[str]:
-        return [e.text for e in self.find_all("#messages .msg.error")]
+        return self.js("return [...document.querySelectorAll('#messages .msg.error')].map(e => e.textContent);")
 
     def console_errors(self) -> list[str]:
         return [e["message"] for e in self.driver.get_log("browser") if e["level"] == "SEVERE"]
@@ -147,6 +159,7 @@ def page_server(default_model: Path) -> Iterator[PageServer]:
 @pytest.fixture
 def page(browser: WebDriver, page_server: PageServer) -> Iterator[ChatPage]:
     page_server.gate.open()
+    page_server.gate.num_held = 0  # each test counts its own held runs
     yield ChatPage(browser, page_server.server.base).open()
     page_server.gate.open()  # never leave a test's held decode behind
     page_server.server.wait_idle(timeout_s=30)

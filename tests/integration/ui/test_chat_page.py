@@ -23,10 +23,6 @@ WEATHER_TOOL = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 
-def _body_text(page: ChatPage) -> str:
-    return page.last_answer().find_element("css selector", ".body").text
-
-
 def test_the_page_streams_an_answer_with_its_speed_and_context(page: ChatPage, page_server: PageServer) -> None:
     assert page.model_name() == "smollm2"
     assert page.find("#context-used").text == "context 0 / 2048 tokens"
@@ -36,13 +32,13 @@ def test_the_page_streams_an_answer_with_its_speed_and_context(page: ChatPage, p
     page.send(STORY)
     wait_until(lambda: page_server.gate.num_held > 0, "the engine to hold the answer")
     # Text is on the page while the server still holds the rest of the answer: it arrived streamed.
-    partial = wait_until(lambda: _body_text(page), "streamed text")
+    partial = wait_until(lambda: page.answer_text(), "streamed text")
     assert page.answer_state() == "streaming"
     assert page.find("#stop").is_displayed() and not page.find("#send").is_displayed()
     page_server.gate.open()
     answer = page.wait_answer_done()
     assert answer.get_attribute("data-state") == "done"
-    full = _body_text(page)
+    full = page.answer_text()
     assert full.startswith(partial.rstrip()[:10]) and len(full) > len(partial)
     stats = answer.find_element("css selector", ".stats")
     assert float(stats.get_attribute("data-tokens-per-s")) > 0
@@ -65,7 +61,7 @@ def test_stop_cancels_the_request_and_the_server_frees_the_slot(page: ChatPage, 
     page.set_field("max-tokens", "1000")
     page_server.gate.shut(after=3)
     page.send(STORY)
-    wait_until(lambda: page_server.gate.num_held > 0 and _body_text(page), "the answer to be held mid-stream")
+    wait_until(lambda: page_server.gate.num_held > 0 and page.answer_text(), "the answer to be held mid-stream")
     assert page_server.server.metrics()["ortserve_requests_running"] == 1
     page.find("#stop").click()
     wait_until(lambda: page.answer_state() == "stopped", "the page to mark the answer stopped")
@@ -150,7 +146,7 @@ def test_errors_are_shown_and_the_page_keeps_working(page: ChatPage, page_server
     # And the page keeps working.
     page.find("#send").click()
     assert page.wait_answer_done().get_attribute("data-state") == "done"
-    assert _body_text(page)
+    assert page.answer_text()
 
 
 def test_the_status_view_charts_the_server(page: ChatPage, page_server: PageServer) -> None:

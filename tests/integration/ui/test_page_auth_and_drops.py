@@ -20,13 +20,12 @@ KEY = "page-test-key-0123"
 def test_with_an_api_key_the_page_asks_for_it_and_then_works(browser, tiny_model: Path) -> None:
     with serve_process(tiny_model, "--served-model-name", "tiny", "--api-key", KEY) as server:
         page = ChatPage(browser, server.base).open()
-        dialog = page.find("#key-dialog")
-        wait_until(dialog.is_displayed, "the key dialog")
+        wait_until(page.key_dialog_open, "the key dialog")
         assert "API key" in page.find("#key-message").text
         page.find("#key-input").send_keys("wrong-key")
         page.find("#key-save").click()
         # A refused key: the dialog asks again.
-        wait_until(lambda: "refused" in page.find("#key-message").text and dialog.is_displayed(), "a second ask")
+        wait_until(lambda: "refused" in page.find("#key-message").text and page.key_dialog_open(), "a second ask")
         page.find("#key-input").send_keys(KEY)
         page.find("#key-save").click()
         assert page.model_name() == "tiny"
@@ -38,7 +37,7 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_works(browser, tiny_model
 
         # A reload keeps the key: no dialog, and the status view reads /metrics.
         page.driver.refresh()
-        assert page.model_name() == "tiny" and not dialog.is_displayed()
+        assert page.model_name() == "tiny" and not page.key_dialog_open()
         page.find("#tab-status").click()
         wait_until(lambda: page.find("#stat-running").get_attribute("data-value") == "0", "a status reading")
 
@@ -51,9 +50,10 @@ def test_a_server_that_dies_mid_answer_is_shown_as_a_lost_connection(browser, ti
         page.set_field("max-tokens", "200")
         page.set_field("extra", json.dumps({"ignore_eos": True}))
         page.send("Tell me everything.")
-        wait_until(lambda: page.answer_state() == "streaming", "the answer to stream")
+        wait_until(lambda: page.answer_state() == "streaming" and page.answer_text(), "streamed text")
         server.proc.send_signal(signal.SIGKILL)
         server.proc.wait(10)
-        wait_until(lambda: page.answer_state() == "dropped", "the page to see the connection drop")
+        wait_until(lambda: page.answer_state() == "dropped", lambda: f"the page to see the connection drop: "
+                   f"{page.answer_state()}, {page.errors()}, {page.driver.get_log('browser')}")
         assert any(e.startswith("Connection problem: the connection was lost mid-answer") for e in page.errors())
         assert page.find("#send").is_displayed() and page.find("#prompt").is_enabled()
