@@ -59,7 +59,7 @@ export function reading(values) {
 
 function chartOptions(title, width, series, axes) {
   return {
-    title, width, height: 220,
+    title, width, height: 190,
     scales: { x: { time: true }, pct: { range: [0, 100] } },
     series: [{}, ...series],
     axes: [{}, ...axes],
@@ -160,6 +160,6 @@ export class Status {
       return;
     }
     const width = this.ui.requestsChart.clientWidth;
-    if (width) for (const chart of this.charts) chart.setSize({ width, height: 220 });
+    if (width) for (const chart of this.charts) chart.setSize({ width, height: 190 });
   }
 }

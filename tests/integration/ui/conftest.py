@@ -9,6 +9,7 @@ chromium-driver; without them these tests fail (they are not skipped).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
@@ -38,8 +39,9 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 WAIT_S = 60.0  # generous: only a broken page waits this long
 
 
-@pytest.fixture(scope="session")
-def browser() -> Iterator[WebDriver]:
+@contextlib.contextmanager
+def chromium() -> Iterator[WebDriver]:
+    """A headless Chromium with a fresh profile, driven through chromedriver, until the block exits."""
     for path in (CHROMIUM, CHROMEDRIVER):
         assert shutil.which(path), f"{path} is missing: `make test` installs Debian's chromium and chromium-driver"
     profile = tempfile.mkdtemp(prefix="ortserve-chromium-")
@@ -56,6 +58,12 @@ def browser() -> Iterator[WebDriver]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[WebDriver]:
+    with chromium() as driver:
+        yield driver
 
 
 def wait_until(condition: Callable[[], Any], what: str | Callable[[], str], timeout_s: float = WAIT_S) -> Any:
