@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 UI_DIR = Path(__file__).resolve().parents[1] / "ui"
@@ -32,6 +32,12 @@ async def page() -> FileResponse:
     return FileResponse(UI_DIR / "index.html", media_type="text/html", headers=_PAGE_HEADERS)
 
 
+@router.get("/favicon.ico")
+async def favicon() -> Response:
+    """No icon (browsers ask for one whatever the page says): 204 instead of a 404 in the page's console."""
+    return Response(status_code=204)
+
+
 def install_ui(app: FastAPI) -> None:
     """Add the page's routes and its static files under /ui/ to `app`."""
     app.include_router(router)
@@ -41,4 +47,4 @@ def install_ui(app: FastAPI) -> None:
 def ui_paths() -> frozenset[str]:
     """Every path the page answers (the auth middleware leaves them open: the page asks for the key itself)."""
     files = {f"/ui/{p.relative_to(UI_DIR).as_posix()}" for p in UI_DIR.rglob("*") if p.is_file()}
-    return frozenset({"/", "/ui", *files})
+    return frozenset({"/", "/ui", "/favicon.ico", *files})

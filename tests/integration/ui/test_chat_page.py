@@ -10,6 +10,7 @@ import json
 import threading
 
 import httpx
+import pytest
 
 from tests.integration.ui.conftest import ChatPage, PageServer, wait_until
 
@@ -18,6 +19,8 @@ STORY = "Write a long story about a dragon who learns to read."
 # if the page ever inserted the model's text as HTML, beside Markdown that must still render.
 HOSTILE = ('Look: <script>document.title="pwned"</script> <img src=x onerror="document.title=\'pwned\'"> '
            "**bold** and `code`")
+THOUGHT = "The user asks for a capital."
+THINKING_ANSWER = f"<think>{THOUGHT}</think>The capital is **Paris**."
 WEATHER_TOOL = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city now.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
@@ -91,6 +94,22 @@ def test_html_in_the_answer_is_shown_as_text(page: ChatPage) -> None:
     # Markdown is still Markdown.
     assert body.find_element("css selector", "strong").text == "bold"
     assert body.find_element("css selector", "code").text == "code"
+
+
+def test_reasoning_is_shown_folded_above_the_answer(page: ChatPage) -> None:
+    pytest.importorskip("server.reasoning", reason="reasoning output (issue 23) is not in this tree yet")
+    # A prompt that shows think tags turns the server's reasoning split on (as a thinking template does), and
+    # a choice constraint makes the default model think and answer exactly this.
+    page.set_field("system-prompt", "Think inside <think></think> tags first, then answer.")
+    page.set_field("extra", json.dumps({"structured_outputs": {"choice": [THINKING_ANSWER]}}))
+    page.send("What is the capital of France?")
+    answer = page.wait_answer_done()
+    fold = answer.find_element("css selector", "details.reasoning")
+    assert fold.is_displayed() and fold.get_attribute("open") is None  # there, and folded
+    assert page.js("return arguments[0].querySelector('.reasoning-body').textContent;", fold) == THOUGHT
+    assert page.answer_text() == "The capital is Paris."
+    fold.find_element("css selector", "summary").click()
+    assert fold.get_attribute("open") is not None and THOUGHT in fold.text
 
 
 def test_tool_calls_are_shown_as_calls(page: ChatPage) -> None:

@@ -25,6 +25,7 @@ def test_the_page_is_served_at_root_and_ui_with_its_files() -> None:
                      "/ui/vendor/uPlot.iife.min.js", "/ui/style.css"):
             assert client.get(path).status_code == 200, path
         assert client.head("/").status_code == 200
+        assert client.get("/favicon.ico").status_code == 204
         assert client.get("/ui/nope.js").status_code == 404
 
 
