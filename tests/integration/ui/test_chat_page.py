@@ -106,7 +106,7 @@ def test_reasoning_is_shown_folded_above_the_answer(page: ChatPage) -> None:
     answer = page.wait_answer_done()
     fold = answer.find_element("css selector", "details.reasoning")
     assert fold.is_displayed() and fold.get_attribute("open") is None  # there, and folded
-    assert page.js("return arguments[0].querySelector('.reasoning-body').textContent;", fold) == THOUGHT
+    assert page.js("return arguments[0].querySelector('.reasoning-body').textContent;", fold).strip() == THOUGHT
     assert page.answer_text() == "The capital is Paris."
     fold.find_element("css selector", "summary").click()
     assert fold.get_attribute("open") is not None and THOUGHT in fold.text
