@@ -126,6 +126,16 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
 MATMUL_GROUP_ROWS = 3
 
 
+def default_row_groups(max_batch: int) -> int:
+    """The row split for a captured step of at most ``max_batch`` rows: every row on the small-M path up to 9 rows
+    (bench/perf/gpu/probe_buckets.py --row-groups, H200, 1B INT4: bucket 4 15.5 -> 6.0 ms, bucket 8 16.2 -> 8.8
+    ms, bucket 2 3.8 -> 4.2 ms); none beyond (bucket 16 took 22 ms split, 15 ms whole: the tiled kernel's cost
+    hardly grows with M, so a few small groups beside it only add)."""
+    if max_batch <= MATMUL_GROUP_ROWS or max_batch > 3 * MATMUL_GROUP_ROWS:
+        return 0
+    return -(-max_batch // MATMUL_GROUP_ROWS) - 1
+
+
 def split_matmul_rows(graph, groups: int, rows: int = MATMUL_GROUP_ROWS) -> int:
     """Step 5 of ``capture_graph_bytes``: each MatMulNBits ``Y = f(A)`` becomes
     ``Concat(f(A[0:r]), f(A[r:2r]), ..., f(A[groups*r:]))`` along A's first axis (the batch of a decode step).
@@ -234,7 +244,7 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
     inputs = folder.genai["model"]["decoder"].get("inputs", {})
     names = (inputs.get("input_ids", "input_ids"), inputs.get("position_ids", "position_ids"),
              inputs.get("attention_mask", "attention_mask"))
-    row_groups = config.matmul_row_groups or 0
+    row_groups = default_row_groups(config.max_batch) if config.matmul_row_groups is None else config.matmul_row_groups
     errors = []
     for packed in (True, False):  # one upload per step where the graph allows it, else three
         try:
@@ -248,7 +258,8 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
             errors.append(f"{'packed' if packed else 'plain'} inputs: {exc}")
             continue
         note = (f"on: decode step [{config.max_batch}, 1], KV length {kv_length}, every node on "
-                f"{selected.ep_name}, {'one packed input' if packed else 'three inputs'}")
+                f"{selected.ep_name}, {'one packed input' if packed else 'three inputs'}"
+                + (f", MatMulNBits over {row_groups} groups of {MATMUL_GROUP_ROWS} rows + the rest" if row_groups else ""))
         log.info("graph capture %s", note)
         return OpenedSession(session, selected, True, note, PACKED_INPUT if packed else None)
     reason = "; ".join(errors)

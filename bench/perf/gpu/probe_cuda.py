@@ -311,7 +311,7 @@ def _graphs(result, folder, selected, rows, io, ids, batches, length, vocab, arg
         try:
             gconfig = EngineConfig(provider="cuda", max_batch=args.slots, ep_options={"enable_cuda_graph": "1"})
             names = ("input_ids", "position_ids", "attention_mask")
-            gsession, _ = create_session(folder, gconfig, selected=selected,
+            gsession, _ = create_session(folder, gconfig, selected=selected, graph_capture=True,
                                          model_bytes=capture_graph_bytes(folder, length, packed=True, names=names))
             graphs["nodes_off_cuda"] = sorted(set(nodes_off_ep(gsession, selected.ep_name)))
             for b in batches:
