@@ -178,8 +178,8 @@ def fleet(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def _system_prompt(tag: str) -> str:
-    """About 250 tokens of instructions that differ from the first words on, one per conversation."""
-    rules = " ".join(f"Rule {i} of {tag}: answer in one short sentence about item {i}." for i in range(16))
+    """About 160 tokens of instructions that differ from the first words on, one per conversation."""
+    rules = " ".join(f"Rule {i} of {tag}: answer in one short sentence about item {i}." for i in range(10))
     return f"{tag} conversation. You are a terse assistant. {rules}"
 
 
@@ -293,7 +293,8 @@ def test_litellm_fronts_both_replicas_as_one_model(fleet: Fleet, tmp_path: Path)
     key = "sk-ortserve-test-0123456789abcdef"
     env = {**os.environ, "LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR",
            "ORTSERVE_REPLICA_0": f"{fleet.replicas[0]}/v1", "ORTSERVE_REPLICA_1": f"{fleet.replicas[1]}/v1",
-           "LITELLM_TELEMETRY": "False", "NO_DOCS": "True"}
+           # NOTE: its bundled model-price map: without this LiteLLM fetches one from the internet at start.
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False", "NO_DOCS": "True"}
     log = tmp_path / "litellm.log"
     with log.open("wb") as out:
         proxy = subprocess.Popen(
@@ -371,9 +372,9 @@ class Stream:
 
 def test_a_replica_killed_mid_run_fails_only_its_running_streams(fleet: Fleet) -> None:
     """Runs last: it kills replica 1 of the module's fleet."""
-    # NOTE: paced at 0.02 s a decode step, 600 tokens take 12 s at least after their first: the streams opened
+    # NOTE: paced at 0.02 s a decode step, 500 tokens take 10 s at least after their first: the streams opened
     # here (a few seconds) are all still running when the kill comes right after the last one started.
-    max_tokens = 600
+    max_tokens = 500
     streams: list[Stream] = []
     topics = ["volcanoes", "sailing ships", "bread", "jazz", "glaciers", "bees", "lighthouses", "comets"]
     running = [0.0, 0.0]
