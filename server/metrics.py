@@ -36,6 +36,7 @@ class ServerMetrics:
         self.requests_running = Gauge("ortserve_requests_running", "Requests in the running batch.", registry=r)
         self.requests_waiting = Gauge("ortserve_requests_waiting", "Requests waiting for a KV slot.", registry=r)
         self.kv_slots_free = Gauge("ortserve_kv_slots_free", "Free KV cache slots.", registry=r)
+        self.kv_slots_total = Gauge("ortserve_kv_slots_total", "KV cache slots in all (max_batch).", registry=r)
         self.time_to_first_token = Histogram(
             "ortserve_time_to_first_token_seconds", "Request arrival to first generated text, seconds.",
             buckets=_LATENCY_BUCKETS, registry=r)
@@ -108,6 +109,7 @@ class ServerMetrics:
             self.requests_running.set(stats.num_running)
             self.requests_waiting.set(stats.num_waiting)
             self.kv_slots_free.set(stats.num_slots_free)
+            self.kv_slots_total.set(stats.num_slots_total)
             self.kv_used_tokens.set(stats.num_kv_tokens_used)
             self.kv_cached_tokens.set(stats.num_kv_tokens_cached)
             self.kv_capacity_tokens.set(stats.num_kv_tokens_total)
