@@ -174,3 +174,9 @@ def test_epp_config_scores_on_the_metrics_ortserve_exports(docs: list[dict[str, 
     # The default ("vllm") engine mapping: the metric names ortserve serves (tests/integration/server/
     # test_api_gateway_metrics.py reads them from a live server).
     assert declared["core-metrics-extractor"]["parameters"]["defaultEngine"] == "vllm"
+
+
+def test_the_epp_image_is_a_pinned_release(docs: list[dict[str, Any]]) -> None:
+    (container,) = _epp(docs)["spec"]["template"]["spec"]["containers"]
+    name, _, tag = container["image"].rpartition(":")
+    assert name.endswith("llm-d-router-endpoint-picker") and tag.startswith("v"), container["image"]
