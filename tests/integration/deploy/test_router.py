@@ -271,19 +271,19 @@ def test_round_robin_loses_the_prefix_the_checks_above_look_for(fleet: Fleet) ->
 def test_consistent_hash_on_a_session_header_keeps_the_prefix(fleet: Fleet) -> None:
     client = fleet.client(_start_router(fleet, "consistent_hash"))
     # Sessions are hashed onto the two replicas (by their URLs, whose ports change from run to run): open
-    # sessions until both replicas hold one, so the prefixes are kept while both replicas serve.
-    conversations: list[Conversation] = []
-    replicas_used: set[int] = set()
+    # sessions until each replica holds one, then go on with the first session of each, both replicas serving.
+    first_on: dict[int, Conversation] = {}
     for i in range(16):  # NOTE: all 16 on one replica has probability 2**-15
         before = [_requests_done(base) for base in fleet.replicas]
         conversation = Conversation(f"Session{i}", headers={"X-Session-ID": f"session-{i}"})
         conversation.turn(client)
-        conversations.append(conversation)
         after = [_requests_done(base) for base in fleet.replicas]
-        replicas_used |= {r for r in range(2) if after[r] > before[r]}
-        if len(replicas_used) == 2:
+        (replica,) = [r for r in range(2) if after[r] > before[r]]
+        first_on.setdefault(replica, conversation)
+        if len(first_on) == 2:
             break
-    assert replicas_used == {0, 1}
+    assert set(first_on) == {0, 1}
+    conversations = list(first_on.values())
     _run_turns(client, conversations)
     assert _share_kept(conversations) >= 0.9, [(c.prompt_tokens, c.cached_tokens) for c in conversations]
 
