@@ -42,12 +42,15 @@ if [[ " $steps " == *" c64 "* ]]; then  # 64 streams: the switch interval A/B an
     for _ in $(seq 240); do curl -sf http://127.0.0.1:8199/health >/dev/null && break; sleep 0.5; done
     pid=$(pgrep -f "port 8199" | head -n 1)
     c64 "warm-$ms" 64 1 > /dev/null
+    spy=
     if [ "$ms" = 0.5 ]; then
       /tmp/site/bin/py-spy record -p "$pid" -d 6 -r 400 -f raw -o "$ROOT/c64/pyspy.txt" --nonblocking \
         > "$ROOT/c64/pyspy.log" 2>&1 &
+      spy=$!
     fi
     echo "switch interval $ms ms: $(c64 "c64-$ms" 128 0)"
-    wait; kill "$pid"; sleep 2; kill -9 "$pid" 2>/dev/null
+    [ -n "$spy" ] && wait "$spy"
+    kill "$pid"; sleep 2; kill -9 "$pid" 2>/dev/null
   done
 fi
 if [[ " $steps " == *" probe "* ]]; then
