@@ -178,3 +178,43 @@ def test_bucketed_fixed_buffer_steps_over_rows_by_address_stand_in_for_cuda_and_
         return firsts
 
     assert together(fixed) == together(views)
+
+
+def test_captured_graph_log_normalizers_give_the_cpu_logprobs(tiny_model):
+    """The captured graph's per-row max and log-sum-exp outputs (computed where the logits are) give the greedy
+    rows' logprobs the CPU pass gives, to float32 rounding, through the fixed-buffer decode step."""
+    from engine.bucket_runner import BucketRunner
+    from engine.graph_capture import PACKED_INPUT, capture_graph_bytes
+    from engine.model_loader import EXTERNAL_DATA_FOLDER
+    from engine.sampler import RequestSampler, sample_batch
+
+    folder = read_model_folder(tiny_model)
+    so = ort.SessionOptions()
+    so.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(folder.path))
+    graph = capture_graph_bytes(folder, 96, packed=True, normalizers=True)
+    session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
+    io = check_graph(folder, session, packed_input=PACKED_INPUT)
+    plain, _ = create_session(folder, EngineConfig())
+
+    def cpu_alloc(shape, dtype):
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=dtype))
+
+    kv = KVCache(KVShape(folder.num_layers, 4, folder.num_kv_heads, 96, folder.head_size, io.kv_dtype),
+                 HostKVAllocator(POINTER))
+    runner = BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, device_alloc=cpu_alloc,
+                          packed_input=PACKED_INPUT, row_chunks=True, prefill_session=plain,
+                          prefill_io=check_graph(folder, plain))
+    for slot, n in ((0, 11), (2, 7)):
+        runner.prefill(slot, list(range(3, 3 + n)), 0)
+    logits = runner.decode([0, 2], [5, 9], [11, 7])
+    assert runner.decode_normalizers is not None
+    top, log_sum = runner.decode_normalizers
+    np.testing.assert_array_equal(top, logits.max(axis=1))
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    np.testing.assert_allclose(log_sum, np.log(np.exp(shifted).sum(axis=1)), rtol=1e-5)
+    params = SamplingParams(temperature=0.0, logprobs=True)
+    fresh = [RequestSampler(params, [], runner.vocab_size) for _ in range(2)]
+    device = sample_batch(logits, fresh, normalizers=runner.decode_normalizers)
+    cpu = sample_batch(logits, [RequestSampler(params, [], runner.vocab_size) for _ in range(2)])
+    assert [r.token_id for r in device] == [r.token_id for r in cpu]
+    np.testing.assert_allclose([r.logprob.logprob for r in device], [r.logprob.logprob for r in cpu], rtol=1e-5)
