@@ -24,7 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from engine.device_kv import RowCopier, batch_buckets, bucket_for
-from engine.graph_capture import NORM_LOG_SUM, DeviceAllocator, DeviceDecodeIO
+from engine.graph_capture import DeviceAllocator, DeviceDecodeIO
 from engine.kv_cache import KVCache
 from engine.model_loader import GraphIO
 from engine.runner import LOGITS_TO_KEEP, InputAllocator, RowChunks, RunnerBase, _value, host_input
@@ -93,9 +93,6 @@ class BucketRunner(RunnerBase):
         self._run_options: dict[int, ort.RunOptions] = {}
         if device_alloc is not None and row_chunks:
             self._host_logits, _ = input_allocator((n, 1, vocab), np.float32)
-        # the captured graph's per-row log-normalizers (engine.graph_capture.add_log_normalizers), where it has them
-        normalizers = NORM_LOG_SUM in {o.name for o in session.get_outputs()}
-        self.decode_normalizers: tuple[np.ndarray, np.ndarray] | None = None  # (max, log_sum) of the last decode
         if device_alloc is not None:
             if packed_input:
                 self._packed = np.zeros((n, 2), dtype=np.int32)  # (token id, seqlens_k = ones - 1) per row
@@ -110,7 +107,7 @@ class BucketRunner(RunnerBase):
                 if row_chunks:  # NOTE(engine): pointer memory: copy_tensors into host-accessible memory (4x pageable)
                     host_logits = self._host_logits[:b] if b < n else self._host_logits
                 self._device_ios[b] = DeviceDecodeIO(session, stage, io.logits, (b, 1, vocab), device_alloc,
-                                                     host_logits, normalizers)
+                                                     host_logits)
                 if graph_ids and len(self.buckets) > 1:
                     self._run_options[b] = ort.RunOptions()
                     self._run_options[b].add_run_config_entry("gpu_graph_id", str(b))
@@ -137,8 +134,6 @@ class BucketRunner(RunnerBase):
         binding = self._decode_bindings.get(width) or self._make_decode_binding(width)
         logits = self._run_decode(binding, width)  # [width, 1, V]
         self.slot_len[rows] = pos + 1
-        norms = self._device_ios[width].normalizers if self.device_io is not None else None
-        self.decode_normalizers = None if norms is None else (norms[0][rows], norms[1][rows])
         if width > len(rows):
             return logits[rows, 0]  # [n, V] (a gather copy)
         return logits[:width, 0]  # [n, V] view

@@ -240,8 +240,7 @@ class EngineCore:
                 self.fault_injector(StepInfo(self._steps, "decode", tuple(r.request_id for r in batch)))
             logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
                                         [r.num_computed_tokens for r in batch])
-            results = sample_batch(logits, [r.sampler_state for r in batch], self._bitmask, masked,
-                                   normalizers=getattr(self.runner, "decode_normalizers", None))
+            results = sample_batch(logits, [r.sampler_state for r in batch], self._bitmask, masked)
         except Exception as exc:
             self._fail(batch, exc)
             return

@@ -28,9 +28,6 @@ TOTAL_LEN_NAME = "ortserve/total_sequence_length"
 # The packed decode input: int32 [num_slots, 2] = (token id, seqlens_k = KV length after this token - 1) per row,
 # one upload per step instead of three (each host -> WebGPU copy is a queue submission, ~0.4 ms on an H200).
 PACKED_INPUT = "ortserve/step"
-# Per logits row: its max and log(sum(exp(logits - max))), float32 [batch, seq, 1] (add_log_normalizers): what a
-# token's log-probability needs beside its logit, computed where the logits are, not in a pass over them on the CPU.
-NORM_MAX, NORM_LOG_SUM = "ortserve/logits_max", "ortserve/logits_log_sum"
 
 # (shape, dtype) -> an OrtValue in device memory (zeroed)
 DeviceAllocator = Callable[[tuple[int, ...], Any], ort.OrtValue]
@@ -49,7 +46,7 @@ class OpenedSession:
 
 def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = False,
                         names: tuple[str, str, str] = ("input_ids", "position_ids", "attention_mask"),
-                        row_groups: int = 0, normalizers: bool = False) -> bytes:
+                        row_groups: int = 0) -> bytes:
     """The decoder graph with nothing left for the CPU EP when every run is ``[num_slots, 1]`` wide.
 
     Only the graph is rewritten (the weights stay in the folder's external data file):
@@ -63,8 +60,7 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
          rotary positions from when position_ids is absent, as it is for a one-token step);
       4. nodes nobody consumes any more are dropped;
       5. ``row_groups`` > 0: every MatMulNBits runs its rows in ``row_groups`` groups of at most
-         ``MATMUL_GROUP_ROWS`` rows, then one on the rest (``split_matmul_rows``);
-      6. ``normalizers``: two more outputs, every logits row's max and log-sum-exp (``add_log_normalizers``).
+         ``MATMUL_GROUP_ROWS`` rows, then one on the rest (``split_matmul_rows``).
 
     Args:
         folder: the model folder.
@@ -104,8 +100,6 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
         _pack_decode_inputs(graph, names)
     if row_groups:
         split_matmul_rows(graph, row_groups)
-    if normalizers:
-        add_log_normalizers(graph, folder.genai["model"]["decoder"].get("outputs", {}).get("logits", "logits"))
     # 4. Drop what fed only the old total length (Shape -> Gather -> Cast), iterating to a fixed point.
     graph_outputs = {o.name for o in graph.output}
     while True:
@@ -133,34 +127,6 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
 # The most rows WebGPU's MatMulNBits runs on its small-M path (onnxruntime-ep-webgpu 0.4.0: M <= 3, one
 # workgroup pass over the weights; M = 4 already takes the tiled path, 5x slower on an H200 for a 1B model).
 MATMUL_GROUP_ROWS = 3
-
-
-def add_log_normalizers(graph, logits_name: str) -> None:
-    """Step 6 of ``capture_graph_bytes``: outputs ``NORM_MAX`` = ReduceMax(logits) and ``NORM_LOG_SUM`` =
-    log(ReduceSum(exp(logits - max))) over the vocabulary, float32 ``[batch, seq, 1]``, so a token's log-probability
-    is ``(logit - max) - log_sum`` (``engine.sampler.batch_logprobs``) with no pass over the row on the CPU.
-
-    NOTE(engine): the CPU pass (max, subtract, exp, sum over 128k logits per row) took 2-10 ms of an H200 decode
-    step at batch 8-64, longer than the step itself; the device does it in microseconds. The values are float32
-    sums in the device's order: the same law, not the CPU's bits.
-    """
-    from onnx import TensorProto, helper, numpy_helper
-
-    logits_type = next(o for o in graph.output if o.name == logits_name).type.tensor_type.elem_type
-    if logits_type != TensorProto.FLOAT:
-        raise ModelLoadError(f"{logits_name} is not float32; no log-normalizers")
-    graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), "ortserve/last_axis"))
-    graph.node.extend([
-        helper.make_node("ReduceMax", [logits_name, "ortserve/last_axis"], [NORM_MAX], name="ortserve/norm_max",
-                         keepdims=1),
-        helper.make_node("Sub", [logits_name, NORM_MAX], ["ortserve/norm_shifted"], name="ortserve/norm_shift"),
-        helper.make_node("Exp", ["ortserve/norm_shifted"], ["ortserve/norm_exp"], name="ortserve/norm_exp"),
-        helper.make_node("ReduceSum", ["ortserve/norm_exp", "ortserve/last_axis"], ["ortserve/norm_sum"],
-                         name="ortserve/norm_sum", keepdims=1),
-        helper.make_node("Log", ["ortserve/norm_sum"], [NORM_LOG_SUM], name="ortserve/norm_log"),
-    ])
-    for name in (NORM_MAX, NORM_LOG_SUM):
-        graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch_size", "seq", 1]))
 
 
 def default_row_groups(max_batch: int) -> int:
@@ -282,23 +248,19 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
     if row_groups is None:  # NOTE(engine): measured on WebGPU's MatMulNBits; CUDA's small-M kernel has no such cliff
         row_groups = default_row_groups(config.max_batch) if selected.provider == "webgpu" else 0
     errors = []
-    # one upload per step where the graph allows it, else three; log-normalizers beside the logits where the EP
-    # runs their reductions
-    for packed, normalizers in ((True, True), (True, False), (False, True), (False, False)):
+    for packed in (True, False):  # one upload per step where the graph allows it, else three
         try:
             session, _ = create_session(folder, config, selected=selected, graph_capture=True,
                                         model_bytes=capture_graph_bytes(folder, kv_length, packed=packed,
-                                                                        names=names, row_groups=row_groups,
-                                                                        normalizers=normalizers))
+                                                                        names=names, row_groups=row_groups))
             off = nodes_off_ep(session, selected.ep_name)
             if off:
                 raise ModelLoadError(f"nodes outside {selected.ep_name}: {', '.join(sorted(set(off)))}")
         except ModelLoadError as exc:
-            errors.append(f"{'packed' if packed else 'plain'} inputs{', normalizers' if normalizers else ''}: {exc}")
+            errors.append(f"{'packed' if packed else 'plain'} inputs: {exc}")
             continue
         note = (f"on: decode step [{config.max_batch}, 1], KV length {kv_length}, every node on "
                 f"{selected.ep_name}, {'one packed input' if packed else 'three inputs'}"
-                + (", log-normalizers on the device" if normalizers else "")
                 + (f", MatMulNBits over {row_groups} groups of {MATMUL_GROUP_ROWS} rows + the rest" if row_groups else ""))
         log.info("graph capture %s", note)
         return OpenedSession(session, selected, True, note, PACKED_INPUT if packed else None)
@@ -335,13 +297,11 @@ class DeviceDecodeIO:
         host_logits: a float32 host array of ``logits_shape`` (host-accessible memory where the device offers it)
             that ``read_logits`` copies into with ``onnxruntime.copy_tensors`` (pointer memory: CUDA, HIP); None:
             the readback binding's fresh array (WebGPU, see the note above).
-        normalizers: the graph has the ``NORM_MAX``/``NORM_LOG_SUM`` outputs: fixed buffers for them too, read back
-            with the logits into ``self.normalizers`` (float32 ``[num_slots]`` each).
     """
 
     def __init__(self, session: ort.InferenceSession, staging: Mapping[str, np.ndarray], logits_name: str,
                  logits_shape: tuple[int, ...], allocate: DeviceAllocator,
-                 host_logits: np.ndarray | None = None, normalizers: bool = False) -> None:
+                 host_logits: np.ndarray | None = None) -> None:
         self._names = list(staging)
         self._staging = [staging[name] for name in self._names]
         self._host = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._staging]  # zero copy
@@ -353,22 +313,12 @@ class DeviceDecodeIO:
         self._readback.bind_ortvalue_output(logits_name, self.logits)
         self._host_logits = host_logits
         self._host_logits_value = None if host_logits is None else ort.OrtValue.ortvalue_from_numpy(host_logits)
-        rows = logits_shape[0]
-        self._norm_names = (NORM_MAX, NORM_LOG_SUM) if normalizers else ()
-        self._norm_device = [allocate((rows, 1, 1), np.float32) for _ in self._norm_names]
-        self._norm_host = [np.zeros((rows, 1, 1), np.float32) for _ in self._norm_names]
-        self._norm_host_values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._norm_host]
-        for name, value in zip(self._norm_names, self._norm_device):
-            self._readback.bind_ortvalue_output(name, value)
-        self.normalizers: tuple[np.ndarray, np.ndarray] | None = None  # (max, log_sum) [rows] of the last read
 
     def bind(self, binding: ort.IOBinding) -> None:
         """Bind the device inputs and the device logits into the decode step's binding."""
         for name, value in zip(self._names, self._device):
             binding.bind_ortvalue_input(name, value)
         binding.bind_ortvalue_output(self._logits_name, self.logits)
-        for name, value in zip(self._norm_names, self._norm_device):
-            binding.bind_ortvalue_output(name, value)
 
     def upload(self) -> None:
         """Copy every staging buffer to its device buffer (before a run)."""
@@ -384,11 +334,6 @@ class DeviceDecodeIO:
             # NOTE(engine): a run whose outputs stay on the device may return before the device is done; wait for
             # it, then copy (copy_tensors without a stream is synchronous)
             self._readback.synchronize_outputs()
-            ort.copy_tensors([self.logits, *self._norm_device], [self._host_logits_value, *self._norm_host_values])
-            if self._norm_names:
-                self.normalizers = (self._norm_host[0][:, 0, 0], self._norm_host[1][:, 0, 0])
+            ort.copy_tensors([self.logits], [self._host_logits_value])
             return self._host_logits
-        outputs = self._readback.copy_outputs_to_cpu()
-        if self._norm_names:
-            self.normalizers = (outputs[1][:, 0, 0], outputs[2][:, 0, 0])
-        return outputs[0]
+        return self._readback.copy_outputs_to_cpu()[0]

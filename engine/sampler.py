@@ -333,8 +333,7 @@ class RequestSampler:
 
 
 def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask: np.ndarray | None = None,
-                 masked_rows: Sequence[int] = (), normalizers: tuple[np.ndarray, np.ndarray] | None = None,
-                 ) -> list[SampleResult]:
+                 masked_rows: Sequence[int] = ()) -> list[SampleResult]:
     """Sample one token per row of ``logits`` (float32 ``[n, vocab]``), row i by ``samplers[i]``.
 
     An all-plain-greedy batch is one vectorized argmax. Each sampler records its token.
@@ -343,9 +342,6 @@ def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask
         bitmask: int32 ``[n, words]`` token masks of constrained decoding (see apply_token_bitmask), read
             only for ``masked_rows``; the other rows pay nothing.
         masked_rows: the rows whose mask applies.
-        normalizers: every row's (max, log(sum(exp(x - max)))) computed with the logits on the device
-            (``engine.graph_capture.add_log_normalizers``): the logprobs of unmasked greedy rows then need no pass
-            over the row here.
 
     NOTE(engine): the mask comes first, before logit_bias, the penalties and the greedy shortcut, so no
     transform can bring back a token the grammar forbids. Returned logprobs are those of the masked row
@@ -359,15 +355,7 @@ def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask
             logits = np.array(logits)  # NOTE(engine): a copy: the caller's logits stay as they were
             logits[rows] = apply_token_bitmask(logits[rows], bitmask[rows])
             rows = []
-        if normalizers is not None and want:  # NOTE(engine): rows masked above were made -inf here: not theirs
-            tokens, _, _ = greedy_pass(logits)
-            top, log_sum = normalizers
-            if masked_rows:
-                _, top_m, log_m = greedy_pass(logits[list(masked_rows)], normalizers=True)
-                top, log_sum = top.copy(), log_sum.copy()
-                top[list(masked_rows)], log_sum[list(masked_rows)] = top_m, log_m
-        else:
-            tokens, top, log_sum = greedy_pass(logits, normalizers=bool(want))
+        tokens, top, log_sum = greedy_pass(logits, normalizers=bool(want))
         for i in rows:
             # NOTE(engine): exact shortcut: when the grammar allows the row's own argmax, it is the masked
             # argmax too (first index on ties either way); only the other rows pay for the whole mask.
