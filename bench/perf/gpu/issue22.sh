@@ -5,13 +5,14 @@
 # cuda: tests + HTTP with the default placement (captured decode steps); cuda-rows: HTTP with --no-graph-capture
 # (decode over the running rows); cuda-spec0: HTTP with --speculative-tokens 0; c64: 64 streams with the thread
 # switch interval at 0.5 and 5 ms, and a py-spy profile of the server (py-spy's wheel in .device/whl); probe: the
-# engine runner's step pieces on CUDA; webgpu: tests + HTTP. Default: cuda cuda-spec0 c64 webgpu.
+# engine runner's step pieces on CUDA; cuda-plain: --speculative-tokens 0 and no logprobs in the requests; webgpu:
+# tests + HTTP. Default: cuda cuda-spec0 cuda-plain webgpu.
 set -o pipefail
 source .device/setup-cuda.sh || exit 3
 for f in .device/gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/webgpu/onnxruntime_ep_webgpu-*.whl
 ROOT=${OUT:-/tmp/ortserve_gpu_out}
-steps=${*:-cuda cuda-spec0 c64 webgpu}
+steps=${*:-cuda cuda-spec0 cuda-plain webgpu}
 summary() { grep -E "passed|failed" "$1/pytest_log.txt" 2>/dev/null | tail -n 2; grep -E "^\[|c=" "$1/run_log.txt" | head -n 20; }
 if [[ " $steps " == *" cuda "* ]]; then
   mkdir -p "$ROOT/cuda"; OUT=$ROOT/cuda PROVIDER=cuda bash bench/perf/gpu/serving.sh tests http > "$ROOT/cuda/run_log.txt" 2>&1
@@ -28,6 +29,12 @@ if [[ " $steps " == *" cuda-spec0 "* ]]; then  # speculation off: every stream d
   OUT=$ROOT/cuda-spec0 PROVIDER=cuda SERVE_ARGS="--speculative-tokens 0" bash bench/perf/gpu/serving.sh http \
     > "$ROOT/cuda-spec0/run_log.txt" 2>&1
   echo "== cuda-spec0"; summary "$ROOT/cuda-spec0"
+fi
+if [[ " $steps " == *" cuda-plain "* ]]; then  # speculation off and no logprobs: requests as most clients send them
+  mkdir -p "$ROOT/cuda-plain"
+  OUT=$ROOT/cuda-plain PROVIDER=cuda SERVE_ARGS="--speculative-tokens 0" EXTRA_BODY='{}' \
+    bash bench/perf/gpu/serving.sh http > "$ROOT/cuda-plain/run_log.txt" 2>&1
+  echo "== cuda-plain"; summary "$ROOT/cuda-plain"
 fi
 if [[ " $steps " == *" c64 "* ]]; then  # 64 streams: the switch interval A/B and a py-spy profile of the server
   mkdir -p "$ROOT/c64"
@@ -66,5 +73,5 @@ if [[ " $steps " == *" webgpu "* ]]; then
     > "$ROOT/webgpu/run_log.txt" 2>&1
   echo "== webgpu"; summary "$ROOT/webgpu"
 fi
-cd "$ROOT" && tar czf issue22.tgz $(ls -d cuda cuda-rows cuda-spec0 c64 webgpu 2>/dev/null) \
-  && rm -rf cuda cuda-rows cuda-spec0 c64 webgpu
+cd "$ROOT" && tar czf issue22.tgz $(ls -d cuda cuda-rows cuda-spec0 cuda-plain c64 webgpu 2>/dev/null) \
+  && rm -rf cuda cuda-rows cuda-spec0 cuda-plain c64 webgpu
