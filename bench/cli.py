@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a server to interleave every request with (repeatable), e.g. the same server with "
                       "--no-prefix-caching or --speculative-tokens 0: ratios against it")
     feat.add_argument("--peer-label", action="append", metavar="NAME", help="name of each --peer-url in reports")
+    feat.add_argument("--distinct-prompts", action="store_true",
+                      help="multiturn: every target gets its own system prompts (for peers that front the same "
+                      "servers, e.g. two routers over one set of replicas)")
     feat.add_argument("--turns", type=_positive_int, default=6, help="multiturn: turns per conversation (default 6)")
     feat.add_argument("--system-tokens", type=_positive_int, default=1000,
                       help="multiturn: system prompt length in tokens (default 1000)")

@@ -51,6 +51,9 @@ class Settings(BaseSettings):
         None, description="If set, every request except /health (and /metrics) needs `Authorization: Bearer KEY`."
     )
     metrics_require_key: bool = Field(False, description="Also require the API key for /metrics.")
+    ui: bool = Field(
+        True, description="Serve the built-in chat page at / and /ui/ (--no-ui turns it off; the API is unchanged)."
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Origins allowed by CORS, comma-separated; empty turns CORS off."
     )
@@ -90,8 +93,13 @@ class Settings(BaseSettings):
         None, ge=1, le=1024, description="ONNX Runtime intra-op threads (default: the physical cores)."
     )
     graph_capture: bool | None = Field(
-        None, description="Capture the decode step as a device graph (WebGPU; default: on where the graph "
+        None, description="Capture the decode steps as device graphs (WebGPU, CUDA; default: on where the graph "
         "allows it, with a logged fallback; --no-graph-capture turns it off, --graph-capture requires it)."
+    )
+    gil_switch_interval_ms: float | None = Field(
+        None, gt=0, le=100, description="Python's thread switch interval (sys.setswitchinterval) once the model is "
+        "loaded (default: 0.5 ms when the model runs on a device, so the engine thread gets the interpreter back "
+        "promptly after each device step while the event loop streams; Python's own 5 ms on the CPU)."
     )
 
     # --- scheduling --------------------------------------------------------------------------------

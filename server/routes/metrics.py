@@ -16,4 +16,6 @@ router = APIRouter(tags=["service"])
 async def metrics(request: Request) -> Response:
     state = get_state(request)
     stats = state.engine.stats() if state.engine is not None else None
-    return Response(state.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+    body = state.metrics.render(stats, model_name=state.served_model_name,
+                                prefix_caching=state.settings.prefix_caching)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
