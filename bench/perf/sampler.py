@@ -154,12 +154,13 @@ def measure(logits: np.ndarray, batch: int, rounds: int, min_s: float) -> list[d
 
 def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     vocabs = sorted({r["vocab"] for r in results})
-    fig, axes = plt.subplots(1, len(vocabs), figsize=(6.5 * len(vocabs), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(vocabs), figsize=(6.5 * len(vocabs), 4.8), squeeze=False)
     for ax, vocab in zip(axes[0], vocabs):
         rows = [r for r in results if r["vocab"] == vocab]
         y = np.arange(len(rows))
@@ -172,9 +173,11 @@ def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
         ax.set_yticks(y, [r["case"] for r in rows])
         ax.invert_yaxis()
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.set_xlabel("CPU ms per row (batch 8, median of rounds)")
         ax.set_title(f"vocabulary {vocab:,}")
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
