@@ -63,9 +63,24 @@ class ServerMetrics:
                 "ortserve_spec_decode_accepted_tokens", "Draft tokens the model accepted.", registry=r),
         }
         self._engine_seen: dict[str, float] = {}
+        # Embeddings (/v1/embeddings, /embedding): their own series, beside generation's.
+        self.embedding_requests = Counter("ortserve_embedding_requests", "Embedding requests by outcome.",
+                                          ["status"], registry=r)
+        for status in ("ok", REJECTED, "error"):
+            self.embedding_requests.labels(status=status)
+        self.embedding_inputs = Counter("ortserve_embedding_inputs", "Inputs (texts or token lists) embedded.",
+                                        registry=r)
+        self.embedding_tokens = Counter("ortserve_embedding_tokens", "Tokens of the inputs embedded.", registry=r)
+        self.embedding_latency = Histogram(
+            "ortserve_embedding_request_latency_seconds", "Embedding request arrival to its answer, seconds.",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.embedding_requests_running = Gauge(
+            "ortserve_embedding_requests_running", "Embedding requests waiting or running, all embedding models.",
+            registry=r)
 
-    def render(self, stats: EngineStats | None) -> bytes:
+    def render(self, stats: EngineStats | None, num_embedding_requests: int = 0) -> bytes:
         """The text exposition format, with the gauges refreshed from `stats` (None while loading)."""
+        self.embedding_requests_running.set(num_embedding_requests)
         if stats is not None:
             self.requests_running.set(stats.num_running)
             self.requests_waiting.set(stats.num_waiting)

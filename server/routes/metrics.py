@@ -16,4 +16,5 @@ router = APIRouter(tags=["service"])
 async def metrics(request: Request) -> Response:
     state = get_state(request)
     stats = state.engine.stats() if state.engine is not None else None
-    return Response(state.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+    embedding = sum(state.embedders[name].stats().num_requests for name in state.embedding_names())
+    return Response(state.metrics.render(stats, embedding), media_type=CONTENT_TYPE_LATEST)
