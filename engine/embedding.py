@@ -16,7 +16,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,9 @@ class EmbeddingConfig:
         pooling: overrides the folder's pooling (``POOLING_MODES``); None keeps it.
         nice: how much lower than the process the worker thread's CPU priority is (Linux nice steps; 0 keeps
             the same priority). Its ORT threads are created by that thread and inherit it.
+        before_run: TEST-ONLY hook called on the worker thread with the number of texts just before each run
+            (a gate that holds runs makes "the embedding work is still running" hold by construction); an
+            exception it raises fails that run's requests. None (the default) costs nothing.
     """
 
     provider: str = "cpu"
@@ -119,6 +122,7 @@ class EmbeddingConfig:
     max_batch_rows: int = 64
     pooling: str | None = None
     nice: int = 10
+    before_run: Callable[[int], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check(self.pooling is None or self.pooling in POOLING_MODES, "pooling", f"must be one of {POOLING_MODES}",
@@ -450,6 +454,8 @@ class EmbeddingEngine:
             if not rows:
                 continue
             try:
+                if self.config.before_run is not None:
+                    self.config.before_run(len(rows))
                 vectors = self._run([job.token_ids[k] for job, k in rows])
             except Exception as exc:  # noqa: BLE001 - ORT raises several pybind classes
                 log.error("embedding run failed (%d texts): %s", len(rows), exc)

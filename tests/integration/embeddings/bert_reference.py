@@ -37,37 +37,44 @@ class BertReference:
     def token_ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids
 
-    def hidden(self, ids: list[int]) -> np.ndarray:
-        """Last hidden states [S, H] of one unpadded text (no mask needed: every key is real)."""
+    def hidden(self, texts_ids: list[list[int]]) -> list[np.ndarray]:
+        """Last hidden states [S_i, H] of each unpadded text.
+
+        The position-wise parts (linears, LayerNorm, GELU) run on every text's tokens stacked [sum S_i, H]
+        (big matrix products); attention runs per text, so no text sees another's tokens and no mask is needed.
+        """
         w, eps = self.w, float(self.config["layer_norm_eps"])
         heads = int(self.config["num_attention_heads"])
-        s = len(ids)
-        x = w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:s] \
-            + w["embeddings.token_type_embeddings.weight"][0]
-        x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], eps)
+        lengths = [len(ids) for ids in texts_ids]
+        starts = np.cumsum([0, *lengths])
+        positions = np.concatenate([np.arange(n) for n in lengths])
+        x = w["embeddings.word_embeddings.weight"][np.concatenate(texts_ids)] \
+            + w["embeddings.position_embeddings.weight"][positions] + w["embeddings.token_type_embeddings.weight"][0]
+        x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], eps)  # [T, H]
         for i in range(int(self.config["num_hidden_layers"])):
             p = f"encoder.layer.{i}"
 
             def lin(name: str, v: np.ndarray) -> np.ndarray:
                 return v @ w[f"{p}.{name}.weight"].T + w[f"{p}.{name}.bias"]
 
-            q, k, v = (lin(f"attention.self.{n}", x) for n in ("query", "key", "value"))  # [S, H]
+            q, k, v = (lin(f"attention.self.{n}", x) for n in ("query", "key", "value"))  # [T, H]
             hd = q.shape[1] // heads
-            q, k, v = (t.reshape(s, heads, hd).transpose(1, 0, 2) for t in (q, k, v))  # [nh, S, hd]
-            scores = q @ k.transpose(0, 2, 1) / np.sqrt(hd)  # [nh, S, S]
-            scores = np.exp(scores - scores.max(-1, keepdims=True))
-            probs = scores / scores.sum(-1, keepdims=True)
-            ctx = (probs @ v).transpose(1, 0, 2).reshape(s, heads * hd)  # [S, H]
+            ctx = np.empty_like(q)
+            for a, b in zip(starts[:-1], starts[1:]):
+                qh, kh, vh = (t[a:b].reshape(b - a, heads, hd).transpose(1, 0, 2) for t in (q, k, v))  # [nh, S, hd]
+                scores = qh @ kh.transpose(0, 2, 1) / np.sqrt(hd)  # [nh, S, S]
+                scores = np.exp(scores - scores.max(-1, keepdims=True))
+                probs = scores / scores.sum(-1, keepdims=True)
+                ctx[a:b] = (probs @ vh).transpose(1, 0, 2).reshape(b - a, heads * hd)
             x = _layer_norm(lin("attention.output.dense", ctx) + x, w[f"{p}.attention.output.LayerNorm.weight"],
                             w[f"{p}.attention.output.LayerNorm.bias"], eps)
             h = lin("intermediate.dense", x)
             h = 0.5 * h * (1.0 + erf(h / np.sqrt(2.0)))
             x = _layer_norm(lin("output.dense", h) + x, w[f"{p}.output.LayerNorm.weight"],
                             w[f"{p}.output.LayerNorm.bias"], eps)
-        return x
+        return [x[a:b] for a, b in zip(starts[:-1], starts[1:])]
 
-    def embed_ids(self, ids: list[int]) -> np.ndarray:
-        h = self.hidden(ids)
+    def pool(self, h: np.ndarray) -> np.ndarray:
         if self.pooling == "pooling_mode_mean_tokens":
             v = h.mean(0)
         elif self.pooling == "pooling_mode_cls_token":
@@ -77,7 +84,8 @@ class BertReference:
         return v / max(np.linalg.norm(v), 1e-12) if self.normalize else v
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        return np.stack([self.embed_ids(self.token_ids(t)) for t in texts])
+        """float64 [N, H]."""
+        return np.stack([self.pool(h) for h in self.hidden([self.token_ids(t) for t in texts])])
 
 
 def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
