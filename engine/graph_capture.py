@@ -42,7 +42,8 @@ class OpenedSession:
 
 
 def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = False,
-                        names: tuple[str, str, str] = ("input_ids", "position_ids", "attention_mask")) -> bytes:
+                        names: tuple[str, str, str] = ("input_ids", "position_ids", "attention_mask"),
+                        row_groups: int = 0) -> bytes:
     """The decoder graph with nothing left for the CPU EP when every run is ``[num_slots, 1]`` wide.
 
     Only the graph is rewritten (the weights stay in the folder's external data file):
@@ -54,13 +55,16 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
       3. ``packed``: input_ids, position_ids and attention_mask give way to one int32 input ``PACKED_INPUT``
          [num_slots, 2]: column 0 feeds the embedding, column 1 is GQA's seqlens_k (which GQA also takes the
          rotary positions from when position_ids is absent, as it is for a one-token step);
-      4. nodes nobody consumes any more are dropped.
+      4. nodes nobody consumes any more are dropped;
+      5. ``row_groups`` > 0: every MatMulNBits runs its rows in ``row_groups`` groups of at most
+         ``MATMUL_GROUP_ROWS`` rows, then one on the rest (``split_matmul_rows``).
 
     Args:
         folder: the model folder.
         kv_length: the KV buffers' length = the attention mask's width (positions).
         packed: rewrite the three decode inputs into ``PACKED_INPUT``.
         names: the graph's (input_ids, position_ids, attention_mask) names.
+        row_groups: see step 5 (0: off).
     Returns:
         The serialized model; load it with the external-data folder set to ``folder.path``.
     Raises:
@@ -91,6 +95,8 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
     graph.initializer.append(numpy_helper.from_array(np.array(kv_length, dtype=np.int32), TOTAL_LEN_NAME))
     if packed:
         _pack_decode_inputs(graph, names)
+    if row_groups:
+        split_matmul_rows(graph, row_groups)
     # 4. Drop what fed only the old total length (Shape -> Gather -> Cast), iterating to a fixed point.
     graph_outputs = {o.name for o in graph.output}
     while True:
@@ -113,6 +119,56 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
         del graph.input[:]
         graph.input.extend(kept)
     return proto.SerializeToString()
+
+
+# The most rows WebGPU's MatMulNBits runs on its small-M path (onnxruntime-ep-webgpu 0.4.0: M <= 3, one
+# workgroup pass over the weights; M = 4 already takes the tiled path, 5x slower on an H200 for a 1B model).
+MATMUL_GROUP_ROWS = 3
+
+
+def default_row_groups(max_batch: int) -> int:
+    """The row split for a captured step of at most ``max_batch`` rows: every row on the small-M path up to 9 rows
+    (bench/perf/gpu/probe_buckets.py --row-groups, H200, 1B INT4: bucket 4 15.5 -> 6.0 ms, bucket 8 16.2 -> 8.8
+    ms, bucket 2 3.8 -> 4.2 ms); none beyond (bucket 16 took 22 ms split, 15 ms whole: the tiled kernel's cost
+    hardly grows with M, so a few small groups beside it only add)."""
+    if max_batch <= MATMUL_GROUP_ROWS or max_batch > 3 * MATMUL_GROUP_ROWS:
+        return 0
+    return -(-max_batch // MATMUL_GROUP_ROWS) - 1
+
+
+def split_matmul_rows(graph, groups: int, rows: int = MATMUL_GROUP_ROWS) -> int:
+    """Step 5 of ``capture_graph_bytes``: each MatMulNBits ``Y = f(A)`` becomes
+    ``Concat(f(A[0:r]), f(A[r:2r]), ..., f(A[groups*r:]))`` along A's first axis (the batch of a decode step).
+
+    Slices past the end are empty, so any batch runs: up to ``groups * rows`` rows take the small-M path
+    only, and larger batches put the rest through one ordinary run. Returns the nodes split.
+    """
+    from onnx import helper, numpy_helper
+
+    bounds = [i * rows for i in range(groups + 1)] + [2**62]
+    consts = {b: f"ortserve/row_{b}" for b in bounds}
+    graph.initializer.extend(numpy_helper.from_array(np.array([b], np.int64), name) for b, name in consts.items())
+    graph.initializer.append(numpy_helper.from_array(np.array([0], np.int64), "ortserve/axis0"))
+    new_nodes, count = [], 0
+    for node in graph.node:
+        if node.op_type != "MatMulNBits":
+            new_nodes.append(node)
+            continue
+        count += 1
+        parts = []
+        for g, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            a, y = f"{node.name}/rows{g}/A", f"{node.name}/rows{g}/Y"
+            new_nodes.append(helper.make_node("Slice", [node.input[0], consts[lo], consts[hi], "ortserve/axis0"], [a],
+                                              name=f"{node.name}/rows{g}/slice"))
+            part = helper.make_node("MatMulNBits", [a, *node.input[1:]], [y], name=f"{node.name}/rows{g}",
+                                    domain=node.domain)
+            part.attribute.extend(node.attribute)
+            new_nodes.append(part)
+            parts.append(y)
+        new_nodes.append(helper.make_node("Concat", parts, [node.output[0]], name=f"{node.name}/rows", axis=0))
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    return count
 
 
 def _pack_decode_inputs(graph, names: tuple[str, str, str]) -> None:
@@ -188,12 +244,13 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
     inputs = folder.genai["model"]["decoder"].get("inputs", {})
     names = (inputs.get("input_ids", "input_ids"), inputs.get("position_ids", "position_ids"),
              inputs.get("attention_mask", "attention_mask"))
+    row_groups = default_row_groups(config.max_batch) if config.matmul_row_groups is None else config.matmul_row_groups
     errors = []
     for packed in (True, False):  # one upload per step where the graph allows it, else three
         try:
             session, _ = create_session(folder, config, selected=selected, graph_capture=True,
                                         model_bytes=capture_graph_bytes(folder, kv_length, packed=packed,
-                                                                        names=names))
+                                                                        names=names, row_groups=row_groups))
             off = nodes_off_ep(session, selected.ep_name)
             if off:
                 raise ModelLoadError(f"nodes outside {selected.ep_name}: {', '.join(sorted(set(off)))}")
@@ -201,7 +258,8 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
             errors.append(f"{'packed' if packed else 'plain'} inputs: {exc}")
             continue
         note = (f"on: decode step [{config.max_batch}, 1], KV length {kv_length}, every node on "
-                f"{selected.ep_name}, {'one packed input' if packed else 'three inputs'}")
+                f"{selected.ep_name}, {'one packed input' if packed else 'three inputs'}"
+                + (f", MatMulNBits over {row_groups} groups of {MATMUL_GROUP_ROWS} rows + the rest" if row_groups else ""))
         log.info("graph capture %s", note)
         return OpenedSession(session, selected, True, note, PACKED_INPUT if packed else None)
     reason = "; ".join(errors)
