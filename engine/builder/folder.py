@@ -108,11 +108,13 @@ def write_model_folder(
     overwrite: bool = False,
     extra_files: dict[str, str] | None = None,
     marker: dict[str, Any] | None = None,
+    embedding_pooling: str | None = None,
 ) -> Path:
     """Writes a decoder folder into a temp folder beside ``out_dir`` and renames it into place.
 
     Beside the decoder, ``embedding.onnx`` (the same graph and weights file, its output the final norm's hidden
-    states, engine/embedding.py) and its ``embedding_config.json``: pooled decoder embeddings.
+    states, engine/embedding.py) and its ``embedding_config.json``: pooled decoder embeddings, pooled by
+    ``embedding_pooling`` (the model's own, e.g. a GGUF's pooling_type) or else the last token.
 
     Returns:
         ``out_dir``, resolved.
@@ -120,7 +122,7 @@ def write_model_folder(
     def fill(tmp: Path) -> None:
         onnx.save_model(model, tmp / MODEL_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
                         location=DATA_FILE, size_threshold=1024)
-        write_decoder_embedding(tmp, spec, special, max_length=max_length)
+        write_decoder_embedding(tmp, spec, special, max_length=max_length, pooling=embedding_pooling or "last")
         _write_json(tmp / "genai_config.json", genai_config(spec, special, max_length=max_length))
         _write_json(tmp / "generation_config.json", generation_config(special, max_length=max_length))
         _write_json(tmp / "tokenizer_config.json", tok_config)
@@ -152,7 +154,8 @@ def write_embedding_folder(
     return write_folder(out_dir, fill, overwrite=overwrite, marker=marker)
 
 
-def write_decoder_embedding(folder: Path, spec: ModelSpec, special: SpecialTokens, *, max_length: int) -> None:
+def write_decoder_embedding(folder: Path, spec: ModelSpec, special: SpecialTokens, *, max_length: int,
+                            pooling: str = "last") -> None:
     """``embedding.onnx`` beside a saved decoder ``model.onnx``: the same nodes up to the final norm, whose output
     [B, S, H] (float32) is the graph's only output ``hidden_states``; no past KV (a batch of whole texts), no LM
     head. Its initializers still point into ``model.onnx.data``, so the weights are stored once.
@@ -202,9 +205,9 @@ def write_decoder_embedding(folder: Path, spec: ModelSpec, special: SpecialToken
         "dimension": spec.hidden_size,
         "max_seq_length": max_length,
         "max_position_embeddings": spec.context_length,
-        # NOTE(builder): llama.cpp's decoders have no pooling of their own either (--pooling picks one); the
-        # last token is the only one that has seen the whole text through causal attention.
-        "pooling": "last",
+        # NOTE(builder): a chat model's GGUF names no pooling (llama.cpp's --pooling picks one); then the last
+        # token, the only one that has seen the whole text through causal attention.
+        "pooling": pooling,
         "normalize": True,
         "add_special_tokens": True,
         "pad_token_id": special.pad_id,
