@@ -29,7 +29,9 @@ from engine.types import EngineDeadError, EngineError, EngineOverloadedError, In
 log = logging.getLogger(__name__)
 
 EMBEDDING_CONFIG = "embedding_config.json"
-POOLING_MODES = ("mean", "cls", "last", "max", "none")  # "none": one vector per token (llama.cpp's /embeddings)
+POOLING_MODES = ("mean", "cls", "last", "max", "none")
+MIN_RUN_TOKENS = 512  # real tokens a run holds before it may end early to save padding (see _batches)
+PAD_FRACTION = 0.75  # "none": one vector per token (llama.cpp's /embeddings)
 
 
 @dataclass(frozen=True)
@@ -434,15 +436,25 @@ class EmbeddingEngine:
         return session, feeds
 
     def _batches(self, lengths: list[int]) -> list[list[int]]:
-        """Item indices grouped into runs: longest first, each run within the row and padded-token budgets."""
+        """Item indices grouped into runs: longest first, each run within the row and padded-token budgets.
+
+        NOTE(engine): a run is padded to its longest text, so a run that already holds MIN_RUN_TOKENS real tokens
+        (enough rows for the matrix products to run at full speed) ends where the next text is shorter than
+        PAD_FRACTION of its longest: padding stays under about a quarter of the work.
+        """
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         batches: list[list[int]] = []
+        real = 0
         for i in order:
-            if batches and len(batches[-1]) < self.config.max_batch_rows and \
-                    (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= self.config.max_batch_tokens:
-                batches[-1].append(i)
-            else:
-                batches.append([i])
+            if batches:
+                run, longest = batches[-1], lengths[batches[-1][0]]
+                fits = len(run) < self.config.max_batch_rows and (len(run) + 1) * longest <= self.config.max_batch_tokens
+                if fits and not (real >= MIN_RUN_TOKENS and lengths[i] < PAD_FRACTION * longest):
+                    run.append(i)
+                    real += lengths[i]
+                    continue
+            batches.append([i])
+            real = lengths[i]
         return batches
 
     def _run_round(self, jobs: list[_Job]) -> None:
