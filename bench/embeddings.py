@@ -179,7 +179,7 @@ async def run(args) -> dict:
             for batch in args.batch_sizes:
                 for conc in args.concurrency:
                     # the same number of texts at every level: fewer requests when each carries more texts
-                    num_requests = args.num_requests or max(conc, 256 // batch)
+                    num_requests = args.num_requests or max(conc, 128 // batch)
                     order = targets[round_ % len(targets):] + targets[:round_ % len(targets)]
                     for target in order:
                         r = await run_level(target, texts, batch=batch, concurrency=conc, num_requests=num_requests,
