@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -212,9 +213,11 @@ def test_full_queue_is_a_429_and_chat_runs_while_embeddings_are_held(embedding_s
             workers[0].start()
             assert entered.wait(30)  # the first request's run is held
             workers[1].start()
-            deadline = threading.Event()
-            while gated.stats().num_requests < 2 and not deadline.wait(0.01):
-                pass
+            for _ in range(3000):  # the second request is queued behind the held one (at most 30 s)
+                if gated.stats().num_requests == 2:
+                    break
+                time.sleep(0.01)
+            assert gated.stats().num_requests == 2
             full = _post(other, {"input": "one too many"})
             assert full.status_code == 429 and "Retry-After" in full.headers
             assert full.json()["error"]["type"] == "rate_limit_error"
