@@ -36,6 +36,7 @@ def main() -> int:
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # NOTE(bench): headers and body are separate writes; no delayed-ACK stall
 
         def log_message(self, *_args) -> None:  # quiet
             pass
