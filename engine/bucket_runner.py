@@ -1,5 +1,6 @@
-"""The runner for opaque device KV (WebGPU, DirectML): a prefix of the rows per decode run, staged prefill, device
-row copies. ``engine.runner`` has the interface and the row-view runner; ``engine.placement`` picks one.
+"""The runner of decode steps over a prefix of the KV rows, per batch bucket: opaque device KV (WebGPU, DirectML),
+and pointer KV whose decode steps are captured device graphs (CUDA graphs; HIP graphs under MIGraphX), which
+replay fixed addresses. ``engine.runner`` has the interface and the row-view runner; ``engine.placement`` picks.
 
 An opaque buffer is a handle, not an address, so no single row of it can be bound; only the buffer itself, or
 where the device allows it its prefix of rows ``[0, b)`` (the handle with a smaller first dimension). So:
@@ -9,6 +10,9 @@ where the device allows it its prefix of rows ``[0, b)`` (the handle with a smal
   * a prompt goes in chunks of many tokens through a batch-1 staging KV (GroupQueryAttention takes S > 1 new
     tokens with a past at batch 1 only) whose row a device copy (``engine.device_kv.RowCopier``) then puts
     into the slot; without a copier, one token per run beside the idle rows.
+Pointer KV with captured decode steps (``row_chunks``) decodes the same way (every bucket's step bound once, at
+fixed addresses: its KV prefix, its input and logits buffers), while prompt chunks and draft checks run straight
+in their rows by address, uncaptured (``gpu_graph_id=-1``), and copies between slots are device row copies.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from engine.device_kv import RowCopier, batch_buckets, bucket_for
 from engine.graph_capture import DeviceAllocator, DeviceDecodeIO
 from engine.kv_cache import KVCache
 from engine.model_loader import GraphIO
-from engine.runner import LOGITS_TO_KEEP, InputAllocator, RunnerBase, _value, host_input
+from engine.runner import LOGITS_TO_KEEP, InputAllocator, RowChunks, RunnerBase, _value, host_input
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,8 @@ class BucketRunner(RunnerBase):
             default ``io``) and ``copier`` (device row copies).
         graph_ids: with ``device_alloc`` and several buckets: run each bucket's captured step under its own
             ``gpu_graph_id`` (the bucket size).
+        row_chunks: row-view KV (pointer): prompt chunks and draft checks run in the slot's own row on
+            ``prefill_session`` (uncaptured: ``gpu_graph_id=-1`` where steps are captured), no staging.
     """
 
     whole_buffer = True
@@ -52,7 +58,8 @@ class BucketRunner(RunnerBase):
                  max_position: int, input_allocator: InputAllocator = host_input, prefix_views: bool = True,
                  device_alloc: DeviceAllocator | None = None, packed_input: str | None = None,
                  staging: KVCache | None = None, prefill_session: ort.InferenceSession | None = None,
-                 prefill_io: GraphIO | None = None, copier: RowCopier | None = None, graph_ids: bool = False) -> None:
+                 prefill_io: GraphIO | None = None, copier: RowCopier | None = None, graph_ids: bool = False,
+                 row_chunks: bool = False) -> None:
         super().__init__(session, io, kv, prefill_chunk=prefill_chunk, max_position=max_position,
                          input_allocator=input_allocator)
         n, vocab = self.num_slots, self.vocab_size
@@ -68,6 +75,15 @@ class BucketRunner(RunnerBase):
         self._stage_binding: ort.IOBinding | None = None
         self._ones = np.ones(self.length, dtype=np.int64)
         self.stage_keep_last = LOGITS_TO_KEEP in {i.name for i in self.prefill_session.get_overridable_initializers()}
+        self.chunks: RowChunks | None = None
+        if row_chunks:
+            if not kv.row_views:
+                raise ValueError(f"row chunks need row-view KV; this KV cache is {kv.addressing}")
+            skip = None
+            if graph_ids:
+                skip = ort.RunOptions()
+                skip.add_run_config_entry("gpu_graph_id", "-1")  # NOTE(engine): ORT's "no capture" annotation
+            self.chunks = RowChunks(self, self.prefill_session, self.prefill_io, skip)
         self.decode_logits = np.zeros((n, 1, vocab), dtype=np.float32)
         self.logits_source = "cpu"
         self._decode_bindings: dict[int, ort.IOBinding] = {}
@@ -75,6 +91,8 @@ class BucketRunner(RunnerBase):
         self._device_ios: dict[int, DeviceDecodeIO] = {}
         self._packed: np.ndarray | None = None
         self._run_options: dict[int, ort.RunOptions] = {}
+        if device_alloc is not None and row_chunks:
+            self._host_logits, _ = input_allocator((n, 1, vocab), np.float32)
         if device_alloc is not None:
             if packed_input:
                 self._packed = np.zeros((n, 2), dtype=np.int32)  # (token id, seqlens_k = ones - 1) per row
@@ -85,21 +103,27 @@ class BucketRunner(RunnerBase):
                     stage[io.position_ids] = self.decode_pos[:b]
                 if self._packed is not None:
                     stage = {packed_input: self._packed[:b]}
-                self._device_ios[b] = DeviceDecodeIO(session, stage, io.logits, (b, 1, vocab), device_alloc)
+                host_logits = None
+                if row_chunks:  # NOTE(engine): pointer memory: copy_tensors into host-accessible memory (4x pageable)
+                    host_logits = self._host_logits[:b] if b < n else self._host_logits
+                self._device_ios[b] = DeviceDecodeIO(session, stage, io.logits, (b, 1, vocab), device_alloc,
+                                                     host_logits)
                 if graph_ids and len(self.buckets) > 1:
                     self._run_options[b] = ort.RunOptions()
                     self._run_options[b].add_run_config_entry("gpu_graph_id", str(b))
             self.device_io = self._device_ios[n]
-            self.input_source = "cpu->device"
-            self.logits_source = "device->cpu"
+            source = getattr(input_allocator, "source", "cpu")
+            self.input_source = f"{source}->device"
+            self.logits_source = f"device->{source if row_chunks else 'cpu'}"
 
     @property
     def can_copy(self) -> bool:
-        return self.copier is not None or self.kv.addressable
+        return self.copier is not None or self.kv.addressable or self.kv.row_copy is not None
 
     @property
     def can_verify(self) -> bool:
-        return False  # NOTE(engine): a draft check is S > 1 tokens in one row; GQA runs that at batch 1 only
+        # NOTE(engine): a draft check is S > 1 tokens in one row; GQA runs that at batch 1 only
+        return self.chunks is not None
 
     def decode(self, slots: Sequence[int], token_ids: Sequence[int], positions: Sequence[int]) -> np.ndarray:
         """One token for each of ``slots`` (ascending), in a run over rows ``[0, b)`` (see ``Runner.decode``)."""
@@ -115,15 +139,19 @@ class BucketRunner(RunnerBase):
         return logits[:width, 0]  # [n, V] view
 
     def warmup(self) -> None:
-        """One run per bucket with every row idle, and one staged prefill run: compiles the kernels and, with
-        graph capture, captures each bucket's decode step, so the first request doesn't pay for it. Row KV stays
-        garbage (no slot is live)."""
-        for b in self.buckets:
-            rows = np.arange(b)
-            self._write_decode_inputs(rows[:0], [], rows[:0], 0, b)
-            binding = self._decode_bindings.get(b) or self._make_decode_binding(b)
-            self._run_decode(binding, b)
-        if self.staging is not None:
+        """Two runs per bucket with every row idle, and one prefill run: compiles the kernels and, with graph
+        capture, captures each bucket's decode step (WebGPU at its first run, CUDA at its second), so the first
+        request doesn't pay for it. Row KV stays garbage (no slot is live)."""
+        for _ in range(2 if self.device_io is not None else 1):
+            for b in self.buckets:
+                none = np.zeros(0, dtype=np.int64)
+                self._write_decode_inputs(none, [], none, 0, b)
+                binding = self._decode_bindings.get(b) or self._make_decode_binding(b)
+                self._run_decode(binding, b)
+        if self.chunks is not None:
+            self.chunks.run(0, [0, 0], 0, all_logits=False)
+            self.slot_len[0] = 0
+        elif self.staging is not None:
             self._run_staged([0, 0], 0)
             self._staged = None
 
@@ -132,12 +160,21 @@ class BucketRunner(RunnerBase):
         or without a copier one token per run (``also``: slots that end up with the same KV, computed in the same
         runs). Returns the float32 ``[vocab]`` logits of the chunk's last token."""
         self._check_chunk(len(token_ids))
+        if self.chunks is not None:
+            logits = self.chunks.run(slot, token_ids, start, all_logits=False)[-1]
+            for other in also:
+                self.copy_kv(slot, other, start, start + len(token_ids))
+            return logits
         if self.staging is not None:
             return self._prefill_staged(slot, token_ids, start, also)
         return self._prefill_whole(slot, token_ids, start, also)
 
     def verify(self, slot: int, token_ids: Sequence[int], start: int) -> np.ndarray:
-        raise ValueError("verify needs row views: GroupQueryAttention runs S > 1 tokens only at batch 1")
+        """A draft check in the slot's own row (``row_chunks`` only; see ``Runner.verify``)."""
+        if self.chunks is None:
+            raise ValueError("verify needs row views: GroupQueryAttention runs S > 1 tokens only at batch 1")
+        self._check_chunk(len(token_ids), "verify run")
+        return self.chunks.run(slot, token_ids, start, all_logits=True)
 
     def copy_kv(self, src: int, dst: int, start: int, end: int) -> None:
         """Copy slot ``src``'s row into slot ``dst`` on the device (the whole row: positions ``[0, start)`` are the

@@ -20,7 +20,10 @@ from engine.types import ModelLoadError
 
 log = logging.getLogger(__name__)
 
-CAPTURE_PROVIDERS = ("webgpu",)  # EPs whose graph capture the engine drives (AMDGPU captures on its own)
+# EPs whose graph capture the engine drives: WebGPU's enableGraphCapture, CUDA's enable_cuda_graph (one graph per
+# decode bucket, gpu_graph_id = the bucket). The AMDGPU/MIGraphX EPs capture HIP graphs by their own session
+# config (ep.migraphx.hip_graph_enable); the engine keeps the same discipline there (engine.placement).
+CAPTURE_PROVIDERS = ("webgpu", "cuda")
 TOTAL_LEN_NAME = "ortserve/total_sequence_length"
 # The packed decode input: int32 [num_slots, 2] = (token id, seqlens_k = KV length after this token - 1) per row,
 # one upload per step instead of three (each host -> WebGPU copy is a queue submission, ~0.4 ms on an H200).
@@ -215,9 +218,9 @@ def nodes_off_ep(session: ort.InferenceSession, ep_name: str) -> list[str]:
 def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> OpenedSession:
     """Open the decoder session, with graph capture where ``config.graph_capture`` asks for it and it works.
 
-    ``graph_capture``: None (auto) captures on WebGPU when the rewritten graph puts every node on the GPU
-    and falls back to a plain session otherwise (the reason logged); True requires it; False never. The
-    packed-input graph is tried first, then the one with the three ordinary decode inputs.
+    ``graph_capture``: None (auto) captures on WebGPU and CUDA when the rewritten graph puts every node on the
+    device and falls back to a plain session otherwise (the reason logged); True requires it; False never.
+    The packed-input graph is tried first, then the one with the three ordinary decode inputs.
 
     Raises:
         ModelLoadError: the model can't be served, or ``graph_capture=True`` can't be honoured.
@@ -225,7 +228,7 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
     want = config.graph_capture
     if config.provider.lower() == "cpu":
         if want:
-            raise ModelLoadError("graph_capture=True needs the WebGPU EP; the provider is cpu")
+            raise ModelLoadError("graph_capture=True needs the WebGPU or CUDA EP; the provider is cpu")
         session, selected = create_session(folder, config)
         return OpenedSession(session, selected, False, "off: the CPU EP has no graph capture")
     from ep import device as ep_device
@@ -233,18 +236,17 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
     selected = ep_device.select_device(config.provider, config.device, config.ep_library)
     if selected.provider not in CAPTURE_PROVIDERS or want is False:
         if want:
-            raise ModelLoadError(f"graph_capture=True needs the WebGPU EP; {selected.ep_name} was selected")
+            raise ModelLoadError(f"graph_capture=True needs the WebGPU or CUDA EP; {selected.ep_name} was selected")
         note = "off: graph_capture=False" if want is False else \
-            f"off: the engine drives graph capture on WebGPU only ({selected.ep_name})"
-        if selected.provider in CAPTURE_PROVIDERS:
-            log.warning("graph capture is off on %s; uncaptured WebGPU runs were seen computing wrong logits "
-                        "(onnxruntime 1.30, onnxruntime-ep-webgpu 0.4.0)", selected.ep_name)
+            f"off: the engine drives graph capture on WebGPU and CUDA only ({selected.ep_name})"
         session, _ = create_session(folder, config, selected=selected)
         return OpenedSession(session, selected, False, note)
     inputs = folder.genai["model"]["decoder"].get("inputs", {})
     names = (inputs.get("input_ids", "input_ids"), inputs.get("position_ids", "position_ids"),
              inputs.get("attention_mask", "attention_mask"))
-    row_groups = default_row_groups(config.max_batch) if config.matmul_row_groups is None else config.matmul_row_groups
+    row_groups = config.matmul_row_groups
+    if row_groups is None:  # NOTE(engine): measured on WebGPU's MatMulNBits; CUDA's small-M kernel has no such cliff
+        row_groups = default_row_groups(config.max_batch) if selected.provider == "webgpu" else 0
     errors = []
     for packed in (True, False):  # one upload per step where the graph allows it, else three
         try:
@@ -265,10 +267,10 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
     reason = "; ".join(errors)
     if want:
         raise ModelLoadError(f"graph capture on {selected.ep_name} is not possible: {reason}")
-    # NOTE(engine): with onnxruntime 1.30 and onnxruntime-ep-webgpu 0.4.0 (H200), an uncaptured run over a
-    # whole-buffer mask gave wrong logits (bench/perf/gpu/probe_step.py); the captured step matched the CPU EP.
-    log.warning("graph capture is off on %s (%s); uncaptured WebGPU runs were seen computing wrong logits",
-                selected.ep_name, reason)
+    # NOTE(engine): issue 13 saw uncaptured WebGPU runs compute wrong logits; the cause was the runner's, not the
+    # EP's: IOBinding copies host inputs when they are bound, and cached bindings were not bound again before each
+    # run (engine.runner.RunnerBase._run). Uncaptured runs now match the CPU EP (tests/integration/ep).
+    log.warning("graph capture is off on %s (%s)", selected.ep_name, reason)
     session, _ = create_session(folder, config, selected=selected)
     return OpenedSession(session, selected, False, f"off: {reason}")
 
@@ -292,10 +294,14 @@ class DeviceDecodeIO:
         logits_name: the logits output's name.
         logits_shape: ``[num_slots, 1, vocab]``.
         allocate: device allocator (CPU OrtValues work too: tests).
+        host_logits: a float32 host array of ``logits_shape`` (host-accessible memory where the device offers it)
+            that ``read_logits`` copies into with ``onnxruntime.copy_tensors`` (pointer memory: CUDA, HIP); None:
+            the readback binding's fresh array (WebGPU, see the note above).
     """
 
     def __init__(self, session: ort.InferenceSession, staging: Mapping[str, np.ndarray], logits_name: str,
-                 logits_shape: tuple[int, ...], allocate: DeviceAllocator) -> None:
+                 logits_shape: tuple[int, ...], allocate: DeviceAllocator,
+                 host_logits: np.ndarray | None = None) -> None:
         self._names = list(staging)
         self._staging = [staging[name] for name in self._names]
         self._host = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._staging]  # zero copy
@@ -305,6 +311,8 @@ class DeviceDecodeIO:
         self.logits = allocate(tuple(logits_shape), np.float32)
         self._readback = session.io_binding()
         self._readback.bind_ortvalue_output(logits_name, self.logits)
+        self._host_logits = host_logits
+        self._host_logits_value = None if host_logits is None else ort.OrtValue.ortvalue_from_numpy(host_logits)
 
     def bind(self, binding: ort.IOBinding) -> None:
         """Bind the device inputs and the device logits into the decode step's binding."""
@@ -321,5 +329,11 @@ class DeviceDecodeIO:
         ort.copy_tensors(self._host, self._device)
 
     def read_logits(self) -> np.ndarray:
-        """The last run's logits, float32 ``logits_shape`` (a fresh array)."""
+        """The last run's logits, float32 ``logits_shape`` (``host_logits``, or a fresh array)."""
+        if self._host_logits is not None and not self._on_cpu:
+            # NOTE(engine): a run whose outputs stay on the device may return before the device is done; wait for
+            # it, then copy (copy_tensors without a stream is synchronous)
+            self._readback.synchronize_outputs()
+            ort.copy_tensors([self.logits], [self._host_logits_value])
+            return self._host_logits
         return self._readback.copy_outputs_to_cpu()[0]

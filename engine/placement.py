@@ -10,6 +10,13 @@ whether the engine drives its graph capture) decides the path:
 | pointer (CUDA; HIP under MIGraphX / the AMDGPU EP on Linux) | ``Runner``: rows bound by address | chunks in the slot's row |
 | opaque with prefix views (WebGPU)      | ``BucketRunner``: buckets over rows [0, b) | chunks through a staging row + device row copy |
 | opaque otherwise (DirectML, unknown)   | ``BucketRunner``: all rows every step    | one token per run          |
+| pointer, decode steps captured as device graphs (CUDA graphs; HIP graphs on AMDGPU/MIGraphX) | ``BucketRunner``: buckets over rows [0, b), fixed buffers | chunks in the slot's row, uncaptured |
+
+A captured device graph replays the addresses it was captured with, so where decode steps are captured (CUDA's
+enable_cuda_graph, which the engine turns on when the rewritten graph allows it; the AMDGPU and MIGraphX EPs' HIP
+graphs, which the seeds' session config turns on) every bucket's step is bound once to fixed buffers: the KV prefix
+[0, b), device buffers for the decode inputs (uploaded from host memory before each step) and the logits (read back
+after it). Prompt chunks and draft checks, whose shapes and rows vary, run uncaptured (``gpu_graph_id=-1``).
 
 Decode inputs (and a row runner's logits) live in the device's HOST_ACCESSIBLE memory where it offers some,
 written in place; logits always end on the host, where sampling runs.
@@ -46,17 +53,25 @@ class DeviceCaps:
 
     kv_rows: str  # "host" | "pointer" | "opaque" (ep.addressing)
     prefix_views: bool  # opaque buffers bind as a prefix of their rows, and rows copy on the device
-    engine_capture: bool  # the engine drives the EP's graph capture (WebGPU's enableGraphCapture)
+    engine_capture: bool  # the engine drives the EP's graph capture (WebGPU's enableGraphCapture, CUDA graphs)
     host_accessible: bool  # HOST_ACCESSIBLE memory for the decode inputs
+    ep_graphs: bool = False  # the EP captures graphs by its own session config (AMDGPU/MIGraphX HIP graphs)
 
     @classmethod
-    def of(cls, selected: Any) -> DeviceCaps:
+    def of(cls, selected: Any, folder: ModelFolder | None = None, config: EngineConfig | None = None) -> DeviceCaps:
         if selected is None:
             return cls(HOST, True, False, False)
+        from ep.names import MIGRAPHX_BACKED
+
+        ep_graphs = False
+        if selected.provider in MIGRAPHX_BACKED and folder is not None:
+            from ep.providers import hip_graph_enabled
+
+            ep_graphs = hip_graph_enabled(folder.genai, dict(config.ep_options) if config else None)
         memory = selected.default_memory.name.lower() if selected.default_memory is not None else ""
         return cls(kv_rows=str(selected.kv_addressing), prefix_views=memory in PREFIX_VIEW_MEMORY,
                    engine_capture=selected.provider in CAPTURE_PROVIDERS,
-                   host_accessible=selected.host_accessible_memory is not None)
+                   host_accessible=selected.host_accessible_memory is not None, ep_graphs=ep_graphs)
 
 
 @dataclass
@@ -95,7 +110,7 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
     kv_length = io.kv_length or max_model_len
     if opened.graph_capture and kv_length != planned_len:
         raise ModelLoadError(f"graph capture was set up for KV length {planned_len}, the graph has {kv_length}")
-    caps = DeviceCaps.of(selected)
+    caps = DeviceCaps.of(selected, folder, config)
     kv_shape = KVShape(folder.num_layers, config.max_batch, folder.num_kv_heads, kv_length, folder.head_size,
                        io.kv_dtype)
     allocator = make_kv_allocator(selected, session)
@@ -105,9 +120,19 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
     common = dict(prefill_chunk=config.prefill_chunk, max_position=max_model_len,
                   input_allocator=make_input_allocator(selected))
     runner: ModelRunner
-    if kv.row_views and config.kv_rows != OPAQUE:
-        if kv.addressing == POINTER:
-            kv.row_copy = _address_copier(folder, config, selected, kv)
+    if kv.addressing == POINTER:
+        kv.row_copy = _address_copier(folder, config, selected, kv)
+    graphs = kv.addressing == POINTER and (opened.graph_capture or caps.ep_graphs)
+    if graphs:
+        prefill_session, prefill_io = session, None
+        if opened.packed_input or opened.graph_capture:  # the captured graph runs S = 1 only: the plain one
+            prefill_session, _ = create_session(folder, config, selected=selected)
+            prefill_io = check_graph(folder, prefill_session)
+        runner = BucketRunner(session, io, kv, **common, device_alloc=_device_alloc(selected, session),
+                              packed_input=opened.packed_input, graph_ids=True, row_chunks=True,
+                              prefill_session=prefill_session, prefill_io=prefill_io)
+        kind = "buckets (pointer, captured steps)"
+    elif kv.row_views and config.kv_rows != OPAQUE:
         runner = Runner(session, io, kv, **common)
         kind = f"rows ({kv.addressing})"
     else:
@@ -131,7 +156,9 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
         device_id=selected.device_id if selected is not None else 0,
         kv_cache="host" if kv.addressable else "device", decode_inputs=runner.input_source,
         logits=runner.logits_source, whole_buffer=runner.whole_buffer,
-        graph_capture=opened.graph_capture, graph_capture_note=opened.note, kv_rows=kv.addressing, runner=kind)
+        graph_capture=opened.graph_capture or graphs, kv_rows=kv.addressing, runner=kind,
+        graph_capture_note=opened.note if opened.graph_capture or not caps.ep_graphs else
+        "on: the EP's HIP graphs (ep.migraphx.hip_graph_enable), one per decode bucket at fixed addresses")
     log.info("placement: %s", placement)
     return Loaded(runner, placement, max_model_len, io.vocab_size)
 

@@ -243,12 +243,8 @@ class Runner(RunnerBase):
         # faster than pageable memory (33 MB of float32 logits at batch 64 on an H200: 0.6 vs 2.3 ms)
         self.decode_logits, _ = input_allocator((n, 1, vocab), np.float32)
         self.logits_source = getattr(input_allocator, "source", "cpu")
-        self._keep_n = np.ones(1, dtype=np.int64)  # logits_to_keep of a verify run, written before each
-        self._keep_n_value = ort.OrtValue.ortvalue_from_numpy(self._keep_n)
-        self._verify_logits = np.zeros(0, dtype=np.float32)  # [S * V], grown on demand
+        self.chunks = RowChunks(self, session, io)
         self._decode_bindings: dict[tuple[int, int], ort.IOBinding] = {}
-        self._prefill_bindings: dict[int, ort.IOBinding] = {}
-        self._verify_bindings: dict[int, ort.IOBinding] = {}
         # NOTE(engine): with plain CPU inputs over host KV a decode step's mask is only as wide as its longest
         # row: GQA takes total_sequence_length from the mask width and its per-row cost grows with it (~15% of
         # the attention time at batch 8 with a 2048-long buffer). Row sums, and so the result, are unchanged.
@@ -269,7 +265,7 @@ class Runner(RunnerBase):
         none = np.zeros(0, dtype=np.int64)
         self._write_decode_inputs(none, [], none, 0, self.num_slots)
         self._run(self._decode_bindings.get((0, self.num_slots)) or self._make_decode_binding(0, self.num_slots))
-        self._run_chunk(0, [0, 0], 0, all_logits=False)
+        self.chunks.run(0, [0, 0], 0, all_logits=False)
         self.slot_len[0] = 0
 
     @property
@@ -329,7 +325,7 @@ class Runner(RunnerBase):
             float32 ``[vocab]`` logits of the chunk's last token (a view, valid until the next prefill).
         """
         self._check_chunk(len(token_ids))
-        logits = self._run_chunk(slot, token_ids, start, all_logits=False)[-1]
+        logits = self.chunks.run(slot, token_ids, start, all_logits=False)[-1]
         for other in also:
             self.copy_kv(slot, other, start, start + len(token_ids))
         return logits
@@ -346,39 +342,12 @@ class Runner(RunnerBase):
             the next verify or prefill).
         """
         self._check_chunk(len(token_ids), "verify run")
-        return self._run_chunk(slot, token_ids, start, all_logits=True)
+        return self.chunks.run(slot, token_ids, start, all_logits=True)
 
     def copy_kv(self, src: int, dst: int, start: int, end: int) -> None:
         """Copy KV positions ``[start, end)`` of slot ``src`` into slot ``dst`` (see ``KVCache.copy_positions``)."""
         self.kv.copy_positions(src, dst, start, end)
         self.slot_len[dst] = max(int(self.slot_len[dst]), end)
-
-    def _run_chunk(self, slot: int, token_ids: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
-        """One row-view run of ``S = len(token_ids)`` tokens in ``slot``; returns float32 ``[1 or S, V]`` logits
-        (only the last position's unless ``all_logits``; all of them when the graph lacks logits_to_keep)."""
-        num, vocab = len(token_ids), self.vocab_size
-        ids, pos = self._chunk_inputs(token_ids, start)
-        self._set_ones(np.array([slot]), np.array([start + num]))
-        if self.keep_last and all_logits:
-            binding = self._verify_bindings.get(slot) or self._make_chunk_binding(slot, verify=True)
-            self._keep_n[0] = num
-            if len(self._verify_logits) < num * vocab:
-                self._verify_logits = np.zeros(num * vocab, dtype=np.float32)
-            logits = self._verify_logits[:num * vocab].reshape(1, num, vocab)  # [1, S, V]
-            binding.bind_ortvalue_output(self.io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
-        else:
-            binding = self._prefill_bindings.get(slot) or self._make_chunk_binding(slot)
-            if self.keep_last:  # [1, 1, V], bound once in _make_chunk_binding
-                logits = self.prefill_logits[:vocab].reshape(1, 1, vocab)
-            else:
-                logits = self.prefill_logits[:num * vocab].reshape(1, num, vocab)  # [1, S, V]
-                binding.bind_ortvalue_output(self.io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
-        binding.bind_ortvalue_input(self.io.input_ids, ort.OrtValue.ortvalue_from_numpy(ids))
-        if self.io.position_ids:
-            binding.bind_ortvalue_input(self.io.position_ids, ort.OrtValue.ortvalue_from_numpy(pos))
-        self._run(binding)
-        self.slot_len[slot] = start + num
-        return logits[0]
 
     def _bind_narrow_mask(self, binding: ort.IOBinding, lo: int, hi: int) -> None:
         """Bind rows ``[lo, hi)`` of the mask cut to the longest row's ones: ``[hi - lo, max ones]``."""
@@ -404,18 +373,77 @@ class Runner(RunnerBase):
         self._decode_bindings[(lo, hi)] = binding
         return binding
 
-    def _make_chunk_binding(self, slot: int, verify: bool = False) -> ort.IOBinding:
-        """A prefill binding of ``slot`` (logits of the last position), or with ``verify`` one whose
+
+class RowChunks:
+    """Runs of S tokens in one slot's own row over row-view KV (host views or device addresses): prefill chunks
+    (the last position's logits) and draft checks (every position's), ``[1, S]`` each.
+
+    GroupQueryAttention takes S > 1 new tokens with a past at batch 1 only, so a chunk runs its row alone.
+
+    Args:
+        owner: the runner whose buffers (mask, prefill inputs, KV lengths) and host-input binding the runs use.
+        session: the session to run (one of the plain graph, which takes any S).
+        io: its names.
+        run_options: for every run (``gpu_graph_id=-1`` beside captured decode steps: no capture of a chunk).
+    """
+
+    def __init__(self, owner: RunnerBase, session: ort.InferenceSession, io: GraphIO,
+                 run_options: ort.RunOptions | None = None) -> None:
+        self.owner = owner
+        self.session = session
+        self.io = io
+        self.run_options = run_options
+        vocab = owner.vocab_size
+        self.keep_last = LOGITS_TO_KEEP in {i.name for i in session.get_overridable_initializers()}
+        self.prefill_logits = np.zeros((1 if self.keep_last else owner.prefill_chunk) * vocab, dtype=np.float32)
+        self._keep_one = ort.OrtValue.ortvalue_from_numpy(np.ones(1, dtype=np.int64))
+        self._keep_n = np.ones(1, dtype=np.int64)  # logits_to_keep of a verify run, written before each
+        self._keep_n_value = ort.OrtValue.ortvalue_from_numpy(self._keep_n)
+        self._verify_logits = np.zeros(0, dtype=np.float32)  # [S * V], grown on demand
+        self._past = tuple(zip(io.past_keys, io.past_values))
+        self._present = tuple(zip(io.present_keys, io.present_values))
+        self._bindings: dict[tuple[int, bool], ort.IOBinding] = {}
+
+    def run(self, slot: int, token_ids: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
+        """Tokens ``[start, start + S)`` in ``slot``; returns float32 ``[1 or S, V]`` logits (only the last
+        position's unless ``all_logits``; all of them when the graph lacks logits_to_keep). A view, valid until
+        the next run."""
+        owner, io, num, vocab = self.owner, self.io, len(token_ids), self.owner.vocab_size
+        ids, pos = owner._chunk_inputs(token_ids, start)
+        owner._set_ones(np.array([slot]), np.array([start + num]))
+        verify = self.keep_last and all_logits
+        binding = self._bindings.get((slot, verify)) or self._make_binding(slot, verify)
+        if verify:
+            self._keep_n[0] = num
+            if len(self._verify_logits) < num * vocab:
+                self._verify_logits = np.zeros(num * vocab, dtype=np.float32)
+            logits = self._verify_logits[:num * vocab].reshape(1, num, vocab)  # [1, S, V]
+            binding.bind_ortvalue_output(io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
+        elif self.keep_last:  # [1, 1, V], bound once in _make_binding
+            logits = self.prefill_logits[:vocab].reshape(1, 1, vocab)
+        else:
+            logits = self.prefill_logits[:num * vocab].reshape(1, num, vocab)  # [1, S, V]
+            binding.bind_ortvalue_output(io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
+        binding.bind_ortvalue_input(io.input_ids, ort.OrtValue.ortvalue_from_numpy(ids))
+        if io.position_ids:
+            binding.bind_ortvalue_input(io.position_ids, ort.OrtValue.ortvalue_from_numpy(pos))
+        owner._run(binding, self.session, self.run_options)
+        owner.slot_len[slot] = start + num
+        return logits[0]
+
+    def _make_binding(self, slot: int, verify: bool) -> ort.IOBinding:
+        """A chunk binding of ``slot`` (logits of the last position), or with ``verify`` one whose
         logits_to_keep is ``_keep_n`` (its logits output is bound per run)."""
+        owner, io = self.owner, self.io
         binding = self.session.io_binding()
-        self._bind_host(binding, self.io.attention_mask, _value(self.mask[slot:slot + 1]))
+        owner._bind_host(binding, io.attention_mask, _value(owner.mask[slot:slot + 1]))
         if self.keep_last:
-            self._bind_host(binding, LOGITS_TO_KEEP, self._keep_n_value if verify else self._keep_one)
+            owner._bind_host(binding, LOGITS_TO_KEEP, self._keep_n_value if verify else self._keep_one)
             if not verify:
-                binding.bind_ortvalue_output(self.io.logits,
-                                             _value(self.prefill_logits[:self.vocab_size].reshape(1, 1, self.vocab_size)))
-        self.kv.bind_rows(binding, self._past, self._present, slot, slot + 1)
-        (self._verify_bindings if verify else self._prefill_bindings)[slot] = binding
+                binding.bind_ortvalue_output(io.logits, _value(self.prefill_logits[:owner.vocab_size].reshape(
+                    1, 1, owner.vocab_size)))
+        owner.kv.bind_rows(binding, self._past, self._present, slot, slot + 1)
+        self._bindings[(slot, verify)] = binding
         return binding
 
 

@@ -144,3 +144,37 @@ def test_the_address_copier_copies_one_row_of_every_buffer_and_nothing_else(mode
         np.testing.assert_array_equal(a[2], old[0])
         np.testing.assert_array_equal(a[[0, 3]], old[[0, 3]])
     assert copier.num_copies == 2
+
+
+def test_bucketed_fixed_buffer_steps_over_rows_by_address_stand_in_for_cuda_and_hip_graphs(model):
+    """The discipline captured device graphs need (CUDA graphs, the AMDGPU EP's HIP graphs): decode steps over
+    rows [0, b) of each bucket, bound once to fixed input and logits buffers (uploaded and read back each step),
+    prompt chunks straight into the rows by address. Two requests decoded together give the row-view tokens."""
+    from engine.bucket_runner import BucketRunner
+
+    folder, session, io = model
+
+    def cpu_alloc(shape, dtype):
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=dtype))
+
+    kv = KVCache(KVShape(folder.num_layers, 4, folder.num_kv_heads, 96, folder.head_size, io.kv_dtype),
+                 HostKVAllocator(POINTER))
+    fixed = BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, device_alloc=cpu_alloc,
+                         row_chunks=True)
+    assert fixed.buckets == (1, 2, 4) and fixed.can_verify and fixed.device_io is not None
+    views = _runner(model, 4, "host")
+    prompts = [np.random.default_rng(s).integers(3, 500, n).tolist() for s, n in ((7, 29), (8, 18))]
+
+    def together(r) -> list[list[int]]:
+        firsts = []
+        for slot, p in enumerate(prompts):
+            for start in range(0, len(p), 16):
+                logits = r.prefill(slot, p[start:start + 16], start)
+            firsts.append([int(np.argmax(logits))])
+        for i in range(8):
+            logits = r.decode([0, 1], [firsts[0][-1], firsts[1][-1]], [len(prompts[0]) + i, len(prompts[1]) + i])
+            for out, row in zip(firsts, logits):
+                out.append(int(np.argmax(row)))
+        return firsts
+
+    assert together(fixed) == together(views)

@@ -73,11 +73,15 @@ def _near(comparisons: list[dict], tie: float) -> list[dict]:
     return [c for c in comparisons if not (c["equal_prefix"] == NUM_TOKENS or c.get("ref_top2_gap", 0.0) < tie)]
 
 
-def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu_reference, findings) -> None:
+@pytest.mark.parametrize("graph_capture", [False, None], ids=["rows", "captured_steps"])
+def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu_reference, findings,
+                                               graph_capture) -> None:
     """Placement (pointer rows, pinned inputs and logits) and greedy tokens against the CPU EP: three short
     prompts together, then 45-100-token prompts in chunks of 32 straight into their rows, decoded together, then
-    a follow-up that reuses a prompt (a device row copy), then n = 3 choices of it."""
-    engine = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(provider="cuda", **CONFIG))
+    a follow-up that reuses a prompt (a device row copy), then n = 3 choices of it. Without capture decode runs
+    the running rows; with it (CUDA graphs, one per bucket: the discipline HIP graphs need on AMD) rows [0, b)."""
+    engine = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(provider="cuda", graph_capture=graph_capture,
+                                                                       **CONFIG))
     try:
         placement = engine.placement
         runner = engine._core.runner  # test only: the core's runner
@@ -98,12 +102,19 @@ def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu
     comparisons = {"short": [_compare(r, g) for r, g in zip(cpu_reference["short"], short)],
                    "long": [_compare(r, g) for r, g in zip(cpu_reference["long"], long)],
                    "follow": _compare(cpu_reference["follow"], follow)}
-    findings["rows_by_address"] = {"placement": placement, "comparisons": comparisons, "follow_copies": copied,
+    findings[f"rows_by_address_capture_{graph_capture}"] = {"placement": placement, "comparisons": comparisons, "follow_copies": copied,
                                    "n3_equal": all(c == follow[0] for c in n3), "stats_extra": stats.extra}
-    assert placement.provider == "cuda" and placement.kv_rows == "pointer" and placement.runner == "rows (pointer)"
-    assert placement.device_id == int(cuda_device.default_memory.device_id) and not placement.whole_buffer
-    # the seeds' design on a real GPU: decode inputs updated in place in host-accessible memory, logits on the host
-    assert placement.decode_inputs == "ep_host_accessible" and placement.logits == "ep_host_accessible"
+    assert placement.provider == "cuda" and placement.kv_rows == "pointer"
+    assert placement.device_id == int(cuda_device.default_memory.device_id)
+    # the seeds' design on a real GPU: decode inputs written in place in host-accessible memory, logits on the host
+    if graph_capture is None:
+        assert placement.graph_capture, placement.graph_capture_note
+        assert placement.runner == "buckets (pointer, captured steps)" and runner.buckets == (1, 2, 4, 8)
+        assert placement.decode_inputs == "ep_host_accessible->device"
+        assert placement.logits == "device->ep_host_accessible"
+    else:
+        assert placement.runner == "rows (pointer)" and not placement.whole_buffer
+        assert placement.decode_inputs == "ep_host_accessible" and placement.logits == "ep_host_accessible"
     assert len(set(cpu_reference["short"][0][0])) >= 10  # the reference is varied: the comparison means something
     assert not _near(comparisons["short"], 0.1), comparisons["short"]
     assert not _near(comparisons["long"] + [comparisons["follow"]], LONG_NEAR_TIE), comparisons
@@ -130,10 +141,25 @@ def test_cuda_row_2_of_a_shared_buffer_equals_a_buffer_of_its_own(cuda_device, i
                      DeviceKVAllocator(selected, session))
         return Runner(session, io, kv, prefill_chunk=32, max_position=256, input_allocator=make_input_allocator(selected))
 
+    from onnx import TensorProto, helper
+
+    shape = [4, folder.num_kv_heads, 256, folder.head_size]
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "read",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["n", *shape[1:]])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["n", *shape[1:]])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    so = ort.SessionOptions()
+    so.add_provider_for_devices([selected.ep_device], {})
+    reader = ort.InferenceSession(model.SerializeToString(), so)
+
     def host(value):
-        out = ort.OrtValue.ortvalue_from_numpy(np.zeros(value.shape(), dtype=np.float16))
-        ort.copy_tensors([value], [out])
-        return out.numpy()
+        """A device buffer's contents through a run whose output goes to the CPU (the run waits for the device)."""
+        binding = reader.io_binding()
+        binding.bind_ortvalue_input("x", value)
+        binding.bind_output("y")
+        reader.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()[0]
 
     def greedy(r: Runner, slot: int, prompt: list[int], steps: int) -> list[int]:
         logits = None
