@@ -68,11 +68,12 @@ class Target:
         self.client = openai.AsyncOpenAI(base_url=url, api_key=api_key, max_retries=0, http_client=self._http)
 
     async def prepare(self) -> None:
-        if self.model is None:
+        if self.model is None:  # an embedding model's card (ortserve's carry "dimensions"), else the first
             models = await self.client.models.list()
             if not models.data:
                 raise RuntimeError(f"{self.url}/models lists no model")
-            self.model = models.data[0].id
+            self.model = next((m.id for m in models.data if (m.model_extra or {}).get("dimensions")),
+                              models.data[0].id)
 
     async def embed(self, texts: list[str]) -> int:
         """Embeds ``texts``; returns how many vectors came back (raises on an error answer)."""
