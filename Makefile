@@ -8,7 +8,7 @@ PORT ?= 8000
 MODEL ?=
 ARGS ?=
 
-.PHONY: serve test install venv pull lint clean bench-cpu
+.PHONY: serve test install venv browser pull lint clean bench-cpu
 
 $(BIN)/activate:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ortserve needs Python 3.11+, found " + sys.version.split()[0] + " (set PYTHON=python3.12 or similar)")'
@@ -37,7 +37,16 @@ pull: install
 serve: install
 	$(BIN)/ortserve serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
-test: venv
+# The browser tests (tests/integration/ui) drive Debian's chromium through its chromedriver: installed once
+# from Debian's packages when missing (never a browser download by a test tool).
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+		$$sudo apt-get update && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends \
+			chromium chromium-driver; \
+	fi
+
+test: venv browser
 	$(BIN)/python -m pytest $(ARGS)
 
 clean:

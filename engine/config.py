@@ -32,12 +32,19 @@ class EngineConfig:
             KV tail reserved for idle rows on devices whose buffers can't be sliced.
         intra_op_threads: ORT intra-op threads; None -> number of physical cores.
         allow_spinning: let ORT's intra-op threads spin between ops (lower latency, burns CPU).
-        whole_buffer: always run every KV row (what opaque device buffers need); None -> only when the
-            KV cache isn't CPU-addressable.
+        kv_rows: how KV rows are bound, overriding what the device's memory allows (``engine.placement``):
+            None -> the device's way; "opaque" -> the bucket path of opaque buffers (prefix views, a staging row,
+            device row copies: on the CPU EP a stand-in for WebGPU); "pointer" -> rows bound by address (on the
+            CPU EP, host memory bound by address + row offset exactly as CUDA/HIP device memory is: their
+            stand-in).
         graph_capture: capture the whole-buffer decode step once and replay it (WebGPU's enableGraphCapture,
             the analog of the AMDGPU EP's HIP graphs): fixed [max_batch, 1] shapes, every input and output
             in a fixed device buffer. None -> on for WebGPU when the graph allows it (else off, the reason
             logged); True -> required (a model or provider that can't is a ModelLoadError); False -> off.
+        matmul_row_groups: captured decode steps run each MatMulNBits on groups of at most 3 rows, this
+            many groups, then one run on the rest (``engine.graph_capture.split_matmul_rows``: WebGPU's
+            small-M kernel is several times faster than its tiled one at 4-8 rows); 0 -> off, None -> the
+            device's default.
         seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
         chat_template: replaces the model's chat template: a built-in name (``engine.chat_template.
             BUILTIN_TEMPLATES``) or a Jinja file; None keeps the model's own.
@@ -67,8 +74,9 @@ class EngineConfig:
     prefill_chunk: int = 256
     intra_op_threads: int | None = None
     allow_spinning: bool = True
-    whole_buffer: bool | None = None
+    kv_rows: str | None = None
     graph_capture: bool | None = None
+    matmul_row_groups: int | None = None
     seed: int | None = None
     chat_template: str | None = None
     grammar_compile_timeout_s: float = 10.0
@@ -79,6 +87,8 @@ class EngineConfig:
     fault_injector: Callable[[StepInfo], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        _check(self.kv_rows in (None, "pointer", "opaque"), "kv_rows", "must be None, 'pointer' or 'opaque'",
+               self.kv_rows)
         _check(1 <= self.max_batch <= 256, "max_batch", "must be in [1, 256]", self.max_batch)
         _check(0 <= self.max_queue, "max_queue", "must be >= 0", self.max_queue)
         _check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2",

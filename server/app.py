@@ -147,6 +147,10 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     install_error_handlers(app)
     for module in (chat, completions, responses, models, health, metrics):
         app.include_router(module.router)
+    if settings.ui:
+        from server.routes.ui import install_ui
+
+        install_ui(app)
 
     # Middleware: the last added runs first. Order seen by a request: CORS -> auth -> body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
@@ -164,9 +168,13 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
 
 
 def _open_paths(settings: Settings) -> frozenset[str]:
-    """Paths that never need the API key: /health, and /metrics unless asked (issue 8: the key covers
-    every other endpoint, the API description included)."""
+    """Paths that never need the API key: /health, the chat page's static files (it asks for the key itself),
+    and /metrics unless asked (issue 8: the key covers every other endpoint, the API description included)."""
     paths = {"/health"}
+    if settings.ui:
+        from server.routes.ui import ui_paths
+
+        paths |= ui_paths()
     if not settings.metrics_require_key:
         paths.add("/metrics")
     return frozenset(paths)

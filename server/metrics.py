@@ -32,6 +32,7 @@ class ServerMetrics:
         self.requests_running = Gauge("ortserve_requests_running", "Requests in the running batch.", registry=r)
         self.requests_waiting = Gauge("ortserve_requests_waiting", "Requests waiting for a KV slot.", registry=r)
         self.kv_slots_free = Gauge("ortserve_kv_slots_free", "Free KV cache slots.", registry=r)
+        self.kv_slots_total = Gauge("ortserve_kv_slots_total", "KV cache slots in all (max_batch).", registry=r)
         self.time_to_first_token = Histogram(
             "ortserve_time_to_first_token_seconds", "Request arrival to first generated text, seconds.",
             buckets=_LATENCY_BUCKETS, registry=r)
@@ -70,6 +71,7 @@ class ServerMetrics:
             self.requests_running.set(stats.num_running)
             self.requests_waiting.set(stats.num_waiting)
             self.kv_slots_free.set(stats.num_slots_free)
+            self.kv_slots_total.set(stats.num_slots_total)
             for key, counter in self._engine_counters.items():
                 value = stats.extra.get(key, 0.0)
                 if value > self._engine_seen.get(key, 0.0):

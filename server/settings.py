@@ -51,6 +51,9 @@ class Settings(BaseSettings):
         None, description="If set, every request except /health (and /metrics) needs `Authorization: Bearer KEY`."
     )
     metrics_require_key: bool = Field(False, description="Also require the API key for /metrics.")
+    ui: bool = Field(
+        True, description="Serve the built-in chat page at / and /ui/ (--no-ui turns it off; the API is unchanged)."
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Origins allowed by CORS, comma-separated; empty turns CORS off."
     )

@@ -103,8 +103,8 @@ def test_a_running_requests_prompt_is_copied_into_a_new_slot(engines) -> None:
 
 
 def test_whole_buffer_mode_reuses_a_slots_own_prefix(tiny_model: Path) -> None:
-    whole = make_engine(tiny_model, whole_buffer=True, max_batch=2)
-    cold = make_engine(tiny_model, whole_buffer=True, max_batch=2, prefix_caching=False)
+    whole = make_engine(tiny_model, kv_rows="opaque", max_batch=2)
+    cold = make_engine(tiny_model, kv_rows="opaque", max_batch=2, prefix_caching=False)
     try:
         prompt = random_ids(20, seed=21)
         params = SamplingParams(max_tokens=6, **GREEDY)

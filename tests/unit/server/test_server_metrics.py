@@ -55,6 +55,7 @@ def test_gauges_come_from_engine_stats_and_registries_are_separate() -> None:
     a, b = ServerMetrics(), ServerMetrics()
     s = _samples(a, EngineStats(num_running=3, num_waiting=2, num_slots_free=5, num_slots_total=8))
     assert (s["ortserve_requests_running"], s["ortserve_requests_waiting"], s["ortserve_kv_slots_free"]) == (3, 2, 5)
+    assert s["ortserve_kv_slots_total"] == 8
     a.tracker().finish("stop")
     assert _samples(b)['ortserve_requests_total{status="stop"}'] == 0
     assert _samples(a)['ortserve_requests_total{status="stop"}'] == 1
