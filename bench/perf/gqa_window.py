@@ -11,8 +11,10 @@ Three parts, each printed as it runs and saved in one JSON (plus a bar chart of 
   float64 reference (engine.builder.reference; ``--no-fp64`` skips it, it takes minutes).
 - ``engine``: the engine (prefill chunks of 256 over its shared KV buffer, then one-token decode steps) against
   the whole sequence so far run at once, at every step, for prompts around and beyond the window.
+- ``reuse``: prefix caching. Prompt A (its first ``a`` tokens), then B (700 tokens, A's extension) on the same
+  engine, which reuses A's KV; B's first answer against a cold engine's (prefix caching off).
 
-    .venv/bin/python -m bench.perf.gqa_window [--parts kernel,model,engine] [--no-fp64] \\
+    .venv/bin/python -m bench.perf.gqa_window [--parts kernel,model,engine,reuse] [--no-fp64] \\
         [--json docs/perf/gemma3-window.json] [--plot docs/perf/gemma3-window.png]
 """
 
@@ -232,6 +234,45 @@ def engine_part(lengths: list[int], steps: int) -> dict:
     return out
 
 
+def reuse_part(prefix_lengths: list[int]) -> dict:
+    from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
+    from engine.types import SamplingParams
+
+    _, served, exact = _folders()
+    prompt = [2] + np.random.default_rng(3).integers(300, 200_000, 699).tolist()
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=True, top_logprobs=20)
+
+    def first_answer(engine, tokens: list[int], rid: str):
+        async def go():
+            outs = [o async for o in engine.generate(tokens, params, rid)]
+            return dict(next(lp for o in outs for lp in o.logprobs or ()).top), max(o.num_cached_tokens for o in outs)
+        return asyncio.run(go())
+
+    out: dict = {}
+    for build, folder in (("served (accuracy_level 4)", served), ("exact (accuracy_level 0)", exact)):
+        cold_engine = AsyncEngine.from_model_dir(folder, EngineConfig(max_batch=1, prefix_caching=False))
+        try:
+            cold, _ = first_answer(cold_engine, prompt, "cold")
+        finally:
+            cold_engine.shutdown()
+        for a in prefix_lengths:
+            engine = AsyncEngine.from_model_dir(folder, EngineConfig(max_batch=1))
+            try:
+                first_answer(engine, prompt[:a], "a")
+                warm, cached = first_answer(engine, prompt, "b")
+            finally:
+                engine.shutdown()
+            common = set(warm) & set(cold)
+            entry = {"reused_tokens": cached, "bit_identical": warm == cold,
+                     "same_greedy": max(warm, key=warm.get) == max(cold, key=cold.get),
+                     "max_abs_logprob_diff_common_top20": max(abs(warm[t] - cold[t]) for t in common),
+                     "top20_in_common": len(common)}
+            out[f"{build} A={a}"] = entry
+            print(f"  reuse {build} A={a}: {entry}", flush=True)
+    return out
+
+
 def plot(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -265,6 +306,7 @@ def main() -> None:
     ap.add_argument("--no-fp64", action="store_true", help="skip the float64 reference (minutes)")
     ap.add_argument("--lengths", default="500,512,513,520,600,769,1000", help="engine part: prompt lengths")
     ap.add_argument("--steps", type=int, default=6, help="engine part: generated tokens per prompt")
+    ap.add_argument("--prefixes", default="280,300,520,600", help="reuse part: lengths of the first prompt")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--replot", type=Path, help="only redraw --plot from this JSON")
@@ -283,6 +325,9 @@ def main() -> None:
     if "engine" in parts:
         print("engine:", flush=True)
         results["engine"] = engine_part([int(x) for x in args.lengths.split(",")], args.steps)
+    if "reuse" in parts:
+        print("reuse:", flush=True)
+        results["reuse"] = reuse_part([int(x) for x in args.prefixes.split(",")])
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     if args.plot and "model" in results:
