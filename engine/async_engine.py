@@ -225,7 +225,9 @@ class AsyncEngine:
                    "prefix_cache_queries_total": float(snap.prefix_cache_queries_total),
                    "prefix_cache_hits_total": float(snap.prefix_cache_hits_total),
                    "spec_draft_tokens_total": float(snap.spec_draft_tokens_total),
-                   "spec_accepted_tokens_total": float(snap.spec_accepted_tokens_total)})
+                   "spec_accepted_tokens_total": float(snap.spec_accepted_tokens_total)},
+            num_kv_tokens_used=snap.num_kv_tokens_running, num_kv_tokens_cached=snap.num_kv_tokens_cached,
+            num_kv_tokens_total=self.config.max_batch * self.max_model_len)
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Abort what is in flight and join the engine thread (idempotent)."""

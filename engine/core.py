@@ -64,6 +64,10 @@ class CoreSnapshot:
     prefix_cache_hits_total: int = 0  # of them, tokens whose KV was reused
     spec_draft_tokens_total: int = 0  # tokens proposed by speculative drafts
     spec_accepted_tokens_total: int = 0  # of them, tokens the model kept
+    # KV held, in tokens (issue 26: the gateway's KV-utilization gauge): running requests' computed tokens, and
+    # what free slots keep for prefix reuse (evictable, so not counted as used, as vLLM counts cached blocks).
+    num_kv_tokens_running: int = 0
+    num_kv_tokens_cached: int = 0
 
 
 Sink = Callable[[list[CoreOutput]], None]
@@ -415,4 +419,6 @@ class EngineCore:
             prompt_tokens_total=self._prompt_total, generation_tokens_total=self._gen_total,
             decode_tokens_per_s=self._rate if s.running else 0.0, steps_total=self._steps, last_step_s=now,
             prefix_cache_queries_total=s.prefix_queries_total, prefix_cache_hits_total=s.prefix_hits_total,
-            spec_draft_tokens_total=self._spec_drafted, spec_accepted_tokens_total=self._spec_accepted)
+            spec_draft_tokens_total=self._spec_drafted, spec_accepted_tokens_total=self._spec_accepted,
+            num_kv_tokens_running=sum(r.num_computed_tokens for r in s.running.values()),
+            num_kv_tokens_cached=s.cache.num_tokens)

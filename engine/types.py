@@ -162,6 +162,11 @@ class EngineStats:
     generation_tokens_total: int = 0
     decode_tokens_per_s: float = 0.0  # recent, all streams together
     extra: dict[str, float] = field(default_factory=dict)
+    # KV cache in tokens: held by running requests, kept by free slots for prefix reuse, and the capacity
+    # (slots x max_model_len). used / total is the gateway's KV-utilization fraction.
+    num_kv_tokens_used: int = 0
+    num_kv_tokens_cached: int = 0
+    num_kv_tokens_total: int = 0
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@
 #   bash bench/perf/gpu/serving.sh [tests] [probe] [http] [engine]     (default: http engine)
 # PROVIDER=cuda (after `source .device/setup-cuda.sh`) serves on the CUDA EP instead of WebGPU; tests then runs
 # tests/integration/ep/test_cuda_engine.py (TESTS= picks others). SERVE_ARGS adds server flags (--no-graph-capture).
+# EXTRA_BODY replaces the requests' extra fields (default {"logprobs": 0}: a chunk of a random-weight model's tokens
+# may hold no text, and its logprobs still count it; '{}' measures requests as most clients send them).
 # probe: the time of each device piece (bench/perf/gpu/probe_buckets.py).
 # Results: $OUT/serving-*.json (one `ortserve bench` report per run) and $OUT/serving_log.txt.
 set -o pipefail
@@ -42,7 +44,7 @@ fi
 bench() {  # bench NAME ARGS...: one ortserve bench report
   local name=$1; shift
   timeout 240 python3 -m server bench --url "http://127.0.0.1:$PORT/v1" --endpoint completions --no-progress \
-    --extra-body '{"logprobs": 0}' --out "$OUT/serving-$name.json" "$@" 2>&1 | tail -n 25 | tee -a "$LOG"
+    --extra-body "${EXTRA_BODY:-{\"logprobs\": 0\}}" --out "$OUT/serving-$name.json" "$@" 2>&1 | tail -n 25 | tee -a "$LOG"
 }
 
 serve() {  # serve MAX_BATCH: start a server on $PORT and wait until it answers
