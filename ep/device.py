@@ -395,7 +395,7 @@ def select_device(provider: str = "auto", selector: str | None = None,
     """Register what ``provider`` needs, then filter ORT's EP devices by provider and ``--device``.
 
     Args:
-        provider: "auto" or any spelling of a provider name (auto order: AMDGPU, MIGraphX, WebGPU, CUDA, CPU).
+        provider: "auto" or any spelling of a provider name (auto order: AMDGPU, MIGraphX, CUDA, WebGPU, CPU).
         selector: --device: index among that EP's devices, PCI bus id, or "vendor:device" hex ids.
         ep_library: --ep-library PATH for the AMDGPU EP (else $AMDGPU_EP_PATH, else an installed package).
 

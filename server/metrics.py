@@ -97,14 +97,32 @@ class ServerMetrics:
             "vllm:cache_config_info", "KV cache configuration (labels; the value is always 1).",
             ["block_size", "num_gpu_blocks", "enable_prefix_caching", "num_slots", "max_model_len"], registry=r)
 
-    def render(self, stats: EngineStats | None, model_name: str = "", prefix_caching: bool = True) -> bytes:
+        # Embeddings (/v1/embeddings, /embedding): their own series, beside generation's.
+        self.embedding_requests = Counter("ortserve_embedding_requests", "Embedding requests by outcome.",
+                                          ["status"], registry=r)
+        for status in ("ok", REJECTED, "error"):
+            self.embedding_requests.labels(status=status)
+        self.embedding_inputs = Counter("ortserve_embedding_inputs", "Inputs (texts or token lists) embedded.",
+                                        registry=r)
+        self.embedding_tokens = Counter("ortserve_embedding_tokens", "Tokens of the inputs embedded.", registry=r)
+        self.embedding_latency = Histogram(
+            "ortserve_embedding_request_latency_seconds", "Embedding request arrival to its answer, seconds.",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.embedding_requests_running = Gauge(
+            "ortserve_embedding_requests_running", "Embedding requests waiting or running, all embedding models.",
+            registry=r)
+
+    def render(self, stats: EngineStats | None, model_name: str = "", prefix_caching: bool = True,
+               num_embedding_requests: int = 0) -> bytes:
         """The text exposition format, with the gauges refreshed from `stats` (None while loading).
 
         Args:
             stats: the engine's snapshot.
             model_name: the served model name (the `model_name` label of the vllm:* series).
             prefix_caching: whether the engine keeps prefixes (a vllm:cache_config_info label).
+            num_embedding_requests: embedding requests waiting or running, all embedding models.
         """
+        self.embedding_requests_running.set(num_embedding_requests)
         if stats is not None:
             self.requests_running.set(stats.num_running)
             self.requests_waiting.set(stats.num_waiting)

@@ -616,10 +616,13 @@ def with_choices(bodies: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return body
 
 
-def model_card(model_id: str, created: int, owned_by: str = "ortserve", max_model_len: int | None = None) -> dict:
+def model_card(model_id: str, created: int, owned_by: str = "ortserve", max_model_len: int | None = None,
+               dimensions: int | None = None) -> dict:
     card: dict[str, Any] = {"id": model_id, "object": "model", "created": created, "owned_by": owned_by}
     if max_model_len is not None:
         card["max_model_len"] = max_model_len
+    if dimensions is not None:  # an embedding model: the length of its vectors
+        card["dimensions"] = dimensions
     return card
 
 

@@ -44,6 +44,35 @@ class Settings(BaseSettings):
         "built-in name (chatml, gemma, llama3, phi3). A model without one answers chat requests with a 400.",
     )
 
+    # --- embeddings --------------------------------------------------------------------------------
+    embedding_model: str | None = Field(
+        None, description="Embedding model served beside --model on /v1/embeddings (requests pick it by `model`): "
+        "a known name (all-minilm-l6-v2), a sentence-transformers folder or a converted model folder.",
+    )
+    served_embedding_model_name: str | None = Field(
+        None, description="Name clients use for --embedding-model (default: the name it was given by)."
+    )
+    embeddings: bool = Field(
+        False, description="The chat model also serves /v1/embeddings: pooled, normalized hidden states of its "
+        "last layer (llama.cpp's --embeddings).",
+    )
+    pooling: Literal["mean", "cls", "last", "max", "none"] | None = Field(
+        None, description="Pooling of the chat model's --embeddings (default: the model's own, 'last' for chat "
+        "models); 'none' answers llama.cpp's /embeddings per token. --embedding-model keeps the pooling it was "
+        "trained with.",
+    )
+    embedding_max_queue: int = Field(
+        64, ge=1, le=100_000, description="Most embedding requests waiting or running per embedding model; "
+        "more get 429.",
+    )
+    embedding_batch_tokens: int = Field(
+        8192, ge=16, le=1_048_576, description="Most padded tokens (texts x longest text) in one embedding run.",
+    )
+    embedding_nice: int = Field(
+        10, ge=0, le=19, description="How much lower the embedding threads' CPU priority is than the chat "
+        "engine's (Linux nice steps; 0: the same), so embedding work yields the cores to running chat streams.",
+    )
+
     # --- network -----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address to listen on (127.0.0.1 keeps the server local).")
     port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on.")

@@ -32,8 +32,9 @@ def engine_for(request: Request, model: str | None) -> tuple[ServerState, Engine
     """The ready engine (503 while loading) after checking the requested model name (404)."""
     state = get_state(request)
     engine = state.require_engine()
+    state.require_chat_model(model)  # an embedding model asked to chat: 400 naming it
     if not state.accepts_model(model):
-        raise ModelNotFoundError(model or "", state.served_model_name)
+        raise ModelNotFoundError(model or "", state.served_model_name, also=state.embedding_names())
     return state, engine
 
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+from bench.perf.gpu.probe_cuda import _median_ms
 
 
 def _graph(variant: str, n_buf: int, shape: tuple[int, int, int, int], dtype: Any) -> bytes:
@@ -141,14 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         whole.run_with_iobinding(wb)
         return wb.copy_outputs_to_cpu()[0]
 
-    def median_ms(fn, repeat=args.repeat) -> float:
-        fn()
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times) * 1e3
+    def median_ms(fn) -> float:
+        return _median_ms(fn, args.repeat, warm=1)
 
     result: dict[str, Any] = {"provider": selected.ep_name, "shape": shape, "buffers": n_buf,
                               "row_mb_per_copy": round(n_buf * np.prod(shape[1:]) * 2 / 1e6, 1),
