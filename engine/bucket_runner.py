@@ -75,6 +75,8 @@ class BucketRunner(RunnerBase):
         self._stage_binding: ort.IOBinding | None = None
         self._ones = np.ones(self.length, dtype=np.int64)
         self.stage_keep_last = LOGITS_TO_KEEP in {i.name for i in self.prefill_session.get_overridable_initializers()}
+        self.prefill_logits = np.zeros((1 if self.stage_keep_last else prefill_chunk) * vocab, dtype=np.float32)
+        self._keep_one = ort.OrtValue.ortvalue_from_numpy(np.ones(1, dtype=np.int64))
         self.chunks: RowChunks | None = None
         if row_chunks:
             if not kv.row_views:

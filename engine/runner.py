@@ -135,9 +135,6 @@ class RunnerBase:
         self.slot_len = np.zeros(n, dtype=np.int64)  # valid KV positions per slot
         self.prefill_ids = np.zeros(chunk, dtype=np.int64)
         self.prefill_pos = np.zeros(chunk, dtype=np.int64)
-        self.keep_last = LOGITS_TO_KEEP in {i.name for i in session.get_overridable_initializers()}
-        self.prefill_logits = np.zeros((1 if self.keep_last else chunk) * self.vocab_size, dtype=np.float32)
-        self._keep_one = ort.OrtValue.ortvalue_from_numpy(np.ones(1, dtype=np.int64))
         # NOTE(engine): IOBinding copies a host input to the device that consumes it when it is BOUND, not when
         # the session runs: a device session would keep reading the values of the first binding while the CPU
         # writes new ones in place (seen on the CUDA EP: every decode step fed the first step's token, and a
@@ -271,6 +268,11 @@ class Runner(RunnerBase):
     @property
     def can_verify(self) -> bool:
         return True
+
+    @property
+    def keep_last(self) -> bool:
+        """The graph computes the logits of a chunk's last position only (``logits_to_keep``)."""
+        return self.chunks.keep_last
 
     def decode(self, slots: Sequence[int], token_ids: Sequence[int], positions: Sequence[int]) -> np.ndarray:
         """One token for each of ``slots`` (ascending).
