@@ -12,7 +12,7 @@ ARGS ?=
 AGENT_CLIS := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0
 AGENT_DIR := .cache/agent-clis
 
-.PHONY: serve test install venv pull lint clean bench-cpu agent-clis
+.PHONY: serve test install venv browser pull lint clean bench-cpu agent-clis
 
 $(BIN)/activate:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ortserve needs Python 3.11+, found " + sys.version.split()[0] + " (set PYTHON=python3.12 or similar)")'
@@ -52,7 +52,16 @@ $(AGENT_DIR)/.installed-$(subst /,_,$(subst @,,$(subst $() ,+,$(AGENT_CLIS)))):
 
 agent-clis: $(AGENT_DIR)/.installed-$(subst /,_,$(subst @,,$(subst $() ,+,$(AGENT_CLIS))))
 
-test: venv agent-clis
+# The browser tests (tests/integration/ui) drive Debian's chromium through its chromedriver: installed once
+# from Debian's packages when missing (never a browser download by a test tool).
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+		$$sudo apt-get update && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends \
+			chromium chromium-driver; \
+	fi
+
+test: venv browser agent-clis
 	$(BIN)/python -m pytest $(ARGS)
 
 clean:

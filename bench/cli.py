@@ -15,6 +15,7 @@ from bench.loadgen import HttpBackend, HttpSettings, RemoteUrlError, RssSampler,
 from bench.metrics import Slo
 from bench.report import build_report, compare, format_compare, format_summary, load_report, run_entry, write_report
 from bench.features import FEATURE_SCENARIOS
+from bench.embeddings import EMBEDDINGS_SCENARIO
 from bench.scenarios import SCENARIOS, iter_requests
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
@@ -67,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="engine-direct KV slots (default: max(8, the largest concurrency))")
     target.add_argument("--engine-provider", default="cpu", help="engine-direct execution provider (default cpu)")
     load = p.add_argument_group("load")
-    load.add_argument("--concurrency", type=_int_list, default=[1],
-                      help="closed-loop users, comma-separated, one run per level (default 1)")
+    load.add_argument("--concurrency", type=_int_list, default=None,
+                      help="closed-loop users, comma-separated, one run per level (default 1; embeddings 1,8,32)")
     load.add_argument("--rate", type=_float_list,
                       help="open loop instead: Poisson arrival rates in req/s, comma-separated, one run each")
     load.add_argument("--num-requests", type=_positive_int,
@@ -81,11 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     load.add_argument("--extra-body", type=json.loads, default={},
                       help="JSON object merged into every request body")
-    load.add_argument("--scenario", choices=SCENARIOS + FEATURE_SCENARIOS, default="fixed",
+    load.add_argument("--scenario", choices=SCENARIOS + FEATURE_SCENARIOS + (EMBEDDINGS_SCENARIO,), default="fixed",
                       help="fixed lengths; soak: mixed prompt/output lengths + server RSS sampling; json_schema: "
                       "fixed lengths, every answer constrained by response_format to a typical JSON schema; "
                       "multiturn: growing conversations over a long system prompt (prefix reuse); copy: answers "
-                      "that repeat their input, beside free text (speculative decoding)")
+                      "that repeat their input, beside free text (speculative decoding); embeddings: texts/s "
+                      "through /v1/embeddings at each --concurrency and --batch-sizes, beside --peer-url servers")
     load.add_argument("--duration", type=float, default=600.0,
                       help="hard cap per run in seconds; in-flight requests are cut (default %(default)s)")
     load.add_argument("--request-timeout", type=float, default=300.0,
@@ -97,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a server to interleave every request with (repeatable), e.g. the same server with "
                       "--no-prefix-caching or --speculative-tokens 0: ratios against it")
     feat.add_argument("--peer-label", action="append", metavar="NAME", help="name of each --peer-url in reports")
+    feat.add_argument("--distinct-prompts", action="store_true",
+                      help="multiturn: every target gets its own system prompts (for peers that front the same "
+                      "servers, e.g. two routers over one set of replicas)")
     feat.add_argument("--turns", type=_positive_int, default=6, help="multiturn: turns per conversation (default 6)")
     feat.add_argument("--system-tokens", type=_positive_int, default=1000,
                       help="multiturn: system prompt length in tokens (default 1000)")
@@ -105,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     feat.add_argument("--pause", type=float, default=0.2,
                       help="multiturn/copy: seconds between requests, so a server's spinning threads go idle "
                       "before the next one runs (default 0.2)")
+    emb = p.add_argument_group("embeddings scenario")
+    emb.add_argument("--batch-sizes", type=_int_list, default=[1, 32],
+                     help="texts per /v1/embeddings request, comma-separated (default 1,32)")
+    emb.add_argument("--rounds", type=_positive_int, default=3,
+                     help="rounds; each runs every level on every target in turn (default 3)")
     slo = p.add_argument_group("goodput")
     slo.add_argument("--slo-ttft-ms", type=float, help="TTFT bound for goodput")
     slo.add_argument("--slo-tpot-ms", type=float, help="time-per-output-token bound for goodput")
@@ -134,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.compare:
         return _compare(args)
+    if args.scenario == EMBEDDINGS_SCENARIO:
+        args.concurrency = args.concurrency or [1, 8, 32]
+        return _embeddings(args)
+    args.concurrency = args.concurrency or [1]
     if args.scenario in FEATURE_SCENARIOS:
         # copy: room for the longest passage (the model ends with EOS once it has copied it)
         args.output_tokens = args.output_tokens or (32 if args.scenario == "multiturn" else 256)
@@ -188,6 +202,32 @@ def _features(args: argparse.Namespace) -> int:
         from bench.plots import plot_features
 
         print(f"plot: {plot_features([report], args.plot)}")
+    return 0
+
+
+def _embeddings(args: argparse.Namespace) -> int:
+    """The embeddings scenario (bench/embeddings.py), HTTP only."""
+    from bench import embeddings
+
+    if args.engine is not None:
+        print("ortserve bench: the embeddings scenario runs over HTTP (drop --engine)", file=sys.stderr)
+        return 1
+    try:
+        for url in [args.url, *(args.peer_url or [])]:
+            check_loopback(url, args.allow_remote)
+    except RemoteUrlError as exc:
+        print(f"ortserve bench: {exc}", file=sys.stderr)
+        return 1
+    try:
+        report = asyncio.run(embeddings.run(args))
+    except Exception as exc:  # noqa: BLE001 - unreachable server, no model: one line
+        print(f"ortserve bench: cannot use the target: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(embeddings.format_summary(report["summary"], [t["name"] for t in report["targets"]]))
+    if args.out:
+        print(f"report: {write_report(report, args.out)}")
+    if args.plot:
+        print(f"plot: {embeddings.plot(report, args.plot)}")
     return 0
 
 

@@ -155,16 +155,23 @@ def _rotated(targets: list[Target], k: int) -> list[Target]:
 
 async def run_multiturn(targets: list[Target], *, conversations: int, turns: int, system_tokens: int,
                         user_tokens: int, output_tokens: int, seed: int, pause_s: float,
-                        progress: bool = False) -> list[Reply]:
+                        progress: bool = False, distinct_prompts: bool = False) -> list[Reply]:
     """Each conversation runs turn by turn on every target in turn (order rotating); each target keeps its own
-    history (its own answers), as separate users would."""
+    history (its own answers), as separate users would. ``distinct_prompts``: every target gets its own system
+    prompts, for targets that front the same servers (two routers over one set of replicas), whose caches
+    would otherwise serve one target's turns from the other's."""
     rng = random.Random(seed)
     replies: list[Reply] = []
     for c in range(conversations):
         # NOTE(bench): the conversation number, spelled in words, leads: no two system prompts share a prefix
         # beyond the chat template's first tokens, so every turn 1 is a cold request.
-        system = make_prompt(system_tokens, rng, prefix_words=index_words(c))
-        history = {t.name: [{"role": "system", "content": system}] for t in targets}
+        if distinct_prompts:
+            n = len(targets)
+            history = {t.name: [{"role": "system", "content": make_prompt(
+                system_tokens, rng, prefix_words=index_words(c * n + k))}] for k, t in enumerate(targets)}
+        else:
+            system = make_prompt(system_tokens, rng, prefix_words=index_words(c))
+            history = {t.name: [{"role": "system", "content": system}] for t in targets}
         for turn in range(1, turns + 1):
             user = make_prompt(user_tokens, rng)
             for target in _rotated(targets, c + turn):
@@ -311,7 +318,8 @@ async def run(args) -> dict:
             replies = await run_multiturn(targets, conversations=args.num_requests or 6, turns=args.turns,
                                           system_tokens=args.system_tokens, user_tokens=args.user_tokens,
                                           output_tokens=args.output_tokens, seed=args.seed, pause_s=args.pause,
-                                          progress=bool(args.progress))
+                                          progress=bool(args.progress),
+                                          distinct_prompts=getattr(args, "distinct_prompts", False))
             summary = summarize_multiturn(replies, names, args.turns)
         else:
             replies = await run_copy(targets, requests=args.num_requests or len(PASSAGES),

@@ -7,38 +7,33 @@ and receives outputs via loop.call_soon_threadsafe.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine import placement
 from engine.chat_template import ChatTemplate
 from engine.config import EngineConfig
 from engine.core import CoreOutput, EngineCore
 from engine.detokenizer import IncrementalDetokenizer
-from engine.device_kv import RowCopier, row_copy_graph_bytes
-from engine.graph_capture import OpenedSession, open_session
-from engine.kv_cache import KVCache, KVShape, make_kv_allocator
-from engine.model_loader import (
-    ModelFolder, check_graph, create_session, read_model_folder, resolve_max_model_len,
-)
+from engine.model_loader import ModelFolder, read_model_folder
 from engine.output_processor import OutputProcessor, RequestState, merge_by_choice
-from engine.runner import Runner, make_input_allocator
 from engine.scheduler import Request, Scheduler
 from engine.structured_output import GrammarConstraint, StructuredOutputBackend
 from engine.tokenizer import Tokenizer
 from engine.types import (
-    DevicePlacement, EngineDeadError, EngineOverloadedError, EngineStats, FinishReason, InvalidRequestError,
-    ModelLoadError, PromptTooLongError, RequestOutput, SamplingParams,
+    EngineDeadError,
+    EngineOverloadedError,
+    EngineStats,
+    FinishReason,
+    InvalidRequestError,
+    PromptTooLongError,
+    RequestOutput,
+    SamplingParams,
 )
 
 log = logging.getLogger(__name__)
-
-
-def _device_views(selected: Any) -> bool:
-    """A KV buffer's prefix can be bound by its address on this device (measured on WebGPU; others untested)."""
-    return selected is not None and selected.provider == "webgpu"
 
 
 class AsyncEngine:
@@ -56,22 +51,18 @@ class AsyncEngine:
     def __init__(self, folder: ModelFolder, config: EngineConfig) -> None:
         self.config = config
         self.folder = folder
-        planned_len = resolve_max_model_len(folder, config, None)
-        try:
-            runner = self._make_runner(open_session(folder, config, planned_len), planned_len)
-        except _WarmupError as exc:  # graph capture was auto-chosen and its first run failed: run without it
-            log.warning("graph capture failed at its first run (%s); running without it", exc)
-            self.config = config = dataclasses.replace(config, graph_capture=False)
-            runner = self._make_runner(open_session(folder, config, planned_len), planned_len)
+        loaded = placement.load(folder, config)
+        runner = self.runner = loaded.runner
+        self.placement, self.max_model_len, self.vocab_size = loaded.placement, loaded.max_model_len, loaded.vocab_size
         kv = runner.kv
         # NOTE(engine): a draft check is a run of S > 1 tokens in one row; whole-buffer mode runs every row at
         # S = 1 (GroupQueryAttention refuses S > 1 with a past at batch > 1), so no speculation there.
-        speculative_tokens = 0 if runner.whole_buffer else config.speculative_tokens
+        speculative_tokens = config.speculative_tokens if runner.can_verify else 0
         scheduler = Scheduler(config.max_batch, config.max_queue + config.max_batch, config.prefill_chunk,
                               prefix_caching=config.prefix_caching, can_copy=runner.can_copy,
                               speculative_tokens=speculative_tokens,
                               speculative_max_batch=config.speculative_max_batch,
-                              low_slots=len(runner.buckets) > 1)
+                              low_slots=len(runner.buckets) > 1, max_prefills=config.max_prefills_per_step)
         self.kv_cache_bytes = kv.shape.nbytes
         self._processor = OutputProcessor()
         self._seq = 0
@@ -87,68 +78,6 @@ class AsyncEngine:
         log.info("engine ready: %s, max_model_len %d, %d slots, KV %.1f MiB, prefix caching %s, "
                  "speculative tokens %d", folder.model_name, self.max_model_len, config.max_batch,
                  self.kv_cache_bytes / 2**20, "on" if config.prefix_caching else "off", speculative_tokens)
-
-    def _make_runner(self, opened: OpenedSession, planned_len: int) -> Runner:
-        """KV cache and runner over ``opened``; sets max_model_len, vocab_size and placement."""
-        session, selected, config = opened.session, opened.selected, self.config
-        io = check_graph(self.folder, session, packed_input=opened.packed_input)
-        self.max_model_len = resolve_max_model_len(self.folder, config, io.kv_length)
-        self.vocab_size = io.vocab_size
-        kv_length = io.kv_length or self.max_model_len
-        if opened.graph_capture and kv_length != planned_len:
-            raise ModelLoadError(f"graph capture was set up for KV length {planned_len}, the graph has {kv_length}")
-        allocator = make_kv_allocator(selected, session)
-        kv_shape = KVShape(self.folder.num_layers, config.max_batch, self.folder.num_kv_heads, kv_length,
-                           self.folder.head_size, io.kv_dtype)
-        kv = KVCache(kv_shape, allocator)
-        device_alloc = None
-        if opened.graph_capture:
-            from ep import host_memory
-
-            def device_alloc(shape: tuple[int, ...], dtype: Any) -> Any:
-                return host_memory.alloc_device(shape, dtype, selected, session=session, zero=True)
-        whole = bool(config.whole_buffer) or not kv.addressable
-        staged = self._staged_prefill_parts(opened, kv_shape, allocator) if whole else {}
-        runner = Runner(session, io, kv, prefill_chunk=config.prefill_chunk, max_position=self.max_model_len,
-                        whole_buffer=bool(config.whole_buffer), input_allocator=make_input_allocator(selected),
-                        device_alloc=device_alloc, packed_input=opened.packed_input,
-                        kv_view_device=("webgpu", selected.device_id) if _device_views(selected) else None,
-                        graph_ids=opened.graph_capture, **staged)
-        if selected is not None and runner.whole_buffer:
-            try:  # compile the kernels (and capture the decode step) before the first request
-                runner.warmup()
-            except Exception as exc:  # noqa: BLE001 - ORT raises several pybind classes
-                if opened.graph_capture and config.graph_capture is None:
-                    raise _WarmupError(f"{type(exc).__name__}: {exc}") from exc
-                raise ModelLoadError(f"the first run on {selected.ep_name} failed: {exc}") from exc
-        self.placement = DevicePlacement(
-            provider=selected.provider if selected is not None else "cpu",
-            ep_name=selected.ep_name if selected is not None else "CPUExecutionProvider",
-            device_id=selected.device_id if selected is not None else 0,
-            kv_cache="host" if kv.addressable else "device", decode_inputs=runner.input_source,
-            logits="device->cpu" if runner.device_io is not None else "cpu", whole_buffer=runner.whole_buffer,
-            graph_capture=opened.graph_capture, graph_capture_note=opened.note)
-        log.info("placement: %s", self.placement)
-        return runner
-
-    def _staged_prefill_parts(self, opened: OpenedSession, kv_shape: KVShape, allocator: Any) -> dict[str, Any]:
-        """Whole buffer on the CPU EP or WebGPU: a one-slot staging KV, a row copier and the prefill session for
-        chunked prefill (engine.device_kv); {} where these are not known to work (other devices: one token
-        per run, as before)."""
-        selected, config = opened.selected, self.config
-        if selected is not None and selected.provider != "webgpu":
-            return {}
-        copy_bytes = row_copy_graph_bytes(2 * kv_shape.num_layers, kv_shape.dtype)
-        copy_session, _ = create_session(self.folder, config, selected=selected, model_bytes=copy_bytes)
-        prefill_session, prefill_io = opened.session, None
-        if opened.graph_capture or opened.packed_input:  # the captured graph runs S = 1 only: the plain one
-            prefill_session, _ = create_session(self.folder, config, selected=selected)
-            prefill_io = check_graph(self.folder, prefill_session)
-        staging = KVCache(dataclasses.replace(kv_shape, num_slots=1), allocator)
-        log.info("chunked prefill through a staging row and device row copies (%s)",
-                 selected.ep_name if selected is not None else "CPUExecutionProvider")
-        return {"staging": staging, "copier": RowCopier(copy_session, 2 * kv_shape.num_layers),
-                "prefill_session": prefill_session, "prefill_io": prefill_io}
 
     @classmethod
     def from_model_dir(cls, path: str | Path, config: EngineConfig | None = None) -> AsyncEngine:
@@ -194,7 +123,7 @@ class AsyncEngine:
         if low < 0 or high >= self.vocab_size:
             bad = low if low < 0 else high
             raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size}), got {bad}",
-                                      param="prompt")
+                                      param="prompt", code="invalid_value")
 
     # -- requests --------------------------------------------------------------------------------------
 
@@ -216,7 +145,8 @@ class AsyncEngine:
             raise InvalidRequestError(f"request_id {request_id!r} is already running", param="request_id")
         if params.n > self.config.max_batch:
             raise InvalidRequestError(f"n must be at most {self.config.max_batch} (the sequences this server runs "
-                                      f"at once, --max-batch), got {params.n}", param="n")
+                                      f"at once, --max-batch), got {params.n}", param="n",
+                                      code="invalid_value")
         # NOTE(engine): in flight = running + waiting; the waiting part is bounded by max_queue.
         if len(states) >= self.config.max_batch + self.config.max_queue:
             raise EngineOverloadedError()
@@ -296,7 +226,9 @@ class AsyncEngine:
                    "prefix_cache_queries_total": float(snap.prefix_cache_queries_total),
                    "prefix_cache_hits_total": float(snap.prefix_cache_hits_total),
                    "spec_draft_tokens_total": float(snap.spec_draft_tokens_total),
-                   "spec_accepted_tokens_total": float(snap.spec_accepted_tokens_total)})
+                   "spec_accepted_tokens_total": float(snap.spec_accepted_tokens_total)},
+            num_kv_tokens_used=snap.num_kv_tokens_running, num_kv_tokens_cached=snap.num_kv_tokens_cached,
+            num_kv_tokens_total=self.config.max_batch * self.max_model_len)
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Abort what is in flight and join the engine thread (idempotent)."""
@@ -354,7 +286,3 @@ class AsyncEngine:
         """Event loop: detokenize and queue; a stop string found here aborts the request in the core."""
         for request_id, index in self._processor.process(outputs):
             self._core.abort([request_id], index)
-
-
-class _WarmupError(Exception):
-    """The auto-chosen captured decode step failed at its first run."""

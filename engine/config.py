@@ -28,16 +28,23 @@ class EngineConfig:
         max_queue: requests allowed to wait for a slot; one more raises EngineOverloadedError.
         max_model_len: tokens per request (prompt + output); None -> min(context_length,
             search.max_length or 2048).
-        prefill_chunk: token budget per step (decode tokens + one prefill chunk); also the width of the
+        prefill_chunk: token budget per step (decode tokens + prefill chunks); also the width of the
             KV tail reserved for idle rows on devices whose buffers can't be sliced.
         intra_op_threads: ORT intra-op threads; None -> number of physical cores.
         allow_spinning: let ORT's intra-op threads spin between ops (lower latency, burns CPU).
-        whole_buffer: always run every KV row (what opaque device buffers need); None -> only when the
-            KV cache isn't CPU-addressable.
+        kv_rows: how KV rows are bound, overriding what the device's memory allows (``engine.placement``):
+            None -> the device's way; "opaque" -> the bucket path of opaque buffers (prefix views, a staging row,
+            device row copies: on the CPU EP a stand-in for WebGPU); "pointer" -> rows bound by address (on the
+            CPU EP, host memory bound by address + row offset exactly as CUDA/HIP device memory is: their
+            stand-in).
         graph_capture: capture the whole-buffer decode step once and replay it (WebGPU's enableGraphCapture,
             the analog of the AMDGPU EP's HIP graphs): fixed [max_batch, 1] shapes, every input and output
             in a fixed device buffer. None -> on for WebGPU when the graph allows it (else off, the reason
             logged); True -> required (a model or provider that can't is a ModelLoadError); False -> off.
+        matmul_row_groups: captured decode steps run each MatMulNBits on groups of at most 3 rows, this
+            many groups, then one run on the rest (``engine.graph_capture.split_matmul_rows``: WebGPU's
+            small-M kernel is several times faster than its tiled one at 4-8 rows); 0 -> off, None -> the
+            device's default.
         seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
         chat_template: replaces the model's chat template: a built-in name (``engine.chat_template.
             BUILTIN_TEMPLATES``) or a Jinja file; None keeps the model's own.
@@ -52,6 +59,8 @@ class EngineConfig:
         speculative_max_batch: drafts are checked only while at most this many requests decode: a check runs
             alone (GroupQueryAttention takes S > 1 new tokens with a past at batch 1 only), so beside other
             streams it costs a run of its own instead of one row of the shared decode run.
+        max_prefills_per_step: the most requests whose prompt chunks share one step's token budget (0: as
+            many as it holds; 1: one request's chunk per step, the others wait a step each).
         fault_injector: TEST-ONLY hook, called on the core thread with a ``StepInfo`` just before each model
             run; an exception it raises fails exactly that run's requests (finish_reason ERROR), as a device
             error would, and the engine goes on. None (the default) costs nothing.
@@ -67,8 +76,9 @@ class EngineConfig:
     prefill_chunk: int = 256
     intra_op_threads: int | None = None
     allow_spinning: bool = True
-    whole_buffer: bool | None = None
+    kv_rows: str | None = None
     graph_capture: bool | None = None
+    matmul_row_groups: int | None = None
     seed: int | None = None
     chat_template: str | None = None
     grammar_compile_timeout_s: float = 10.0
@@ -76,9 +86,12 @@ class EngineConfig:
     prefix_caching: bool = True
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     speculative_max_batch: int = 1
+    max_prefills_per_step: int = 0
     fault_injector: Callable[[StepInfo], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        _check(self.kv_rows in (None, "pointer", "opaque"), "kv_rows", "must be None, 'pointer' or 'opaque'",
+               self.kv_rows)
         _check(1 <= self.max_batch <= 256, "max_batch", "must be in [1, 256]", self.max_batch)
         _check(0 <= self.max_queue, "max_queue", "must be >= 0", self.max_queue)
         _check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2",
@@ -93,9 +106,11 @@ class EngineConfig:
                "must be >= 1", self.intra_op_threads)
         _check(0 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS, "speculative_tokens",
                f"must be in [0, {MAX_SPECULATIVE_TOKENS}]", self.speculative_tokens)
+        _check(self.max_prefills_per_step >= 0, "max_prefills_per_step", "must be >= 0 (0: as the budget holds)",
+               self.max_prefills_per_step)
         _check(self.speculative_max_batch >= 1, "speculative_max_batch", "must be >= 1", self.speculative_max_batch)
 
 
 def _check(ok: bool, param: str, rule: str, value: object) -> None:
     if not ok:
-        raise InvalidRequestError(f"{param} {rule}, got {value!r}", param=param)
+        raise InvalidRequestError(f"{param} {rule}, got {value!r}", param=param, code="invalid_value")

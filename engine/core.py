@@ -18,7 +18,7 @@ import numpy as np
 
 from engine.runner import Runner
 from engine.sampler import RequestSampler, SampleResult, sample_batch
-from engine.scheduler import Finished, Request, Scheduler, SchedulerOutput, Verify
+from engine.scheduler import Finished, PrefillChunk, Request, Scheduler, SchedulerOutput, Verify
 from engine.types import EngineDeadError, EngineError, FinishReason, StepInfo, TokenLogprob
 
 if TYPE_CHECKING:
@@ -64,6 +64,10 @@ class CoreSnapshot:
     prefix_cache_hits_total: int = 0  # of them, tokens whose KV was reused
     spec_draft_tokens_total: int = 0  # tokens proposed by speculative drafts
     spec_accepted_tokens_total: int = 0  # of them, tokens the model kept
+    # KV held, in tokens (issue 26: the gateway's KV-utilization gauge): running requests' computed tokens, and
+    # what free slots keep for prefix reuse (evictable, so not counted as used, as vLLM counts cached blocks).
+    num_kv_tokens_running: int = 0
+    num_kv_tokens_cached: int = 0
 
 
 Sink = Callable[[list[CoreOutput]], None]
@@ -206,8 +210,8 @@ class EngineCore:
         return None if request.index == 0 else np.random.default_rng([seed, request.index])
 
     def step(self) -> None:
-        """One scheduler step: KV copies, the decode batch (outputs sent at once), draft checks, then one
-        prefill chunk."""
+        """One scheduler step: KV copies, the decode batch (outputs sent at once), draft checks, then the
+        prefill chunks (one run each)."""
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         for copy in out.copies:  # NOTE(engine): before any run: a copy reads rows this step may overwrite
@@ -217,8 +221,8 @@ class EngineCore:
         num_verified = 0
         for verify in out.verify:
             num_verified += self._run_verify(verify)
-        if out.prefill is not None:
-            self._run_prefill(out)
+        for chunk in out.prefills:  # NOTE(engine): each its own run; a last chunk's first token goes out at once
+            self._run_prefill(chunk)
         self._steps += 1
         elapsed = time.perf_counter() - t0
         num_decoded = len(out.decode) + num_verified
@@ -267,9 +271,7 @@ class EngineCore:
         self._emit([(request, results[:num_added])], finished)
         return num_added
 
-    def _run_prefill(self, out: SchedulerOutput) -> None:
-        chunk = out.prefill
-        assert chunk is not None
+    def _run_prefill(self, chunk: PrefillChunk) -> None:
         request = chunk.request
         choices = (request, *request.forks)
         failed: dict[Request, str] = {}
@@ -415,4 +417,6 @@ class EngineCore:
             prompt_tokens_total=self._prompt_total, generation_tokens_total=self._gen_total,
             decode_tokens_per_s=self._rate if s.running else 0.0, steps_total=self._steps, last_step_s=now,
             prefix_cache_queries_total=s.prefix_queries_total, prefix_cache_hits_total=s.prefix_hits_total,
-            spec_draft_tokens_total=self._spec_drafted, spec_accepted_tokens_total=self._spec_accepted)
+            spec_draft_tokens_total=self._spec_drafted, spec_accepted_tokens_total=self._spec_accepted,
+            num_kv_tokens_running=sum(r.num_computed_tokens for r in s.running.values()),
+            num_kv_tokens_cached=s.cache.num_tokens)

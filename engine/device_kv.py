@@ -1,13 +1,16 @@
-"""Device-side KV work for whole-buffer runners: batch buckets, whole-row copies, staged prefill.
+"""Device-side KV work: batch buckets and row copies between slots, for both kinds of device memory.
 
 Opaque device KV (WebGPU) can't be bound one row at a time, but a buffer can be bound as its prefix
 ``[b, H, L, D]`` (the buffer's own address with a smaller shape), and rows can be copied on the device by a
-small graph (Gather, then ScatterND writing in place). With these a whole-buffer runner
+small graph (Gather, then ScatterND writing in place: ``RowCopier``). With these the bucket runner
+(``engine.bucket_runner``)
   * decodes at the size of the work: one captured step per batch bucket (1, 2, 4, ... max_batch) over the
     prefix of rows that holds the running requests (the scheduler fills the lowest free slots first);
   * prefills a prompt in chunks of many tokens in a batch-1 staging row (GroupQueryAttention takes S > 1 new
     tokens with a past at batch 1 only) and copies that row into the request's slot;
   * copies KV between slots (prefix reuse from another slot, n > 1 choices).
+Pointer-addressed device KV (CUDA, HIP) binds any row by address, so only its copies between slots need the
+device: ``AddressRowCopier``, a graph of Identity nodes bound to the source and destination rows.
 
 Imports onnxruntime and onnx (to build the copy graph); ep/ only through the session the caller opened.
 """
@@ -44,7 +47,7 @@ def bucket_for(buckets: Sequence[int], rows: int) -> int:
     return buckets[-1]
 
 
-def row_copy_graph_bytes(num_buffers: int, dtype: Any) -> bytes:
+def row_copy_graph_bytes(num_buffers: int, dtype: Any, heads: int, length: int) -> bytes:
     """A graph that copies one row of each of ``num_buffers`` 4-D buffers into a row of another buffer.
 
     Inputs ``src_i`` ``[s, H, L, D]``, ``dst_i`` ``[d, H, L, D]``, ``src_row`` int64 ``[1]`` and ``dst_row``
@@ -52,24 +55,90 @@ def row_copy_graph_bytes(num_buffers: int, dtype: Any) -> bytes:
     ``src_i``. Bind ``out_i`` to the same buffer as ``dst_i`` and the copy happens in place (ScatterND skips
     its copy of the data when its output is its input, on WebGPU and on the CPU EP); ``src_i`` may be that
     buffer too (Gather reads the row before ScatterND writes).
+
+    NOTE(engine): ScatterND's work is split by index: with one index per row (indices ``[1, 1]``) one thread
+    wrote all H * L * D elements of a row, 90 MB/s on an H200 (373 ms for a 1B model's 1,024-position row). One
+    index per (head, position), ``[H * L, 3]`` (the destination row, then a constant grid), gives every D-wide
+    vector its own thread: 1.2 ms for the same 33.6 MB (bench/perf/gpu/probe_copy.py, docs/perf/GPU.md).
     """
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
 
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    nodes, inputs, outputs = [], [], []
+    h, pos = np.meshgrid(np.arange(heads), np.arange(length), indexing="ij")
+    inits = [numpy_helper.from_array(np.stack([h.ravel(), pos.ravel()], 1).astype(np.int64), "hl"),  # [H*L, 2]
+             numpy_helper.from_array(np.array([heads * length, 1], np.int64), "col_shape")]
+    nodes = [helper.make_node("Expand", [DST_ROW, "col_shape"], ["dst_col"], name="dst_col"),  # [H*L, 1]
+             helper.make_node("Concat", ["dst_col", "hl"], ["indices"], name="indices", axis=1)]  # [H*L, 3]
+    inputs, outputs = [], []
     for i in range(num_buffers):
         src, dst, row, out = f"src_{i}", f"dst_{i}", f"row_{i}", f"out_{i}"
-        inputs += [helper.make_tensor_value_info(src, elem, [f"s{i}", f"h{i}", f"l{i}", f"d{i}"]),
-                   helper.make_tensor_value_info(dst, elem, [f"n{i}", f"h{i}", f"l{i}", f"d{i}"])]
-        outputs.append(helper.make_tensor_value_info(out, elem, [f"n{i}", f"h{i}", f"l{i}", f"d{i}"]))
-        nodes += [helper.make_node("Gather", [src, SRC_ROW], [row], axis=0, name=f"gather_{i}"),
-                  helper.make_node("ScatterND", [dst, DST_ROW, row], [out], name=f"scatter_{i}")]
+        inputs += [helper.make_tensor_value_info(src, elem, [f"s{i}", heads, length, f"d{i}"]),
+                   helper.make_tensor_value_info(dst, elem, [f"n{i}", heads, length, f"d{i}"])]
+        outputs.append(helper.make_tensor_value_info(out, elem, [f"n{i}", heads, length, f"d{i}"]))
+        if i == 0:
+            inits.append(numpy_helper.from_array(np.array([heads * length, -1], np.int64), "upd_shape"))
+        nodes += [helper.make_node("Gather", [src, SRC_ROW], [row], axis=0, name=f"gather_{i}"),  # [1, H, L, D]
+                  helper.make_node("Reshape", [row, "upd_shape"], [f"upd_{i}"], name=f"reshape_{i}"),  # [H*L, D]
+                  helper.make_node("ScatterND", [dst, "indices", f"upd_{i}"], [out], name=f"scatter_{i}")]
     inputs += [helper.make_tensor_value_info(SRC_ROW, TensorProto.INT64, [1]),
                helper.make_tensor_value_info(DST_ROW, TensorProto.INT64, [1, 1])]
-    graph = helper.make_graph(nodes, "ortserve_kv_row_copy", inputs, outputs)
+    graph = helper.make_graph(nodes, "ortserve_kv_row_copy", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="ortserve")
     model.ir_version = 8
     return model.SerializeToString()
+
+
+def address_copy_graph_bytes(num_buffers: int, dtype: Any, row_shape: Sequence[int]) -> bytes:
+    """A graph of ``num_buffers`` Identity nodes ``src_i -> dst_i`` of shape ``row_shape`` ([1, H, L, D]).
+
+    Bound by address (a source row and a destination row of each buffer, ``AddressRowCopier``), one run copies
+    a row of every layer's keys and values: a device-to-device copy per buffer (0.24 ms for a 1B model's 33.6 MB
+    on an H200, bench/perf/gpu/probe_cuda.py).
+    """
+    from onnx import helper
+
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    shape = [int(d) for d in row_shape]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [f"src_{i}"], [f"dst_{i}"], name=f"copy_{i}") for i in range(num_buffers)],
+        "ortserve_kv_address_copy",
+        [helper.make_tensor_value_info(f"src_{i}", elem, shape) for i in range(num_buffers)],
+        [helper.make_tensor_value_info(f"dst_{i}", elem, shape) for i in range(num_buffers)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="ortserve")
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+class AddressRowCopier:
+    """Copies whole KV rows between slots of pointer-addressed buffers (CUDA, HIP; host memory in tests): one
+    run of ``address_copy_graph_bytes`` with each Identity's input and output bound to a row's address.
+
+    Use it as ``KVCache.row_copy`` (``copy(src_row, dst_row)``).
+
+    Args:
+        session: a session of ``address_copy_graph_bytes(len(kv.buffers), dtype, [1, H, L, D])`` on the KV's device.
+        kv: the KV cache (pointer addressing).
+    """
+
+    def __init__(self, session: ort.InferenceSession, kv: Any) -> None:
+        self.session = session
+        self.kv = kv
+        self.num_copies = 0
+        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
+
+    def __call__(self, src_row: int, dst_row: int) -> None:
+        if src_row == dst_row:
+            return
+        binding = self._bindings.get((src_row, dst_row))
+        if binding is None:  # NOTE(engine): one binding per (src, dst) pair, at most slots^2, made on first use
+            binding = self._bindings[(src_row, dst_row)] = self.session.io_binding()
+            row_bytes = self.kv.shape.row_bytes
+            for i, value in enumerate(self.kv.buffers):
+                base = value.data_ptr()
+                self.kv.bind_address(binding, f"src_{i}", f"dst_{i}", base + src_row * row_bytes, 1,
+                                     output_ptr=base + dst_row * row_bytes)
+        self.session.run_with_iobinding(binding)
+        self.num_copies += 1
 
 
 class RowCopier:
@@ -80,7 +149,7 @@ class RowCopier:
     must equal the source's (a shared prefix), as they do for every copy the engine asks for.
 
     Args:
-        session: a session of ``row_copy_graph_bytes(num_buffers, dtype)`` on the KV's device.
+        session: a session of ``row_copy_graph_bytes(num_buffers, dtype, heads, length)`` on the KV's device.
         num_buffers: buffers per copy (2 x layers).
     """
 

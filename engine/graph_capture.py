@@ -20,7 +20,10 @@ from engine.types import ModelLoadError
 
 log = logging.getLogger(__name__)
 
-CAPTURE_PROVIDERS = ("webgpu",)  # EPs whose graph capture the engine drives (AMDGPU captures on its own)
+# EPs whose graph capture the engine drives: WebGPU's enableGraphCapture, CUDA's enable_cuda_graph (one graph per
+# decode bucket, gpu_graph_id = the bucket). The AMDGPU/MIGraphX EPs capture HIP graphs by their own session
+# config (ep.migraphx.hip_graph_enable); the engine keeps the same discipline there (engine.placement).
+CAPTURE_PROVIDERS = ("webgpu", "cuda")
 TOTAL_LEN_NAME = "ortserve/total_sequence_length"
 # The packed decode input: int32 [num_slots, 2] = (token id, seqlens_k = KV length after this token - 1) per row,
 # one upload per step instead of three (each host -> WebGPU copy is a queue submission, ~0.4 ms on an H200).
@@ -42,7 +45,8 @@ class OpenedSession:
 
 
 def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = False,
-                        names: tuple[str, str, str] = ("input_ids", "position_ids", "attention_mask")) -> bytes:
+                        names: tuple[str, str, str] = ("input_ids", "position_ids", "attention_mask"),
+                        row_groups: int = 0) -> bytes:
     """The decoder graph with nothing left for the CPU EP when every run is ``[num_slots, 1]`` wide.
 
     Only the graph is rewritten (the weights stay in the folder's external data file):
@@ -54,13 +58,16 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
       3. ``packed``: input_ids, position_ids and attention_mask give way to one int32 input ``PACKED_INPUT``
          [num_slots, 2]: column 0 feeds the embedding, column 1 is GQA's seqlens_k (which GQA also takes the
          rotary positions from when position_ids is absent, as it is for a one-token step);
-      4. nodes nobody consumes any more are dropped.
+      4. nodes nobody consumes any more are dropped;
+      5. ``row_groups`` > 0: every MatMulNBits runs its rows in ``row_groups`` groups of at most
+         ``MATMUL_GROUP_ROWS`` rows, then one on the rest (``split_matmul_rows``).
 
     Args:
         folder: the model folder.
         kv_length: the KV buffers' length = the attention mask's width (positions).
         packed: rewrite the three decode inputs into ``PACKED_INPUT``.
         names: the graph's (input_ids, position_ids, attention_mask) names.
+        row_groups: see step 5 (0: off).
     Returns:
         The serialized model; load it with the external-data folder set to ``folder.path``.
     Raises:
@@ -91,6 +98,8 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
     graph.initializer.append(numpy_helper.from_array(np.array(kv_length, dtype=np.int32), TOTAL_LEN_NAME))
     if packed:
         _pack_decode_inputs(graph, names)
+    if row_groups:
+        split_matmul_rows(graph, row_groups)
     # 4. Drop what fed only the old total length (Shape -> Gather -> Cast), iterating to a fixed point.
     graph_outputs = {o.name for o in graph.output}
     while True:
@@ -113,6 +122,56 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
         del graph.input[:]
         graph.input.extend(kept)
     return proto.SerializeToString()
+
+
+# The most rows WebGPU's MatMulNBits runs on its small-M path (onnxruntime-ep-webgpu 0.4.0: M <= 3, one
+# workgroup pass over the weights; M = 4 already takes the tiled path, 5x slower on an H200 for a 1B model).
+MATMUL_GROUP_ROWS = 3
+
+
+def default_row_groups(max_batch: int) -> int:
+    """The row split for a captured step of at most ``max_batch`` rows: every row on the small-M path up to 9 rows
+    (bench/perf/gpu/probe_buckets.py --row-groups, H200, 1B INT4: bucket 4 15.5 -> 6.0 ms, bucket 8 16.2 -> 8.8
+    ms, bucket 2 3.8 -> 4.2 ms); none beyond (bucket 16 took 22 ms split, 15 ms whole: the tiled kernel's cost
+    hardly grows with M, so a few small groups beside it only add)."""
+    if max_batch <= MATMUL_GROUP_ROWS or max_batch > 3 * MATMUL_GROUP_ROWS:
+        return 0
+    return -(-max_batch // MATMUL_GROUP_ROWS) - 1
+
+
+def split_matmul_rows(graph, groups: int, rows: int = MATMUL_GROUP_ROWS) -> int:
+    """Step 5 of ``capture_graph_bytes``: each MatMulNBits ``Y = f(A)`` becomes
+    ``Concat(f(A[0:r]), f(A[r:2r]), ..., f(A[groups*r:]))`` along A's first axis (the batch of a decode step).
+
+    Slices past the end are empty, so any batch runs: up to ``groups * rows`` rows take the small-M path
+    only, and larger batches put the rest through one ordinary run. Returns the nodes split.
+    """
+    from onnx import helper, numpy_helper
+
+    bounds = [i * rows for i in range(groups + 1)] + [2**62]
+    consts = {b: f"ortserve/row_{b}" for b in bounds}
+    graph.initializer.extend(numpy_helper.from_array(np.array([b], np.int64), name) for b, name in consts.items())
+    graph.initializer.append(numpy_helper.from_array(np.array([0], np.int64), "ortserve/axis0"))
+    new_nodes, count = [], 0
+    for node in graph.node:
+        if node.op_type != "MatMulNBits":
+            new_nodes.append(node)
+            continue
+        count += 1
+        parts = []
+        for g, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            a, y = f"{node.name}/rows{g}/A", f"{node.name}/rows{g}/Y"
+            new_nodes.append(helper.make_node("Slice", [node.input[0], consts[lo], consts[hi], "ortserve/axis0"], [a],
+                                              name=f"{node.name}/rows{g}/slice"))
+            part = helper.make_node("MatMulNBits", [a, *node.input[1:]], [y], name=f"{node.name}/rows{g}",
+                                    domain=node.domain)
+            part.attribute.extend(node.attribute)
+            new_nodes.append(part)
+            parts.append(y)
+        new_nodes.append(helper.make_node("Concat", parts, [node.output[0]], name=f"{node.name}/rows", axis=0))
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    return count
 
 
 def _pack_decode_inputs(graph, names: tuple[str, str, str]) -> None:
@@ -159,9 +218,9 @@ def nodes_off_ep(session: ort.InferenceSession, ep_name: str) -> list[str]:
 def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> OpenedSession:
     """Open the decoder session, with graph capture where ``config.graph_capture`` asks for it and it works.
 
-    ``graph_capture``: None (auto) captures on WebGPU when the rewritten graph puts every node on the GPU
-    and falls back to a plain session otherwise (the reason logged); True requires it; False never. The
-    packed-input graph is tried first, then the one with the three ordinary decode inputs.
+    ``graph_capture``: None (auto) captures on WebGPU and CUDA when the rewritten graph puts every node on the
+    device and falls back to a plain session otherwise (the reason logged); True requires it; False never.
+    The packed-input graph is tried first, then the one with the three ordinary decode inputs.
 
     Raises:
         ModelLoadError: the model can't be served, or ``graph_capture=True`` can't be honoured.
@@ -169,7 +228,7 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
     want = config.graph_capture
     if config.provider.lower() == "cpu":
         if want:
-            raise ModelLoadError("graph_capture=True needs the WebGPU EP; the provider is cpu")
+            raise ModelLoadError("graph_capture=True needs the WebGPU or CUDA EP; the provider is cpu")
         session, selected = create_session(folder, config)
         return OpenedSession(session, selected, False, "off: the CPU EP has no graph capture")
     from ep import device as ep_device
@@ -177,23 +236,23 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
     selected = ep_device.select_device(config.provider, config.device, config.ep_library)
     if selected.provider not in CAPTURE_PROVIDERS or want is False:
         if want:
-            raise ModelLoadError(f"graph_capture=True needs the WebGPU EP; {selected.ep_name} was selected")
+            raise ModelLoadError(f"graph_capture=True needs the WebGPU or CUDA EP; {selected.ep_name} was selected")
         note = "off: graph_capture=False" if want is False else \
-            f"off: the engine drives graph capture on WebGPU only ({selected.ep_name})"
-        if selected.provider in CAPTURE_PROVIDERS:
-            log.warning("graph capture is off on %s; uncaptured WebGPU runs were seen computing wrong logits "
-                        "(onnxruntime 1.30, onnxruntime-ep-webgpu 0.4.0)", selected.ep_name)
+            f"off: the engine drives graph capture on WebGPU and CUDA only ({selected.ep_name})"
         session, _ = create_session(folder, config, selected=selected)
         return OpenedSession(session, selected, False, note)
     inputs = folder.genai["model"]["decoder"].get("inputs", {})
     names = (inputs.get("input_ids", "input_ids"), inputs.get("position_ids", "position_ids"),
              inputs.get("attention_mask", "attention_mask"))
+    row_groups = config.matmul_row_groups
+    if row_groups is None:  # NOTE(engine): measured on WebGPU's MatMulNBits; CUDA's small-M kernel has no such cliff
+        row_groups = default_row_groups(config.max_batch) if selected.provider == "webgpu" else 0
     errors = []
     for packed in (True, False):  # one upload per step where the graph allows it, else three
         try:
             session, _ = create_session(folder, config, selected=selected, graph_capture=True,
                                         model_bytes=capture_graph_bytes(folder, kv_length, packed=packed,
-                                                                        names=names))
+                                                                        names=names, row_groups=row_groups))
             off = nodes_off_ep(session, selected.ep_name)
             if off:
                 raise ModelLoadError(f"nodes outside {selected.ep_name}: {', '.join(sorted(set(off)))}")
@@ -201,16 +260,17 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
             errors.append(f"{'packed' if packed else 'plain'} inputs: {exc}")
             continue
         note = (f"on: decode step [{config.max_batch}, 1], KV length {kv_length}, every node on "
-                f"{selected.ep_name}, {'one packed input' if packed else 'three inputs'}")
+                f"{selected.ep_name}, {'one packed input' if packed else 'three inputs'}"
+                + (f", MatMulNBits over {row_groups} groups of {MATMUL_GROUP_ROWS} rows + the rest" if row_groups else ""))
         log.info("graph capture %s", note)
         return OpenedSession(session, selected, True, note, PACKED_INPUT if packed else None)
     reason = "; ".join(errors)
     if want:
         raise ModelLoadError(f"graph capture on {selected.ep_name} is not possible: {reason}")
-    # NOTE(engine): with onnxruntime 1.30 and onnxruntime-ep-webgpu 0.4.0 (H200), an uncaptured run over a
-    # whole-buffer mask gave wrong logits (bench/perf/gpu/probe_step.py); the captured step matched the CPU EP.
-    log.warning("graph capture is off on %s (%s); uncaptured WebGPU runs were seen computing wrong logits",
-                selected.ep_name, reason)
+    # NOTE(engine): issue 13 saw uncaptured WebGPU runs compute wrong logits; the cause was the runner's, not the
+    # EP's: IOBinding copies host inputs when they are bound, and cached bindings were not bound again before each
+    # run (engine.runner.RunnerBase._run). Uncaptured runs now match the CPU EP (tests/integration/ep).
+    log.warning("graph capture is off on %s (%s)", selected.ep_name, reason)
     session, _ = create_session(folder, config, selected=selected)
     return OpenedSession(session, selected, False, f"off: {reason}")
 
@@ -234,10 +294,14 @@ class DeviceDecodeIO:
         logits_name: the logits output's name.
         logits_shape: ``[num_slots, 1, vocab]``.
         allocate: device allocator (CPU OrtValues work too: tests).
+        host_logits: a float32 host array of ``logits_shape`` (host-accessible memory where the device offers it)
+            that ``read_logits`` copies into with ``onnxruntime.copy_tensors`` (pointer memory: CUDA, HIP); None:
+            the readback binding's fresh array (WebGPU, see the note above).
     """
 
     def __init__(self, session: ort.InferenceSession, staging: Mapping[str, np.ndarray], logits_name: str,
-                 logits_shape: tuple[int, ...], allocate: DeviceAllocator) -> None:
+                 logits_shape: tuple[int, ...], allocate: DeviceAllocator,
+                 host_logits: np.ndarray | None = None) -> None:
         self._names = list(staging)
         self._staging = [staging[name] for name in self._names]
         self._host = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._staging]  # zero copy
@@ -247,6 +311,8 @@ class DeviceDecodeIO:
         self.logits = allocate(tuple(logits_shape), np.float32)
         self._readback = session.io_binding()
         self._readback.bind_ortvalue_output(logits_name, self.logits)
+        self._host_logits = host_logits
+        self._host_logits_value = None if host_logits is None else ort.OrtValue.ortvalue_from_numpy(host_logits)
 
     def bind(self, binding: ort.IOBinding) -> None:
         """Bind the device inputs and the device logits into the decode step's binding."""
@@ -263,5 +329,11 @@ class DeviceDecodeIO:
         ort.copy_tensors(self._host, self._device)
 
     def read_logits(self) -> np.ndarray:
-        """The last run's logits, float32 ``logits_shape`` (a fresh array)."""
+        """The last run's logits, float32 ``logits_shape`` (``host_logits``, or a fresh array)."""
+        if self._host_logits is not None and not self._on_cpu:
+            # NOTE(engine): a run whose outputs stay on the device may return before the device is done; wait for
+            # it, then copy (copy_tensors without a stream is synchronous)
+            self._readback.synchronize_outputs()
+            ort.copy_tensors([self.logits], [self._host_logits_value])
+            return self._host_logits
         return self._readback.copy_outputs_to_cpu()[0]

@@ -97,6 +97,11 @@ class SlotPrefixCache:
         """The tokens whose KV the (free) slot holds."""
         return self._tokens[slot]
 
+    @property
+    def num_tokens(self) -> int:
+        """Tokens whose KV the free slots still hold, all slots together (a taken slot counts 0: ``drop``)."""
+        return sum(len(tokens) for tokens in self._tokens)
+
     def keep(self, slot: int, tokens: list[int]) -> None:
         """A request left ``slot``; the KV of ``tokens`` (its prompt and computed output) stays valid there."""
         self._clock += 1

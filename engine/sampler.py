@@ -6,11 +6,14 @@ Shapes: ``logits`` is float32 ``[..., vocab]`` (one row per request); filtered-o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
+from engine.sampling import draw_tokens
 from engine.types import SamplingParams, TokenLogprob
 
 # NOTE(engine): top-p first looks at the best _TOP_P_PROBE tokens; if they already hold p of the mass
@@ -117,13 +120,69 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
+# NOTE(engine): a greedy batch's pass splits its rows over threads above this many logits (numpy's ufuncs release
+# the GIL) on machines of 4 cores or more; below it one thread is faster than the hand-off. 128k vocab: batch 32+.
+_THREADED_LOGITS = 1 << 22
+_pool: ThreadPoolExecutor | None = None
+
+
+def _rows_pass(logits: np.ndarray, scratch: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of float32 ``[n, V]`` logits: its argmax, its max and (with ``scratch``, the same shape)
+    ``log(sum(exp(x - max)))``, else zeros."""
+    best = logits.argmax(axis=-1)  # [n]
+    top = np.take_along_axis(logits, best[:, None], axis=-1)  # [n, 1]
+    if scratch is None:
+        return best, top[:, 0], np.zeros(len(best), dtype=logits.dtype)
+    np.subtract(logits, top, out=scratch)
+    np.exp(scratch, out=scratch)
+    return best, top[:, 0], np.log(scratch.sum(axis=-1))
+
+
+def greedy_pass(logits: np.ndarray, normalizers: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(argmax, max, log_sum)`` of every row of float32 ``[n, V]`` logits in one pass; ``log_sum`` is
+    ``log(sum(exp(x - max)))`` with ``normalizers`` (else zeros), so a token's log-probability is
+    ``(x[token] - max) - log_sum``, ``log_softmax``'s value operation for operation.
+
+    NOTE(engine): large batches split their rows over threads (numpy's ufuncs release the GIL): at batch 64 and
+    128k vocab a per-row log-softmax cost ~19 ms of a step whose model run takes 3.5 ms on an H200, and even the
+    argmax alone 1.2 ms.
+    """
+    global _pool
+    n = logits.shape[0]
+    scratch = np.empty_like(logits) if normalizers else None
+    if logits.size < _THREADED_LOGITS or n < 2 or (os.cpu_count() or 1) < 4:
+        return _rows_pass(logits, scratch)
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="ortserve-rows")
+    bounds = np.linspace(0, n, min(n, _pool._max_workers) + 1).astype(int)
+    parts = list(_pool.map(lambda r: _rows_pass(logits[r[0]:r[1]], None if scratch is None else scratch[r[0]:r[1]]),
+                           zip(bounds[:-1], bounds[1:])))
+    return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))  # type: ignore[return-value]
+
+
+def batch_logprobs(logits: np.ndarray, token_ids: Sequence[int], top_n: Sequence[int],
+                   top: np.ndarray | None = None, log_sum: np.ndarray | None = None) -> list[TokenLogprob]:
+    """The log-probability of ``token_ids[i]`` under ``softmax(logits[i])`` for every row of float32 ``[n, V]``
+    logits, with the row's ``top_n[i]`` most likely alternatives (``log_softmax``'s values, operation for
+    operation). ``top`` and ``log_sum`` are ``greedy_pass``'s, computed here when not given."""
+    if top is None or log_sum is None:
+        _, top, log_sum = greedy_pass(logits, normalizers=True)
+    out = []
+    for i, (token, k) in enumerate(zip(token_ids, top_n)):
+        row = logits[i]
+        alternatives: tuple[tuple[int, float], ...] = ()
+        if k > 0:
+            k = min(k, row.shape[-1])
+            idx = np.argpartition(row, -k)[-k:]
+            idx = idx[np.argsort(-row[idx], kind="stable")]
+            alternatives = tuple((int(j), float((row[j] - top[i]) - log_sum[i])) for j in idx if row[j] > -np.inf)
+        out.append(TokenLogprob(int(token), float((row[token] - top[i]) - log_sum[i]), alternatives))
+    return out
+
+
 def sample_from(logits: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one token id from ``softmax(logits)`` (1-D, ``-inf`` = excluded) with one ``rng.random()``."""
-    shifted = np.exp(logits.astype(np.float64) - logits.max())  # -inf -> 0
-    cdf = np.cumsum(shifted)
-    token = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-    # NOTE(engine): u * total can round up to total; fall back to the last token with mass.
-    return token if token < len(cdf) else int(np.flatnonzero(shifted)[-1])
+    return int(draw_tokens(logits[None], np.array([rng.random()]))[0])
 
 
 def top_logprobs(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
@@ -146,7 +205,8 @@ def _nucleus(row: np.ndarray, p: float, min_keep: int) -> np.ndarray:
     vocab = len(row)
     probe = min(max(_TOP_P_PROBE, min_keep), vocab)
     if probe < vocab:
-        cand = np.argpartition(probs, -probe)[-probe:]
+        # every token tied with the probe's last one too, in id order: ties rank by id, as in a full sort
+        cand = np.flatnonzero(probs >= probs[np.argpartition(probs, -probe)[-probe:]].min())
         cand = cand[np.argsort(-probs[cand], kind="stable")]
         if probs[cand].sum() < p:
             cand = np.argsort(-probs, kind="stable")
@@ -170,6 +230,10 @@ class RequestSampler:
 
     NOTE(engine): the rng belongs to the request (seeded from ``params.seed``), and it draws exactly one
     number per sampled token, so the same seed gives the same text whatever else is in the batch.
+
+    ``process`` is the reference law (the ``apply_*`` transforms in order); ``sample`` and ``sample_batch``
+    draw from it by a faster route (``adjust``, then ``engine.sampling.draw_tokens``) that picks the same
+    token for the same uniform draw.
 
     Args:
         params: the request's SamplingParams.
@@ -195,16 +259,23 @@ class RequestSampler:
         self.bias_values = np.array([b for _, b in bias], dtype=np.float32)
         self.output_counts: np.ndarray | None = None
         self.seen_mask: np.ndarray | None = None
+        # NOTE(engine): the penalties touch only tokens seen so far; these lists name them (each id once),
+        # so a step costs the number of distinct tokens seen, not the vocabulary.
+        self._seen_ids: list[int] = []
+        self._output_ids: list[int] = []
         if self.use_penalties:
             self.output_counts = np.zeros(vocab_size, dtype=np.int32)
             self.seen_mask = np.zeros(vocab_size, dtype=bool)
             prompt = np.asarray(prompt_ids, dtype=np.int64)
             self.seen_mask[prompt[(prompt >= 0) & (prompt < vocab_size)]] = True
+            self._seen_ids = np.flatnonzero(self.seen_mask).tolist()
         # A plain request is one argmax of the raw logits.
         self.plain_greedy = self.greedy and not self.use_penalties and len(self.bias_ids) == 0
+        self.needs_adjust = self.use_penalties or len(self.bias_ids) > 0
 
     def process(self, logits: np.ndarray) -> np.ndarray:
-        """The processed logits of one row (float32 ``[vocab]``); the input is not changed."""
+        """The processed logits of one row (float32 ``[vocab]``); the input is not changed. The reference law:
+        sampling draws from ``softmax`` of this (greedy takes its argmax)."""
         p = self.params
         out = logits
         if len(self.bias_ids):
@@ -224,11 +295,27 @@ class RequestSampler:
             out = apply_min_p(out, p.min_p)
         return out
 
+    def adjust(self, row: np.ndarray) -> None:
+        """logit_bias and the penalties, in place on one float32 ``[vocab]`` row (a copy the caller owns):
+        ``process``'s first two steps, on the seen tokens only."""
+        p = self.params
+        if len(self.bias_ids):
+            np.add.at(row, self.bias_ids, self.bias_values)
+        if not self.use_penalties:
+            return
+        if p.repetition_penalty != 1.0 and self._seen_ids:
+            seen = np.array(self._seen_ids, dtype=np.int64)
+            vals = row[seen]
+            row[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and self._output_ids:
+            out = np.array(self._output_ids, dtype=np.int64)
+            counts = self.output_counts[out]
+            row[out] -= (p.frequency_penalty * counts + p.presence_penalty * (counts > 0)).astype(row.dtype)
+
     def sample(self, logits: np.ndarray) -> SampleResult:
-        """Pick the next token from one row of raw logits (float32 ``[vocab]``) and record it."""
-        processed = logits if self.plain_greedy else self.process(logits)
-        token = int(np.argmax(processed)) if self.greedy else sample_from(processed, self.rng)
-        return SampleResult(token, self.logprob_of(logits, token) if self.want_logprobs else None)
+        """Pick the next token from one row of raw logits (float32 ``[vocab]``); ``sample_batch`` records it
+        (``verify`` too), a direct caller calls ``record``."""
+        return _sample_rows(logits[None], [self])[0]
 
     def verify(self, logits: np.ndarray, draft: Sequence[int]) -> list[SampleResult]:
         """Check a draft (speculative decoding) and record the tokens it yields.
@@ -266,15 +353,20 @@ class RequestSampler:
     def record(self, token_id: int) -> None:
         """Account a token appended to the output (penalty state)."""
         if self.output_counts is not None and 0 <= token_id < self.vocab_size:
+            if self.output_counts[token_id] == 0:
+                self._output_ids.append(token_id)
             self.output_counts[token_id] += 1
-            self.seen_mask[token_id] = True
+            if not self.seen_mask[token_id]:
+                self.seen_mask[token_id] = True
+                self._seen_ids.append(token_id)
 
 
 def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask: np.ndarray | None = None,
                  masked_rows: Sequence[int] = ()) -> list[SampleResult]:
     """Sample one token per row of ``logits`` (float32 ``[n, vocab]``), row i by ``samplers[i]``.
 
-    An all-plain-greedy batch is one vectorized argmax. Each sampler records its token.
+    An all-plain-greedy batch is one vectorized argmax; otherwise every sampled row is drawn in one
+    vectorized pass (``engine.sampling.draw_tokens``). Each sampler records its token.
 
     Args:
         bitmask: int32 ``[n, words]`` token masks of constrained decoding (see apply_token_bitmask), read
@@ -287,18 +379,61 @@ def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask
     and the rest are renormalized; temperature and penalties are not in them.
     """
     rows = list(masked_rows)
-    if all(s.plain_greedy and not s.want_logprobs for s in samplers):
-        tokens = np.argmax(logits, axis=-1)
+    if all(s.plain_greedy for s in samplers):
+        want = [i for i, s in enumerate(samplers) if s.want_logprobs]
+        if rows and want:  # the masked rows' logprobs are those of the masked distribution
+            logits = np.array(logits)  # NOTE(engine): a copy: the caller's logits stay as they were
+            logits[rows] = apply_token_bitmask(logits[rows], bitmask[rows])
+            rows = []
+        tokens, top, log_sum = greedy_pass(logits, normalizers=bool(want))
         for i in rows:
             # NOTE(engine): exact shortcut: when the grammar allows the row's own argmax, it is the masked
             # argmax too (first index on ties either way); only the other rows pay for the whole mask.
             if not token_allowed(bitmask[i], int(tokens[i])):
                 tokens[i] = np.argmax(apply_token_bitmask(logits[i], bitmask[i]))
-        results = [SampleResult(int(t)) for t in tokens]
+        logprobs: dict[int, TokenLogprob] = {}
+        if want:
+            logprobs = dict(zip(want, batch_logprobs(logits[want], tokens[want],
+                                                     [samplers[i].params.top_logprobs for i in want],
+                                                     top[want], log_sum[want])))
+        results = [SampleResult(int(t), logprobs.get(i)) for i, t in enumerate(tokens)]
     else:
-        masked = dict(zip(rows, apply_token_bitmask(logits[rows], bitmask[rows]))) if rows else {}
-        results = [s.sample(masked.get(i, row)) for i, (s, row) in enumerate(zip(samplers, logits))]
+        if rows:
+            logits = np.array(logits)  # NOTE(engine): a copy: the caller's logits stay as they were
+            logits[rows] = apply_token_bitmask(logits[rows], bitmask[rows])
+        results = _sample_rows(logits, samplers)
     for s, r in zip(samplers, results):
         if s.output_counts is not None:
             s.record(r.token_id)
     return results
+
+
+def _sample_rows(logits: np.ndarray, samplers: Sequence[RequestSampler]) -> list[SampleResult]:
+    """The tokens of ``samplers`` (row i by ``samplers[i]``) from float32 ``[n, vocab]`` logits (masks applied).
+
+    NOTE(engine): rows are independent: each one's token depends on its own logits, params and rng only,
+    so a request gets the same token alone or in any batch. One rng draw per sampled row, in row order.
+    """
+    adjusted = logits
+    fix = [i for i, s in enumerate(samplers) if s.needs_adjust]
+    if fix:
+        adjusted = np.array(logits)
+        for i in fix:
+            samplers[i].adjust(adjusted[i])
+    tokens = np.empty(len(samplers), dtype=np.int64)
+    greedy = [i for i, s in enumerate(samplers) if s.greedy]
+    if greedy:
+        tokens[greedy] = np.argmax(adjusted[greedy], axis=-1)
+    drawn = [i for i, s in enumerate(samplers) if not s.greedy]
+    if drawn:
+        params = [samplers[i].params for i in drawn]
+        u = np.array([samplers[i].rng.random() for i in drawn])
+        sub = adjusted if len(drawn) == len(samplers) else adjusted[drawn]
+        filters = [samplers[i].use_filters for i in drawn]
+        tokens[drawn] = draw_tokens(
+            sub, u, temperature=np.array([q.temperature for q in params]),
+            top_k=np.array([q.top_k for q in params]) if any(filters) else None,
+            top_p=np.array([q.top_p for q in params]) if any(filters) else None,
+            min_p=np.array([q.min_p for q in params]) if any(filters) else None)
+    return [SampleResult(int(t), s.logprob_of(logits[i], int(t)) if s.want_logprobs else None)
+            for i, (s, t) in enumerate(zip(samplers, tokens))]

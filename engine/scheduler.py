@@ -17,6 +17,10 @@ from engine.prefix_cache import KVCopy, SlotPrefixCache
 from engine.speculative import NgramDrafter
 from engine.types import EngineOverloadedError, FinishReason, SamplingParams
 
+# NOTE(engine): a step's second and later prefill chunks that do not finish their prompt are at least this
+# long: each chunk is a model run of its own, and a few tokens of a long prompt would cost a run for little.
+MIN_EXTRA_CHUNK = 32
+
 
 @dataclass(eq=False)
 class Request:
@@ -137,7 +141,11 @@ class Verify:
 @dataclass(frozen=True)
 class SchedulerOutput:
     """What one step runs: KV copies first, then one decode token per running request (batched, or a
-    draft check of its own in ``verify``), then at most one prefill chunk.
+    draft check of its own in ``verify``), then prefill chunks of requests still in their prompt.
+
+    ``prefill`` is the first prefill chunk (the oldest request's) and ``more_prefills`` the chunks of younger
+    requests that fit in the same step's token budget; ``prefills`` is all of them, in order. Each chunk
+    is its own model run (GroupQueryAttention takes S > 1 new tokens with a past only at batch 1).
 
     ``decode`` is sorted by slot, so the rows it touches are ``[decode[0].slot, decode[-1].slot + 1)``.
     """
@@ -146,15 +154,21 @@ class SchedulerOutput:
     decode: tuple[Request, ...]
     verify: tuple[Verify, ...] = ()
     copies: tuple[KVCopy, ...] = ()  # run in order, before any model run of the step
+    more_prefills: tuple[PrefillChunk, ...] = ()  # chunks of other requests after ``prefill``, oldest first
+
+    @property
+    def prefills(self) -> tuple[PrefillChunk, ...]:
+        """Every prefill chunk of the step, oldest request first."""
+        return (self.prefill, *self.more_prefills) if self.prefill is not None else self.more_prefills
 
     @property
     def num_tokens(self) -> int:
         return (len(self.decode) + sum(len(v.draft) + 1 for v in self.verify)
-                + (self.prefill.num_tokens if self.prefill else 0))
+                + sum(c.num_tokens for c in self.prefills))
 
     @property
     def is_empty(self) -> bool:
-        return self.prefill is None and not self.decode and not self.verify
+        return not self.prefills and not self.decode and not self.verify
 
 
 @dataclass(frozen=True)
@@ -171,7 +185,7 @@ class Scheduler:
     Usage (the core thread's loop, one step)::
 
         out = scheduler.schedule()
-        ...  # run out.copies, out.decode, out.verify and out.prefill
+        ...  # run out.copies, out.decode, out.verify and out.prefills
         sampled = {...}  # Request -> its new token ids, for out.decode, out.verify and a last prefill chunk
         finished = scheduler.update_from_output(out, sampled)
 
@@ -182,18 +196,20 @@ class Scheduler:
     Args:
         num_slots: KV slots (rows of the KV buffer), i.e. the most requests running at once.
         max_waiting: the bound of the waiting queue; ``add`` beyond it raises EngineOverloadedError.
-        token_budget: tokens per step, decode tokens (one per running request) plus one prefill chunk.
+        token_budget: tokens per step, decode tokens (one per running request) plus prefill chunks.
         prefix_caching: keep finished requests' KV and reuse the longest matching prefix.
         can_copy: prefixes may be copied between slots (host rows or a device row copier; else only a slot's own).
         low_slots: every request takes the lowest free slot (a bucketed whole-buffer runner: see SlotPrefixCache).
         speculative_tokens: the longest draft (0: no speculative decoding).
         speculative_max_batch: draft only while at most this many requests decode (a draft check runs alone:
             GroupQueryAttention takes S > 1 new tokens with a past at batch 1 only).
+        max_prefills: the most requests whose prompt chunks run in one step (0: as many as the budget holds;
+            1: the oldest request's only, one step each).
     """
 
     def __init__(self, num_slots: int, max_waiting: int, token_budget: int, *, prefix_caching: bool = False,
                  can_copy: bool = False, speculative_tokens: int = 0, speculative_max_batch: int = 1,
-                 low_slots: bool = False) -> None:
+                 low_slots: bool = False, max_prefills: int = 0) -> None:
         if token_budget <= num_slots:
             raise ValueError(f"token_budget must be > num_slots ({num_slots}), got {token_budget}")
         self.num_slots = num_slots
@@ -201,6 +217,7 @@ class Scheduler:
         self.token_budget = token_budget
         self.speculative_tokens = max(0, min(speculative_tokens, token_budget - 2))
         self.speculative_max_batch = speculative_max_batch
+        self.max_prefills = max_prefills if max_prefills > 0 else num_slots
         self.waiting: deque[Request] = deque()
         self.running: dict[tuple[str, int], Request] = {}  # by Request.key, in admission order
         self.cache = SlotPrefixCache(num_slots, enabled=prefix_caching, can_copy=can_copy, low_slots=low_slots)
@@ -243,7 +260,9 @@ class Scheduler:
         """Admit waiting requests into free slots, then pick this step's decode batch, drafts and prefill chunk.
 
         NOTE(engine): there are no phases: every running request in decode gets its one token (or checks a
-        draft), and what is left of the budget goes to the oldest request still in prefill (one per step).
+        draft), and what is left of the budget goes to the requests still in their prompt, oldest first, a
+        chunk each (as vLLM's scheduler gives prefills what decode leaves): requests that arrive together get
+        their first tokens in the same step instead of one step each behind the running streams.
         """
         # 1. Admission, FIFO: each request into the slot the prefix cache picks; a request with n choices
         #    waits until n slots are free (and holds the queue meanwhile, so it can't starve).
@@ -260,20 +279,28 @@ class Scheduler:
                 drafting = {id(v.request) for v in verify}
                 decode = tuple(r for r in decode if id(r) not in drafting)
                 budget -= sum(len(v.draft) for v in verify)
-        # 3. Prefill: one chunk of the oldest admitted request still in its prompt (forks wait for choice 0).
-        prefill = None
+        # 3. Prefill: a chunk of each admitted request still in its prompt, oldest first, while the budget
+        #    lasts (forks wait for choice 0).
+        prefills = []
         for request in self.running.values():
-            if request.in_prefill and request.parent is None:
-                start = request.num_computed_tokens
-                remaining = len(request.prompt_ids) - start
-                num = min(remaining, budget)
-                if remaining - num == 1 and num > 1:
-                    num -= 1  # NOTE(engine): no 1-token last chunk (see prefix_cache.MIN_RECOMPUTED)
-                prefill = PrefillChunk(request, start, num)
+            if len(prefills) >= self.max_prefills or budget <= 0:
                 break
-        if prefill is not None and prefill.request.first_scheduled_s is None:
-            prefill.request.first_scheduled_s = time.monotonic()
-        return SchedulerOutput(prefill, decode, verify, tuple(copies))
+            if not request.in_prefill or request.parent is not None:
+                continue
+            start = request.num_computed_tokens
+            remaining = len(request.prompt_ids) - start
+            num = min(remaining, budget)
+            if remaining - num == 1 and num > 1:
+                num -= 1  # NOTE(engine): no 1-token last chunk (see prefix_cache.MIN_RECOMPUTED)
+            if prefills and num < remaining and num < MIN_EXTRA_CHUNK:
+                break  # NOTE(engine): a sliver of a younger prompt costs a model run for little progress
+            prefills.append(PrefillChunk(request, start, num))
+            budget -= num
+        now = time.monotonic()
+        for chunk in prefills:
+            if chunk.request.first_scheduled_s is None:
+                chunk.request.first_scheduled_s = now
+        return SchedulerOutput(prefills[0] if prefills else None, decode, verify, tuple(copies), tuple(prefills[1:]))
 
     def update_from_output(self, out: SchedulerOutput, sampled: Mapping[Request, int | Sequence[int]],
                            complete: Collection[Request] = ()) -> list[Finished]:
@@ -281,8 +308,8 @@ class Scheduler:
 
         Args:
             out: the step that ran.
-            sampled: Request -> its new token id(s): one for each request in ``out.decode``, one for the prefill
-                request and each of its forks when the chunk was the prompt's last, and for each verify the
+            sampled: Request -> its new token id(s): one for each request in ``out.decode``, one for each prefill
+                request and each of its forks whose chunk was the prompt's last, and for each verify the
                 tokens its check produced (the accepted draft prefix plus the model's own next token).
             complete: requests whose output is complete after their (last) token (their grammar allows
                 nothing more): they finish with STOP, whatever else holds.
@@ -299,10 +326,10 @@ class Scheduler:
                     finished.append(Finished(request, reason))
                     return
 
-        if out.prefill is not None:
-            request = out.prefill.request
-            request.num_computed_tokens += out.prefill.num_tokens
-            if out.prefill.is_last:
+        for chunk in out.prefills:
+            request = chunk.request
+            request.num_computed_tokens += chunk.num_tokens
+            if chunk.is_last:
                 for r in (request, *request.forks):  # the forks' rows hold the prompt's KV too by now
                     r.num_computed_tokens = len(r.prompt_ids) - 1  # advance() counts the last prompt token
                     r.first_scheduled_s = request.first_scheduled_s

@@ -112,7 +112,7 @@ class SamplingParams:
 
 def _check(ok: bool, param: str, rule: str, value: object) -> None:
     if not ok:
-        raise InvalidRequestError(f"{param} {rule}, got {value!r}", param=param)
+        raise InvalidRequestError(f"{param} {rule}, got {value!r}", param=param, code="invalid_value")
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,11 @@ class EngineStats:
     generation_tokens_total: int = 0
     decode_tokens_per_s: float = 0.0  # recent, all streams together
     extra: dict[str, float] = field(default_factory=dict)
+    # KV cache in tokens: held by running requests, kept by free slots for prefix reuse, and the capacity
+    # (slots x max_model_len). used / total is the gateway's KV-utilization fraction.
+    num_kv_tokens_used: int = 0
+    num_kv_tokens_cached: int = 0
+    num_kv_tokens_total: int = 0
 
 
 @dataclass(frozen=True)
@@ -181,12 +186,14 @@ class DevicePlacement:
     provider: str  # "cpu", "webgpu", "amdgpu", ...
     ep_name: str  # e.g. "WebGpuExecutionProvider"
     device_id: int  # the DEFAULT memory info's id (0 on the plain CPU path)
-    kv_cache: str  # "host" (CPU-addressable, bound as row views) | "device" (opaque, bound whole)
+    kv_cache: str  # "host" (the CPU addresses it) | "device"
     decode_inputs: str  # "ep_host_accessible" | "hip_host_malloc" | "cpu" | "cpu->device" (uploaded per step)
-    logits: str  # "cpu" (bound to CPU memory) | "device->cpu" (read back after each step)
-    whole_buffer: bool  # every run covers all KV rows, shape [max_batch, 1]
+    logits: str  # where a run writes them: "cpu" | "ep_host_accessible" | "hip_host_malloc" | "device->cpu"
+    whole_buffer: bool  # every decode run covers a prefix of the KV rows (opaque buffers), not the running rows
     graph_capture: bool
     graph_capture_note: str = ""  # why capture is on or off
+    kv_rows: str = "host"  # how one row is bound (ep.addressing): "host" | "pointer" | "opaque"
+    runner: str = ""  # engine.placement's choice: "rows (host)", "rows (pointer)", "buckets", "whole buffer"
 
 
 # --- errors, mapped by class (never by message) to HTTP statuses in server/errors.py --------------

@@ -18,6 +18,7 @@ from typing import Any
 
 import onnxruntime as ort
 
+from ep.addressing import Addressing, memory_addressing
 from ep.names import (
     AUTO_ORDER, EP_NAMES, KNOWN_PROVIDERS, DeviceNotFoundError, EpError, EpLibraryError, EpOptionError,
     normalize_provider, provider_of_ep_name,
@@ -93,6 +94,11 @@ class DeviceRecord:
     def host_accessible(self) -> bool:
         return self.host_accessible_memory_name is not None
 
+    @property
+    def kv_addressing(self) -> Addressing:
+        """How one KV row of this device's DEFAULT memory can be bound (``ep.addressing``)."""
+        return memory_addressing(self.default_memory_name, self.vendor_id)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "index": self.index, "ep_name": self.ep_name, "provider": self.provider,
@@ -101,7 +107,7 @@ class DeviceRecord:
             "pci_bus_id": self.pci_bus_id,
             "default_memory": _mem_dict(self.default_memory_name, self.default_memory_device_id),
             "host_accessible_memory": _mem_dict(self.host_accessible_memory_name, self.host_accessible_device_id),
-            "host_accessible": self.host_accessible,
+            "host_accessible": self.host_accessible, "kv_addressing": str(self.kv_addressing),
             "metadata": dict(self.metadata), "ep_metadata": dict(self.ep_metadata),
         }
 
@@ -111,7 +117,7 @@ class DeviceRecord:
         mem = f" mem_id={self.default_memory_device_id}" if self.default_memory_device_id is not None else ""
         host = " host-accessible" if self.host_accessible else ""
         return (f"[{self.index}] {self.ep_name}: {self.device_type} {self.vendor or '?'} "
-                f"{self.vendor_id:04x}:{self.device_id:04x}{where}{mem}{host}")
+                f"{self.vendor_id:04x}:{self.device_id:04x}{where}{mem}{host} kv={self.kv_addressing}")
 
 
 def _mem_dict(name: str | None, device_id: int | None) -> dict[str, Any] | None:
@@ -160,6 +166,11 @@ class SelectedDevice:
     @property
     def has_host_accessible(self) -> bool:
         return self.host_accessible_memory is not None
+
+    @property
+    def kv_addressing(self) -> Addressing:
+        """How a KV row in this device's DEFAULT memory is bound: host views, pointer + offset, or opaque."""
+        return self.record.kv_addressing
 
 
 # NOTE(ep): ORT's EP library registry is process-global and refuses a second registration under the same
@@ -384,7 +395,7 @@ def select_device(provider: str = "auto", selector: str | None = None,
     """Register what ``provider`` needs, then filter ORT's EP devices by provider and ``--device``.
 
     Args:
-        provider: "auto" or any spelling of a provider name (auto order: AMDGPU, MIGraphX, WebGPU, CUDA, CPU).
+        provider: "auto" or any spelling of a provider name (auto order: AMDGPU, MIGraphX, CUDA, WebGPU, CPU).
         selector: --device: index among that EP's devices, PCI bus id, or "vendor:device" hex ids.
         ep_library: --ep-library PATH for the AMDGPU EP (else $AMDGPU_EP_PATH, else an installed package).
 
@@ -472,6 +483,7 @@ def format_description(info: Mapping[str, Any]) -> str:
             f"  [{d['index']}] {d['ep_name']}: {d['device_type']} {d['vendor'] or '?'} "
             f"{d['vendor_id']}:{d['device_id']}" + (f" pci={d['pci_bus_id']}" if d["pci_bus_id"] else "")
             + (f"\n      DEFAULT memory {mem['name']} id={mem['device_id']}" if mem else "\n      DEFAULT memory: none")
+            + f" (KV rows: {d['kv_addressing']})"
             + (f"\n      HOST_ACCESSIBLE memory {host['name']} id={host['device_id']}" if host
                else "\n      HOST_ACCESSIBLE memory: none"))
     flag = info["flags"]

@@ -18,6 +18,7 @@ from ep.names import MIGRAPHX_BACKED, EpOptionError, SessionCreateError, provide
 logger = logging.getLogger(__name__)
 
 WEBGPU_GRAPH_CAPTURE_OPTION = "enableGraphCapture"  # lands as ep.webgpuexecutionprovider.enableGraphCapture
+CUDA_GRAPH_OPTION = "enable_cuda_graph"
 # NOTE(ep): Dawn's API validation costs about 2 ms per decode step of a 1B model on an H200 (probe_step:
 # 3.7 ms instead of 6.0 with validation); the engine's kernels come from ORT, so it is off unless asked for
 # (--ep-option validationMode=basic).
@@ -89,6 +90,14 @@ def amdgpu_session_entries(genai_config: Mapping[str, Any], *, input_names: Sequ
     return entries
 
 
+def hip_graph_enabled(genai_config: Mapping[str, Any], ep_options: Mapping[str, str] | None = None) -> bool:
+    """Whether an AMDGPU/MIGraphX session captures HIP graphs (``ep.migraphx.hip_graph_enable``): on, unless
+    genai's provider option ``enable_graph_capture=0`` (the folder's or --ep-option) turns it off."""
+    options = genai_provider_options(genai_config, "amdgpu") | genai_provider_options(genai_config, "migraphx")
+    options.update(ep_options or {})
+    return options.get("enable_graph_capture", "1") != "0"
+
+
 def make_session_options(
     selected: SelectedDevice,
     genai_config: Mapping[str, Any],
@@ -110,8 +119,8 @@ def make_session_options(
         input_names, output_names: the graph's names (filter the AMDGPU padding entries); None = trust config.
         ep_options: parsed --ep-option pairs.
         intra_op_threads: CPU threads for the CPU EP (and CPU fallback nodes); None = ORT's default.
-        graph_capture: WebGPU only: enableGraphCapture=1 and memory patterns off. The caller must then bind
-            fixed-shape WebGPU OrtValues for every input and output (see ep.host_memory.alloc_device).
+        graph_capture: WebGPU: enableGraphCapture=1 and memory patterns off; CUDA: enable_cuda_graph=1. The
+            caller must then bind fixed device buffers for every input and output (see ep.host_memory.alloc_device).
 
     Returns:
         The SessionOptions, ready for ``create_session``.
@@ -144,8 +153,10 @@ def make_session_options(
             so.enable_mem_pattern = False  # capture replays fixed buffers; ORT refuses memory patterns
         else:
             options.pop(WEBGPU_GRAPH_CAPTURE_OPTION, None)
+    elif provider == "cuda" and graph_capture:
+        options[CUDA_GRAPH_OPTION] = "1"  # one graph per gpu_graph_id (the engine's decode buckets)
     elif graph_capture:
-        logger.info("graph capture is only wired for WebGPU here; %s runs without it", selected.ep_name)
+        logger.info("graph capture is only wired for WebGPU and CUDA here; %s runs without it", selected.ep_name)
 
     if selected.ep_device is not None:
         so.add_provider_for_devices([selected.ep_device], dict(options))

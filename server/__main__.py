@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
 
     pull = sub.add_parser("pull", help="download and convert a known model into the cache")
-    pull.add_argument("name", nargs="?", default=DEFAULT_MODEL, help=f"model name (default {DEFAULT_MODEL})")
+    pull.add_argument("name", nargs="?", default=DEFAULT_MODEL,
+                      help=f"model name (default {DEFAULT_MODEL}; all-minilm-l6-v2 is the embedding model)")
     pull.add_argument("--cache-dir", default=None,
                       help="cache folder (default ORTSERVE_CACHE_DIR or ~/.cache/ortserve)")
     pull.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -126,6 +127,17 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     served_name = settings.served_model_name or (None if _looks_like_path(settings.model) else settings.model)
     settings = settings.model_copy(update={"model": str(model_dir), "served_model_name": served_name})
+    if settings.embedding_model:  # pulled (and converted) now too, so a bad name fails before listening
+        try:
+            embedding_dir = resolve_model(settings.embedding_model)
+        except (BuildError, OSError) as exc:
+            print(f"ortserve serve: cannot resolve embedding model {settings.embedding_model!r}: {exc}",
+                  file=sys.stderr)
+            return 1
+        served = settings.served_embedding_model_name or (
+            None if _looks_like_path(settings.embedding_model) else settings.embedding_model)
+        settings = settings.model_copy(update={"embedding_model": str(embedding_dir),
+                                               "served_embedding_model_name": served})
 
     # 3. The app loads the engine in its lifespan (/health is 503 until then); 4. listen.
     import uvicorn

@@ -7,17 +7,21 @@ package only lazily, inside the loader, so importing the app never loads onnxrun
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import logging
+import os
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from server.engine_client import EngineClient
+from server.engine_client import EmbedderClient, EngineClient
 from server.errors import install_error_handlers
 from server.security import AuthMiddleware, BodyLimitMiddleware
 from server.settings import Settings
@@ -26,6 +30,7 @@ from server.state import ServerState
 logger = logging.getLogger("ortserve")
 
 EngineLoader = Callable[[Settings], EngineClient]
+EmbeddingLoader = Callable[[Settings], dict[str, EmbedderClient]]
 
 
 def engine_config_from(settings: Settings) -> Any:
@@ -45,6 +50,7 @@ def engine_config_from(settings: Settings) -> Any:
         "chat_template": settings.chat_template,
         "grammar_compile_timeout_s": settings.grammar_compile_timeout_s,
         "prefix_caching": settings.prefix_caching,
+        "max_prefills_per_step": settings.max_prefills_per_step,
     }
     if settings.prefill_chunk is not None:
         kwargs["prefill_chunk"] = settings.prefill_chunk
@@ -69,10 +75,73 @@ def load_engine(settings: Settings) -> EngineClient:
     return AsyncEngine.from_model_dir(model_dir, engine_config_from(settings))
 
 
+# NOTE(server): the device step of a batch is a few ms; the event loop's work for its outputs (detokenizing,
+# SSE events) can take longer. With Python's 5 ms switch interval the engine thread, back from a step, waited up to
+# 5 ms for the loop to yield before it could sample and launch the next step; at 0.5 ms it waits less than that.
+DEVICE_SWITCH_INTERVAL_MS = 0.5
+
+
+def _tune_interpreter(settings: Settings, engine: Any) -> None:
+    """Once the model is loaded: freeze the heap and set the thread switch interval.
+
+    NOTE(server): everything alive by now (modules, the tokenizer, the app, the engine: ~130k objects) lives as long
+    as the process, and every full collection scanned it all (350 ms on a loaded 2-core machine, tens of ms on a
+    fast one), stalling every stream at once while requests churned objects; ``gc.freeze()`` moves it to the
+    permanent generation, as vLLM does after startup.
+    """
+    gc.collect()
+    gc.freeze()
+    interval = settings.gil_switch_interval_ms
+    placement = getattr(engine, "placement", None)
+    if interval is None and placement is not None and placement.kv_cache == "device":
+        interval = DEVICE_SWITCH_INTERVAL_MS
+    if interval is not None:
+        sys.setswitchinterval(interval / 1000)
+    logger.info("interpreter: %d objects frozen, switch interval %.2f ms", gc.get_freeze_count(),
+                sys.getswitchinterval() * 1000)
+
+
+def load_embedders(settings: Settings) -> dict[str, EmbedderClient]:
+    """The embedding engines the settings ask for, by every name a request may use (blocking; run in a thread).
+
+    ``--embedding-model`` (its own session and thread) under its served name and folder name; with
+    ``--embeddings``, the chat model's embedding graph under the chat model's names.
+    """
+    from engine.builder import resolve_model
+    from engine.embedding import EmbeddingConfig, EmbeddingEngine
+
+    def config(pooling: str | None) -> EmbeddingConfig:
+        return EmbeddingConfig(provider="cpu" if settings.provider in ("auto", "cpu") else settings.provider,
+                               intra_op_threads=settings.intra_op_threads, max_queue=settings.embedding_max_queue,
+                               max_batch_tokens=settings.embedding_batch_tokens, pooling=pooling,
+                               nice=settings.embedding_nice)
+
+    embedders: dict[str, EmbedderClient] = {}
+    if settings.embedding_model:
+        path = resolve_model(settings.embedding_model)
+        engine = EmbeddingEngine.from_model_dir(path, config(None))
+        given = settings.embedding_model
+        is_path = os.sep in given or Path(given).exists()
+        names = [settings.served_embedding_model_name or (engine.model_name if is_path else given), given,
+                 engine.model_name]
+        embedders.update(dict.fromkeys(names, engine))
+    if settings.embeddings:
+        engine = EmbeddingEngine.from_model_dir(resolve_model(settings.model), config(settings.pooling))
+        names = [settings.served_model_name or engine.model_name, settings.model, engine.model_name]
+        embedders.update({name: engine for name in names if name not in embedders})
+    return embedders
+
+
+def _shutdown_embedders(state: ServerState) -> None:
+    for name in state.embedding_names():
+        state.embedders[name].shutdown()
+
+
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: ServerState = app.state.ortserve
     loader: EngineLoader | None = app.state.engine_loader
+    embedding_loader: EmbeddingLoader | None = app.state.embedding_loader
     load_task: asyncio.Task | None = None
 
     async def load() -> None:
@@ -81,6 +150,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             # NOTE(server): loading takes seconds to minutes (conversion, session creation); a thread
             # keeps the loop serving /health (503 "loading") meanwhile.
             engine = await anyio.to_thread.run_sync(loader, state.settings)
+            state.engine, state.owns_engine = engine, True
+            if embedding_loader is not None and state.status != "stopping":
+                state.embedders, state.owns_embedders = await anyio.to_thread.run_sync(
+                    embedding_loader, state.settings), True
         except Exception as exc:
             from engine.types import EngineError
 
@@ -92,11 +165,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             if state.on_load_failed is not None:
                 state.on_load_failed(state.load_error)
             return
-        state.engine, state.owns_engine = engine, True
         if state.status == "stopping":  # shut down while loading: the lifespan's finally shuts it down
             return
         state.status = "ready"
-        logger.info("model %s ready (max_model_len %d)", state.served_model_name, engine.max_model_len)
+        _tune_interpreter(state.settings, engine)
+        logger.info("model %s ready (max_model_len %d)%s", state.served_model_name, engine.max_model_len,
+                    f"; embeddings: {', '.join(state.embedding_names())}" if state.embedders else "")
 
     if state.engine is None and loader is not None:
         load_task = asyncio.create_task(load())
@@ -106,6 +180,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.status = "stopping"
         if load_task is not None and not load_task.done():
             await asyncio.wait({load_task}, timeout=None)  # a half-loaded session cannot be cancelled
+        if state.owns_embedders:
+            await anyio.to_thread.run_sync(_shutdown_embedders, state)
         if state.owns_engine and state.engine is not None:
             logger.info("shutting the engine down")
             # NOTE(server): shutdown joins the engine thread (blocking), so it runs off the loop.
@@ -116,7 +192,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app(settings: Settings, engine: EngineClient | None = None, *,
-               loader: EngineLoader | None = load_engine) -> FastAPI:
+               loader: EngineLoader | None = load_engine,
+               embedders: dict[str, EmbedderClient] | None = None,
+               embedding_loader: EmbeddingLoader | None = load_embedders) -> FastAPI:
     """The ortserve FastAPI app.
 
     Args:
@@ -125,12 +203,15 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
             None: the lifespan loads one with `loader(settings)` in a thread.
         loader: how to load the engine when none is given; None leaves the app "loading" forever
             (unit tests of validation that need no model).
+        embedders: already loaded embedding engines by name (with ``engine``); the app never shuts them down.
+        embedding_loader: loads the embedding engines the settings ask for, after the engine (when the app
+            loads it), before the app reports ready.
 
     Returns:
         The app; run it with uvicorn. `/health` answers 503 until the engine is ready.
     """
     from server import __version__
-    from server.routes import chat, completions, health, messages, metrics, models, responses, tokenize
+    from server.routes import chat, completions, embeddings, health, messages, metrics, models, responses, tokenize
 
     app = FastAPI(
         title="ortserve",
@@ -143,10 +224,16 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
         state.engine, state.status = engine, "ready"
     app.state.ortserve = state
     app.state.engine_loader = loader if engine is None else None
+    app.state.embedding_loader = embedding_loader if engine is None else None
+    state.embedders = dict(embedders or {})
 
     install_error_handlers(app)
-    for module in (chat, completions, responses, messages, tokenize, models, health, metrics):
+    for module in (chat, completions, responses, messages, tokenize, embeddings, models, health, metrics):
         app.include_router(module.router)
+    if settings.ui:
+        from server.routes.ui import install_ui
+
+        install_ui(app)
 
     # Middleware: the last added runs first. Order seen by a request: CORS -> auth -> body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
@@ -164,9 +251,13 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
 
 
 def _open_paths(settings: Settings) -> frozenset[str]:
-    """Paths that never need the API key: /health, and /metrics unless asked (issue 8: the key covers
-    every other endpoint, the API description included)."""
+    """Paths that never need the API key: /health, the chat page's static files (it asks for the key itself),
+    and /metrics unless asked (issue 8: the key covers every other endpoint, the API description included)."""
     paths = {"/health"}
+    if settings.ui:
+        from server.routes.ui import ui_paths
+
+        paths |= ui_paths()
     if not settings.metrics_require_key:
         paths.add("/metrics")
     return frozenset(paths)

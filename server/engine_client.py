@@ -32,6 +32,28 @@ class ChatTemplateLike(Protocol):
                **extra: Any) -> str: ...
 
 
+class EmbedderClient(Protocol):
+    """An embedding engine as seen from the HTTP layer (engine.embedding.EmbeddingEngine satisfies it)."""
+
+    model_name: str
+    kind: str  # "encoder" or "decoder"
+    dimension: int
+    max_seq_length: int
+    pooling: str
+    normalize: bool
+
+    def tokenize(self, texts: Sequence[str], truncate_to: int | None = None) -> list[list[int]]: ...
+
+    def check(self, token_ids: Sequence[Sequence[int]], *, truncate_to: int | None = None,
+              params: Sequence[str] | None = None) -> list[list[int]]: ...
+
+    async def embed(self, token_ids: Sequence[Sequence[int]]) -> list[Any]: ...
+
+    def stats(self) -> Any: ...
+
+    def shutdown(self) -> Any: ...
+
+
 class EngineClient(Protocol):
     """The engine as seen from the HTTP layer.
 

@@ -49,11 +49,23 @@ class ModelNotFoundError(ServerError):
     status_code = 404
     error_type = "invalid_request_error"
 
-    def __init__(self, requested: str, served: str) -> None:
+    def __init__(self, requested: str, served: str, also: list[str] | None = None) -> None:
+        names = " and ".join(repr(n) for n in dict.fromkeys([served, *(also or [])]))
         super().__init__(
-            f"The model {requested!r} does not exist; this server serves {served!r}.",
+            f"The model {requested!r} does not exist; this server serves {names}.",
             param="model", code="model_not_found",
         )
+
+
+class ModelCannotError(ServerError):
+    """The named model exists but cannot do what the request asks (chat on an encoder, embeddings on a chat
+    model served without pooling)."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="model", code="model_not_supported")
 
 
 class ResponseNotFoundError(ServerError):
@@ -228,10 +240,17 @@ async def _handle_http(request: Request, exc: StarletteHTTPException) -> JSONRes
 
 # Generation routes whose outcomes ortserve_requests_total counts.
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"})
+# Embedding routes, counted by ortserve_embedding_requests_total.
+EMBEDDING_PATHS = frozenset({"/v1/embeddings", "/embedding", "/embeddings"})
 
 
 def _count_outcome(request: Request, status: int) -> None:
     """Count a generation request that ended in an error before the engine recorded it."""
+    if request.url.path in EMBEDDING_PATHS:
+        state = getattr(request.app.state, "ortserve", None)
+        if state is not None:
+            state.metrics.embedding_requests.labels(status=REJECTED if status < 500 else "error").inc()
+        return
     if request.url.path not in GENERATION_PATHS or status == 499:
         return
     outcome = REJECTED if status < 500 else "error"

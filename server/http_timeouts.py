@@ -1,5 +1,6 @@
 """uvicorn's HTTP protocol with a deadline for each request's head, so a client that sends its headers a byte
-at a time (or connects and sends nothing) cannot hold a connection forever.
+at a time (or connects and sends nothing) cannot hold a connection forever, and with JSON (OpenAI-shaped)
+400s for requests its parser rejects.
 
 uvicorn times out only idle keep-alive connections; the head of a request is read before any ASGI code
 runs, so this lives at the protocol level (the body's read timeout is ASGI middleware, in security.py).
@@ -18,11 +19,15 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from server.protocol import error_body
 
 
+def _json_response(status_line: bytes, message: str, code: str) -> bytes:
+    body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
+    return (b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status_line, len(body), body))
+
+
 def _timeout_response(timeout_s: float) -> bytes:
-    body = json.dumps(error_body(f"The request headers did not arrive within {timeout_s:g} s.",
-                                 "invalid_request_error", None, "request_timeout")).encode()
-    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+    return _json_response(b"408 Request Timeout", f"The request headers did not arrive within {timeout_s:g} s.",
+                          "request_timeout")
 
 
 class HeaderTimeoutProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
@@ -63,6 +68,14 @@ class HeaderTimeoutProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """A request the HTTP parser rejects (a malformed request line, header or chunked body) gets the
+        OpenAI error shape instead of uvicorn's plain text; the connection then closes, as uvicorn's does."""
+        if not self.transport.is_closing():
+            self.transport.write(_json_response(b"400 Bad Request", f"Malformed HTTP request: {msg}",
+                                                "invalid_http_request"))
+            self.transport.close()
 
     def _head_timed_out(self) -> None:
         self._head_deadline = None

@@ -22,6 +22,10 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.0
 # before the engine ran the request).
 REJECTED = "rejected"
 
+# NOTE(server): the KV "block" the gateway hashes prompts by (the vllm:cache_config_info labels). Prefix reuse here
+# is per token (a slot keeps any prefix), so every block size is exact; this is vLLM's default.
+CACHE_BLOCK_SIZE = 16
+
 
 class ServerMetrics:
     """All metric objects of one app; a fresh registry so two apps in one process never clash."""
@@ -32,6 +36,7 @@ class ServerMetrics:
         self.requests_running = Gauge("ortserve_requests_running", "Requests in the running batch.", registry=r)
         self.requests_waiting = Gauge("ortserve_requests_waiting", "Requests waiting for a KV slot.", registry=r)
         self.kv_slots_free = Gauge("ortserve_kv_slots_free", "Free KV cache slots.", registry=r)
+        self.kv_slots_total = Gauge("ortserve_kv_slots_total", "KV cache slots in all (max_batch).", registry=r)
         self.time_to_first_token = Histogram(
             "ortserve_time_to_first_token_seconds", "Request arrival to first generated text, seconds.",
             buckets=_LATENCY_BUCKETS, registry=r)
@@ -63,18 +68,89 @@ class ServerMetrics:
                 "ortserve_spec_decode_accepted_tokens", "Draft tokens the model accepted.", registry=r),
         }
         self._engine_seen: dict[str, float] = {}
+        self.kv_used_tokens = Gauge(
+            "ortserve_kv_cache_used_tokens", "Tokens whose KV running requests hold.", registry=r)
+        self.kv_cached_tokens = Gauge(
+            "ortserve_kv_cache_cached_tokens",
+            "Tokens whose KV free slots keep for prefix reuse (evicted on demand, not counted as used).", registry=r)
+        self.kv_capacity_tokens = Gauge(
+            "ortserve_kv_cache_capacity_tokens", "KV positions in all slots: slots x max_model_len.", registry=r)
+        # vLLM's names, for the Gateway API Inference Extension's endpoint picker (llm-d's default engine
+        # mapping) and vLLM dashboards; same values as the ortserve_* series, with vLLM's model_name label.
+        self.vllm_running = Gauge("vllm:num_requests_running", "Requests in the running batch.", ["model_name"],
+                                  registry=r)
+        self.vllm_waiting = Gauge("vllm:num_requests_waiting", "Requests waiting for a KV slot.", ["model_name"],
+                                  registry=r)
+        self.vllm_kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage, 0 to 1 (1 = full): tokens running requests hold over slots x max_model_len.",
+            ["model_name"], registry=r)
+        self._vllm_counters = {
+            "prefix_cache_queries_total": Counter(
+                "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", ["model_name"],
+                registry=r),
+            "prefix_cache_hits_total": Counter(
+                "vllm:prefix_cache_hits", "Prompt tokens whose KV the prefix cache supplied.", ["model_name"],
+                registry=r),
+        }
+        self.vllm_cache_config = Gauge(
+            "vllm:cache_config_info", "KV cache configuration (labels; the value is always 1).",
+            ["block_size", "num_gpu_blocks", "enable_prefix_caching", "num_slots", "max_model_len"], registry=r)
 
-    def render(self, stats: EngineStats | None) -> bytes:
-        """The text exposition format, with the gauges refreshed from `stats` (None while loading)."""
+        # Embeddings (/v1/embeddings, /embedding): their own series, beside generation's.
+        self.embedding_requests = Counter("ortserve_embedding_requests", "Embedding requests by outcome.",
+                                          ["status"], registry=r)
+        for status in ("ok", REJECTED, "error"):
+            self.embedding_requests.labels(status=status)
+        self.embedding_inputs = Counter("ortserve_embedding_inputs", "Inputs (texts or token lists) embedded.",
+                                        registry=r)
+        self.embedding_tokens = Counter("ortserve_embedding_tokens", "Tokens of the inputs embedded.", registry=r)
+        self.embedding_latency = Histogram(
+            "ortserve_embedding_request_latency_seconds", "Embedding request arrival to its answer, seconds.",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.embedding_requests_running = Gauge(
+            "ortserve_embedding_requests_running", "Embedding requests waiting or running, all embedding models.",
+            registry=r)
+
+    def render(self, stats: EngineStats | None, model_name: str = "", prefix_caching: bool = True,
+               num_embedding_requests: int = 0) -> bytes:
+        """The text exposition format, with the gauges refreshed from `stats` (None while loading).
+
+        Args:
+            stats: the engine's snapshot.
+            model_name: the served model name (the `model_name` label of the vllm:* series).
+            prefix_caching: whether the engine keeps prefixes (a vllm:cache_config_info label).
+            num_embedding_requests: embedding requests waiting or running, all embedding models.
+        """
+        self.embedding_requests_running.set(num_embedding_requests)
         if stats is not None:
             self.requests_running.set(stats.num_running)
             self.requests_waiting.set(stats.num_waiting)
             self.kv_slots_free.set(stats.num_slots_free)
+            self.kv_slots_total.set(stats.num_slots_total)
+            self.kv_used_tokens.set(stats.num_kv_tokens_used)
+            self.kv_cached_tokens.set(stats.num_kv_tokens_cached)
+            self.kv_capacity_tokens.set(stats.num_kv_tokens_total)
+            self.vllm_running.labels(model_name).set(stats.num_running)
+            self.vllm_waiting.labels(model_name).set(stats.num_waiting)
+            total = stats.num_kv_tokens_total
+            self.vllm_kv_usage.labels(model_name).set(min(1.0, stats.num_kv_tokens_used / total) if total else 0.0)
+            for counter in self._vllm_counters.values():
+                counter.labels(model_name)  # NOTE(server): export zeros before the first lookup
             for key, counter in self._engine_counters.items():
                 value = stats.extra.get(key, 0.0)
                 if value > self._engine_seen.get(key, 0.0):
-                    counter.inc(value - self._engine_seen.get(key, 0.0))
+                    growth = value - self._engine_seen.get(key, 0.0)
+                    counter.inc(growth)
+                    if key in self._vllm_counters:
+                        self._vllm_counters[key].labels(model_name).inc(growth)
                     self._engine_seen[key] = value
+            if total:
+                self.vllm_cache_config.clear()  # NOTE(server): one series, whatever the labels were before
+                self.vllm_cache_config.labels(
+                    block_size=str(CACHE_BLOCK_SIZE), num_gpu_blocks=str(total // CACHE_BLOCK_SIZE),
+                    enable_prefix_caching=str(prefix_caching), num_slots=str(stats.num_slots_total),
+                    max_model_len=str(total // max(1, stats.num_slots_total))).set(1)
         return generate_latest(self.registry)
 
     def tracker(self, arrival_s: float | None = None) -> RequestTracker:

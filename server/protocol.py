@@ -264,9 +264,10 @@ class _SamplingFields(OpenAIBaseModel, StructuredOutputFields):
                 token_id = int(key)
             except ValueError:
                 raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}",
-                                          param="logit_bias") from None
+                                          param="logit_bias", code="invalid_value") from None
             if token_id < 0:
-                raise InvalidRequestError(f"logit_bias keys must be >= 0, got {token_id}", param="logit_bias")
+                raise InvalidRequestError(f"logit_bias keys must be >= 0, got {token_id}", param="logit_bias",
+                                          code="invalid_value")
             pairs.append((token_id, float(bias)))
         return tuple(pairs)
 
@@ -306,7 +307,7 @@ def _resolve_max_tokens(requested: int | None, param: str, default_max_tokens: i
     if requested is None:
         return max(1, min(default_max_tokens, max_model_len))
     if requested < 1:
-        raise InvalidRequestError(f"{param} must be >= 1, got {requested}", param=param)
+        raise InvalidRequestError(f"{param} must be >= 1, got {requested}", param=param, code="invalid_value")
     return min(requested, max_model_len)
 
 
@@ -377,6 +378,19 @@ class ChatCompletionRequest(_SamplingFields):
                                "called (tool calls are constrained by their own grammar); send tool_choice 'none' "
                                "or leave out one of them (a JSON schema or json_object response_format can)")
         return self
+
+    def check_tool_answers(self) -> None:
+        """Every ``tool`` message answers a call an earlier assistant message made (by its ``tool_call_id``),
+        as OpenAI requires; raises InvalidRequestError (400) naming the first one that answers nothing."""
+        called: set[str] = set()
+        for i, m in enumerate(self.messages):
+            if m.role == "assistant" and m.tool_calls:
+                called.update(c.id for c in m.tool_calls)
+            elif m.role == "tool" and m.tool_call_id not in called:
+                raise InvalidRequestError(
+                    f"messages[{i}] is a 'tool' message whose tool_call_id {m.tool_call_id!r} answers no "
+                    f"tool call of an earlier assistant message (calls so far: {sorted(called) or 'none'})",
+                    param=f"messages[{i}].tool_call_id", code="invalid_value")
 
     def tool_request(self) -> ToolRequest:
         """The tool fields as the tool planner takes them (choice 'auto' when tools are given, as OpenAI); a JSON
@@ -628,10 +642,13 @@ def with_choices(bodies: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return body
 
 
-def model_card(model_id: str, created: int, owned_by: str = "ortserve", max_model_len: int | None = None) -> dict:
+def model_card(model_id: str, created: int, owned_by: str = "ortserve", max_model_len: int | None = None,
+               dimensions: int | None = None) -> dict:
     card: dict[str, Any] = {"id": model_id, "object": "model", "created": created, "owned_by": owned_by}
     if max_model_len is not None:
         card["max_model_len"] = max_model_len
+    if dimensions is not None:  # an embedding model: the length of its vectors
+        card["dimensions"] = dimensions
     return card
 
 

@@ -44,6 +44,35 @@ class Settings(BaseSettings):
         "built-in name (chatml, gemma, llama3, phi3). A model without one answers chat requests with a 400.",
     )
 
+    # --- embeddings --------------------------------------------------------------------------------
+    embedding_model: str | None = Field(
+        None, description="Embedding model served beside --model on /v1/embeddings (requests pick it by `model`): "
+        "a known name (all-minilm-l6-v2), a sentence-transformers folder or a converted model folder.",
+    )
+    served_embedding_model_name: str | None = Field(
+        None, description="Name clients use for --embedding-model (default: the name it was given by)."
+    )
+    embeddings: bool = Field(
+        False, description="The chat model also serves /v1/embeddings: pooled, normalized hidden states of its "
+        "last layer (llama.cpp's --embeddings).",
+    )
+    pooling: Literal["mean", "cls", "last", "max", "none"] | None = Field(
+        None, description="Pooling of the chat model's --embeddings (default: the model's own, 'last' for chat "
+        "models); 'none' answers llama.cpp's /embeddings per token. --embedding-model keeps the pooling it was "
+        "trained with.",
+    )
+    embedding_max_queue: int = Field(
+        64, ge=1, le=100_000, description="Most embedding requests waiting or running per embedding model; "
+        "more get 429.",
+    )
+    embedding_batch_tokens: int = Field(
+        8192, ge=16, le=1_048_576, description="Most padded tokens (texts x longest text) in one embedding run.",
+    )
+    embedding_nice: int = Field(
+        10, ge=0, le=19, description="How much lower the embedding threads' CPU priority is than the chat "
+        "engine's (Linux nice steps; 0: the same), so embedding work yields the cores to running chat streams.",
+    )
+
     # --- network -----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address to listen on (127.0.0.1 keeps the server local).")
     port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on.")
@@ -51,6 +80,9 @@ class Settings(BaseSettings):
         None, description="If set, every request except /health (and /metrics) needs `Authorization: Bearer KEY`."
     )
     metrics_require_key: bool = Field(False, description="Also require the API key for /metrics.")
+    ui: bool = Field(
+        True, description="Serve the built-in chat page at / and /ui/ (--no-ui turns it off; the API is unchanged)."
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Origins allowed by CORS, comma-separated; empty turns CORS off."
     )
@@ -90,8 +122,13 @@ class Settings(BaseSettings):
         None, ge=1, le=1024, description="ONNX Runtime intra-op threads (default: the physical cores)."
     )
     graph_capture: bool | None = Field(
-        None, description="Capture the decode step as a device graph (WebGPU; default: on where the graph "
+        None, description="Capture the decode steps as device graphs (WebGPU, CUDA; default: on where the graph "
         "allows it, with a logged fallback; --no-graph-capture turns it off, --graph-capture requires it)."
+    )
+    gil_switch_interval_ms: float | None = Field(
+        None, gt=0, le=100, description="Python's thread switch interval (sys.setswitchinterval) once the model is "
+        "loaded (default: 0.5 ms when the model runs on a device, so the engine thread gets the interpreter back "
+        "promptly after each device step while the event loop streams; Python's own 5 ms on the CPU)."
     )
 
     # --- scheduling --------------------------------------------------------------------------------
@@ -100,6 +137,10 @@ class Settings(BaseSettings):
     prefill_chunk: int | None = Field(
         None, ge=16, le=1_048_576,
         description="Token budget per engine step, > max_batch (default: the engine's, 256).",
+    )
+    max_prefills_per_step: int = Field(
+        0, ge=0, le=256, description="Most requests whose prompt chunks share one engine step's token budget "
+        "(0: as many as it holds; 1: one request per step, the others wait a step each).",
     )
     default_max_tokens: int | None = Field(
         None, ge=1, description="max_tokens when a request gives none (default: the rest of the context)."

@@ -67,7 +67,7 @@ def convert_gguf(
         tok_cfg = tokenizer_config(tok, special, chat_template=model.tokenizer.chat_template,
                                    model_max_length=spec.context_length, add_bos=model.tokenizer.add_bos)
         return write_model_folder(out_dir, graph, spec, tok, special, tok_cfg, max_length=max_len,
-                                  overwrite=overwrite, marker=marker)
+                                  overwrite=overwrite, marker=marker, embedding_pooling=model.pooling)
 
 
 def gguf_tokenizer(model: GGUFModel):

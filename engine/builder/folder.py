@@ -10,9 +10,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import onnx
+from onnx import TensorProto
 from tokenizers import Tokenizer
 
 from engine.builder.errors import OutputExistsError
@@ -22,6 +23,10 @@ from engine.builder.tokenizer import SpecialTokens
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 MARKER_FILE = ".ortserve-model.json"
+EMBEDDING_FILE = "embedding.onnx"  # decoders: the pooled-embedding graph beside model.onnx
+EMBEDDING_CONFIG = "embedding_config.json"  # what engine/embedding.py reads (encoders and decoders)
+HIDDEN_OUTPUT = "hidden_states"
+FINAL_NORM_OUTPUT = "final_norm/out0"  # engine.builder.graph's final norm
 
 
 def genai_config(spec: ModelSpec, special: SpecialTokens, *, max_length: int) -> dict[str, Any]:
@@ -103,8 +108,125 @@ def write_model_folder(
     overwrite: bool = False,
     extra_files: dict[str, str] | None = None,
     marker: dict[str, Any] | None = None,
+    embedding_pooling: str | None = None,
 ) -> Path:
-    """Writes the whole folder into a temp folder beside ``out_dir`` and renames it into place.
+    """Writes a decoder folder into a temp folder beside ``out_dir`` and renames it into place.
+
+    Beside the decoder, ``embedding.onnx`` (the same graph and weights file, its output the final norm's hidden
+    states, engine/embedding.py) and its ``embedding_config.json``: pooled decoder embeddings, pooled by
+    ``embedding_pooling`` (the model's own, e.g. a GGUF's pooling_type) or else the last token.
+
+    Returns:
+        ``out_dir``, resolved.
+    """
+    def fill(tmp: Path) -> None:
+        onnx.save_model(model, tmp / MODEL_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=DATA_FILE, size_threshold=1024)
+        write_decoder_embedding(tmp, spec, special, max_length=max_length, pooling=embedding_pooling or "last")
+        _write_json(tmp / "genai_config.json", genai_config(spec, special, max_length=max_length))
+        _write_json(tmp / "generation_config.json", generation_config(special, max_length=max_length))
+        _write_json(tmp / "tokenizer_config.json", tok_config)
+        tokenizer.save(str(tmp / "tokenizer.json"))
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+
+    return write_folder(out_dir, fill, overwrite=overwrite, marker=marker)
+
+
+def write_embedding_folder(
+    out_dir: Path,
+    model: onnx.ModelProto,
+    tokenizer: Tokenizer,
+    tok_config: dict[str, Any],
+    config: dict[str, Any],
+    *,
+    overwrite: bool = False,
+    marker: dict[str, Any] | None = None,
+) -> Path:
+    """Writes an encoder folder (model.onnx + data, tokenizer files, embedding_config.json) atomically."""
+    def fill(tmp: Path) -> None:
+        onnx.save_model(model, tmp / MODEL_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=DATA_FILE, size_threshold=1024)
+        _write_json(tmp / EMBEDDING_CONFIG, config)
+        _write_json(tmp / "tokenizer_config.json", tok_config)
+        tokenizer.save(str(tmp / "tokenizer.json"))
+
+    return write_folder(out_dir, fill, overwrite=overwrite, marker=marker)
+
+
+def write_decoder_embedding(folder: Path, spec: ModelSpec, special: SpecialTokens, *, max_length: int,
+                            pooling: str = "last") -> None:
+    """``embedding.onnx`` beside a saved decoder ``model.onnx``: the same nodes up to the final norm, whose output
+    [B, S, H] (float32) is the graph's only output ``hidden_states``; no past KV (a batch of whole texts), no LM
+    head. Its initializers still point into ``model.onnx.data``, so the weights are stored once.
+    """
+    proto = onnx.load(str(folder / MODEL_FILE), load_external_data=False)
+    g = proto.graph
+    producer = {out: n for n in g.node for out in n.output}
+    if FINAL_NORM_OUTPUT not in producer:
+        return  # not a graph of ours: no pooled output
+    final = FINAL_NORM_OUTPUT
+    extra: list[onnx.NodeProto] = []
+    if _activation_dtype(g) != TensorProto.FLOAT:
+        extra.append(onnx.helper.make_node("Cast", [final], [HIDDEN_OUTPUT], name="hidden_states/cast",
+                                           to=TensorProto.FLOAT))
+    else:
+        extra.append(onnx.helper.make_node("Identity", [final], [HIDDEN_OUTPUT], name="hidden_states/identity"))
+    # 1. Keep the nodes the hidden states need (walk back from the final norm); drop the past KV inputs.
+    needed, stack = set(), [final]
+    while stack:
+        name = stack.pop()
+        n = producer.get(name)
+        if n is None or id(n) in needed:
+            continue
+        needed.add(id(n))
+        stack.extend(i for i in n.input if i)
+    past = {i.name for i in g.input if i.name.startswith("past_key_values.")}
+    nodes = []
+    for n in g.node:
+        if id(n) in needed:
+            n.input[:] = ["" if i in past else i for i in n.input]
+            nodes.append(n)
+    used = {i for n in nodes for i in n.input}
+    inits = [t for t in g.initializer if t.name in used]
+    inputs = [i for i in g.input if i.name in used and i.name not in past]
+    out = onnx.helper.make_tensor_value_info(HIDDEN_OUTPUT, TensorProto.FLOAT,
+                                             ["batch_size", "sequence_length", spec.hidden_size])
+    graph = onnx.helper.make_graph(nodes + extra, "ortserve_decoder_embedding", inputs, [out], inits)
+    emb = onnx.helper.make_model(graph, opset_imports=proto.opset_import, producer_name=proto.producer_name)
+    emb.ir_version = proto.ir_version
+    onnx.save_model(emb, folder / EMBEDDING_FILE)
+    _write_json(folder / EMBEDDING_CONFIG, {
+        "kind": "decoder",
+        "architecture": spec.model_type,
+        "filename": EMBEDDING_FILE,
+        "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids"},
+        "hidden_output": HIDDEN_OUTPUT,
+        "dimension": spec.hidden_size,
+        "max_seq_length": max_length,
+        "max_position_embeddings": spec.context_length,
+        # NOTE(builder): a chat model's GGUF names no pooling (llama.cpp's --pooling picks one); then the last
+        # token, the only one that has seen the whole text through causal attention.
+        "pooling": pooling,
+        "normalize": True,
+        "add_special_tokens": True,
+        "pad_token_id": special.pad_id,
+        "vocab_size": spec.vocab_size,
+        "source": "decoder",
+    })
+
+
+def _activation_dtype(g: onnx.GraphProto) -> int:
+    """The activation dtype of the decoder graph: its past KV inputs' (float32 when it has none)."""
+    for i in g.input:
+        if i.name.startswith("past_key_values."):
+            return i.type.tensor_type.elem_type
+    return TensorProto.FLOAT
+
+
+def write_folder(out_dir: Path, fill: Callable[[Path], None], *, overwrite: bool = False,
+                 marker: dict[str, Any] | None = None) -> Path:
+    """Runs ``fill(tmp)`` on a temp folder beside ``out_dir`` and renames it into place.
 
     ``marker`` (cache bookkeeping) is written last as MARKER_FILE, with every file's size added, so
     ``marker_matches`` can tell a complete folder from a damaged one.
@@ -120,14 +242,7 @@ def write_model_folder(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        onnx.save_model(model, tmp / MODEL_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=DATA_FILE, size_threshold=1024)
-        _write_json(tmp / "genai_config.json", genai_config(spec, special, max_length=max_length))
-        _write_json(tmp / "generation_config.json", generation_config(special, max_length=max_length))
-        _write_json(tmp / "tokenizer_config.json", tok_config)
-        tokenizer.save(str(tmp / "tokenizer.json"))
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text)
+        fill(tmp)
         if marker is not None:
             sizes = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
             _write_json(tmp / MARKER_FILE, {**marker, "files": sizes})

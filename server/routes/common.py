@@ -36,8 +36,9 @@ def engine_for(request: Request, model: str | None) -> tuple[ServerState, Engine
     """The ready engine (503 while loading) after checking the requested model name (404)."""
     state = get_state(request)
     engine = state.require_engine()
+    state.require_chat_model(model)  # an embedding model asked to chat: 400 naming it
     if not state.accepts_model(model):
-        raise ModelNotFoundError(model or "", state.served_model_name)
+        raise ModelNotFoundError(model or "", state.served_model_name, also=state.embedding_names())
     return state, engine
 
 
@@ -75,6 +76,11 @@ def _render_and_encode(engine: EngineClient, messages: list[dict[str, Any]], too
     return rendered, _encode(engine, rendered.text, "messages")
 
 
+# NOTE(server): conversations longer than this are turned into template messages in a worker thread: at 135,000
+# messages that is ~0.1-0.3 s of Python the event loop would otherwise spend away from every other stream.
+THREADED_MESSAGES = 1000
+
+
 def _plan_and_encode(engine: EngineClient, messages: list[dict[str, Any]], tools: ToolRequest,
                      options: TemplateOptions) -> tuple[ToolPlan, RenderedPrompt, list[int]]:
     plan = plan_tools(messages, tools, engine.chat_template, engine.tokenizer)
@@ -94,7 +100,8 @@ async def completion_prompt_ids(engine: EngineClient, prompt: str | list[int]) -
         return await anyio.to_thread.run_sync(_encode, engine, prompt, "prompt", True)
     for index, token_id in enumerate(prompt):
         if token_id < 0:
-            raise InvalidRequestError(f"prompt token ids must be >= 0, got {token_id} at {index}", param="prompt")
+            raise InvalidRequestError(f"prompt token ids must be >= 0, got {token_id} at {index}", param="prompt",
+                                      code="invalid_value")
     return list(prompt)
 
 
@@ -114,7 +121,7 @@ def checked_params(engine: EngineClient, prompt_ids: Sequence[int], params: Samp
     for token_id, _ in params.logit_bias:
         if token_id >= engine.vocab_size:
             raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {engine.vocab_size}), got {token_id}",
-                                      param="logit_bias")
+                                      param="logit_bias", code="invalid_value")
     return params
 
 
@@ -144,7 +151,7 @@ class PreparedChat:
     def delta_source(self) -> DeltaSource:
         """A fresh reader of one choice's output: thinking split off first, then the answer read by the tool-call
         parser (or as plain text). Feed it the output; its ``message()`` is the whole answer."""
-        inner: DeltaSource = (ToolCallStream(make_parser(self.plan.parser), self.plan.max_calls)
+        inner: DeltaSource = (ToolCallStream(make_parser(self.plan.parser), self.plan.max_calls, self.plan.tool_names)
                               if self.plan.parser else TextDeltas())
         source = ReasoningDeltas(self.reasoning, inner) if self.reasoning is not None else inner
         return EchoedDeltas(self.echo, source) if self.echo else source
@@ -175,8 +182,9 @@ def _allow_thinking(structured: StructuredOutput, fmt: ReasoningFormat,
 async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.ChatCompletionRequest) -> PreparedChat:
     """Tool plan, template + tokenize (in a thread) and the checked SamplingParams; shared by chat, Responses and
     Messages."""
-    plan, rendered, prompt_ids = await chat_prompt(engine, body.template_messages(), body.tool_request(),
-                                                   body.template_options())
+    messages = (await anyio.to_thread.run_sync(body.template_messages) if len(body.messages) > THREADED_MESSAGES
+                else body.template_messages())
+    plan, rendered, prompt_ids = await chat_prompt(engine, messages, body.tool_request(), body.template_options())
     default_max_tokens = settings.default_max_tokens or remaining_context(engine, len(prompt_ids))
     params = body.to_sampling_params(default_max_tokens, engine.max_model_len)
     structured = plan.structured or params.structured

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from server import protocol
+from server.large_bodies import ThreadedBodyRoute
 from server.protocol import CompletionRequest
 from server.routes.common import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -17,7 +18,7 @@ from server.routes.common import (
 )
 from server.streaming import collect, stream_completion
 
-router = APIRouter(tags=["generation"])
+router = APIRouter(tags=["generation"], route_class=ThreadedBodyRoute)
 
 
 @router.post("/v1/completions", response_model=None, summary="Create a completion")

@@ -16,4 +16,7 @@ router = APIRouter(tags=["service"])
 async def metrics(request: Request) -> Response:
     state = get_state(request)
     stats = state.engine.stats() if state.engine is not None else None
-    return Response(state.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+    embedding = sum(state.embedders[name].stats().num_requests for name in state.embedding_names())
+    body = state.metrics.render(stats, model_name=state.served_model_name,
+                                prefix_caching=state.settings.prefix_caching, num_embedding_requests=embedding)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -53,8 +53,13 @@ def call_from_object(text: str, start: int, final: bool,
     """
     scan = scan_object(text, start, final)
     name_member = scan.get("name")
-    if name_member is None or name_member.end is None:
+    if name_member is None:
         return None, scan
+    if name_member.end is None:
+        # NOTE(tools): at the end (max_tokens cut the name) the call is kept with the name written so far and
+        # no arguments; ToolCallStream completes the name from the tools when the prefix names one of them.
+        partial = partial_string(name_member.raw(text)) if final else None
+        return (ParsedCall(partial, "", False) if partial else None), scan
     name = name_member.decoded(text)
     if not isinstance(name, str) or not name:
         return None, scan
@@ -268,6 +273,8 @@ class GenericParser(ToolParser):
                     break
                 calls.append(call)
             return ParsedMessage("", tuple(calls))
+        if member.key in ("tool_call", "tool_calls"):
+            return ParsedMessage("")  # a call cut before its name (max_tokens): no text, nothing to name
         return ParsedMessage(text if final else "")  # some other JSON: the user's text, shown at the end
 
 

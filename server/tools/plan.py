@@ -79,6 +79,8 @@ class ToolPlan:
         max_calls: 1 when parallel_tool_calls is false.
         whole_answer: the grammar constrains the answer from its first token (a forced call, the generic
             format's JSON, a JSON answer beside the calls); False when text runs free until a call opens.
+        tool_names: the names a call may have (the grammar's choice): a name cut by max_tokens is completed
+            from them when its prefix names one tool.
     """
 
     format: str
@@ -89,6 +91,7 @@ class ToolPlan:
     preserved_tokens: tuple[str, ...] = ()
     max_calls: int | None = None
     whole_answer: bool = False
+    tool_names: tuple[str, ...] = ()
 
 
 def choose_format(template: _Template) -> str:
@@ -134,7 +137,8 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
         fmt, rendered, list(request.tools) if native else None,
         structured=StructuredOutput("lark", spec, param="tools"),
         parser=fmt, preserved_tokens=PARSERS[fmt].preserved_tokens, max_calls=None if parallel else 1,
-        whole_answer=required or not native or request.response_schema is not None)
+        whole_answer=required or not native or request.response_schema is not None,
+        tool_names=tuple(t["function"]["name"] for t in targets))
 
 
 def _grammar(fmt: str, tools: list[dict[str, Any]], *, required: bool, parallel: bool, template: _Template,

@@ -8,10 +8,11 @@ from __future__ import annotations
 import logging
 import secrets
 import string
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from server.tools.parsers import ParsedMessage, ToolParser
+from server.tools.parsers import ParsedCall, ParsedMessage, ToolParser
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +50,14 @@ class ToolCallStream:
     Args:
         parser: the model's format.
         max_calls: keep at most this many calls (1 when parallel_tool_calls is false); None keeps all.
+        tool_names: the names a call may have; at the end, a call whose name max_tokens cut is named by the one
+            tool its prefix matches (the grammar allows no other), and dropped while the prefix fits several.
     """
 
-    def __init__(self, parser: ToolParser, max_calls: int | None = None) -> None:
+    def __init__(self, parser: ToolParser, max_calls: int | None = None, tool_names: Sequence[str] = ()) -> None:
         self._parser = parser
         self._max_calls = max_calls
+        self._tool_names = tuple(tool_names)
         self._text = ""
         self._content = ""  # content already sent
         self._calls: list[_SentCall] = []
@@ -75,6 +79,9 @@ class ToolCallStream:
             return []
         parsed = self._parser.parse(self._text, final)
         calls = parsed.calls if self._max_calls is None else parsed.calls[:self._max_calls]
+        if final:
+            sent, unsent = calls[:len(self._calls)], calls[len(self._calls):]  # a sent call's name was whole
+            calls = (*sent, *(c for call in unsent if (c := self._completed(call)) is not None))
         self._parsed = ParsedMessage(parsed.content, calls)
         deltas: list[dict[str, Any]] = []
         new_content = self._grown(self._content, parsed.content, "content")
@@ -93,6 +100,14 @@ class ToolCallStream:
                 deltas.append({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})
                 sent.arguments = call.arguments
         return deltas
+
+    def _completed(self, call: ParsedCall) -> ParsedCall | None:
+        """A call cut inside its name, named by the only tool whose name starts with what was written; None
+        while that prefix could still be several tools (no call is shown under a name that is no tool's)."""
+        if call.complete or not self._tool_names or call.name in self._tool_names:
+            return call
+        matches = [n for n in self._tool_names if n.startswith(call.name)]
+        return replace(call, name=matches[0]) if len(matches) == 1 else None
 
     @staticmethod
     def _grown(sent: str, now: str, what: str) -> str:

@@ -37,14 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-chunk", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--whole-buffer", action="store_true", help="force the whole-buffer runner (a dry run on cpu)")
+    ap.add_argument("--row-groups", type=int, default=None, help="EngineConfig.matmul_row_groups (0: off)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     engine = AsyncEngine.from_model_dir(args.model, EngineConfig(provider=args.provider, max_batch=args.max_batch,
                                                                  prefill_chunk=args.prefill_chunk,
-                                                                 whole_buffer=args.whole_buffer or None))
+                                                                 kv_rows="opaque" if args.whole_buffer else None,
+                                                                 matmul_row_groups=args.row_groups))
     result: dict = {"load_s": round(time.perf_counter() - t0, 2), "placement": str(engine.placement),
-                    "max_batch": args.max_batch}
+                    "max_batch": args.max_batch, "row_groups": args.row_groups}
     try:
         runner = engine._core.runner  # the core thread waits on its inbox: nothing else touches the runner
         result["buckets"] = list(runner.buckets)

@@ -22,7 +22,8 @@ from engine.config import EngineConfig
 from engine.graph_capture import PACKED_INPUT, TOTAL_LEN_NAME, capture_graph_bytes
 from engine.kv_cache import KVCache, KVShape, make_kv_allocator
 from engine.model_loader import ModelFolder, check_graph, create_session, read_model_folder
-from engine.runner import Runner, make_input_allocator
+from engine.bucket_runner import BucketRunner
+from engine.runner import make_input_allocator
 
 
 def partial_graph(folder: ModelFolder, kv_length: int, *, freeze: bool, const_total: bool) -> bytes:
@@ -48,7 +49,7 @@ def partial_graph(folder: ModelFolder, kv_length: int, *, freeze: bool, const_to
 
 
 def make_runner(folder: ModelFolder, config: EngineConfig, *, kv_length: int, model_bytes: bytes | None,
-                capture: bool, packed: bool = False) -> Runner:
+                capture: bool, packed: bool = False) -> BucketRunner:
     if config.provider == "cpu":
         session, selected = create_session(folder, config, model_bytes=model_bytes)
     else:
@@ -68,12 +69,12 @@ def make_runner(folder: ModelFolder, config: EngineConfig, *, kv_length: int, mo
             if selected is None:  # a CPU dry run of this script
                 return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype))
             return host_memory.alloc_device(shape, dtype, selected, session=session, zero=True)
-    return Runner(session, io, kv, prefill_chunk=64, max_position=kv_length, whole_buffer=True,
-                  input_allocator=make_input_allocator(selected), device_alloc=device_alloc,
-                  packed_input=PACKED_INPUT if packed else None)
+    return BucketRunner(session, io, kv, prefill_chunk=64, max_position=kv_length, prefix_views=False,
+                        input_allocator=make_input_allocator(selected), device_alloc=device_alloc,
+                        packed_input=PACKED_INPUT if packed else None)
 
 
-def teacher_forced(runner: Runner, steps: int = 8) -> np.ndarray:
+def teacher_forced(runner: BucketRunner, steps: int = 8) -> np.ndarray:
     """Logits [steps + 1, slots_used, V]: a 5-token prompt in slot 0 and 3 in slot 2, then fixed tokens."""
     out = [np.stack([runner.prefill(0, [1, 17, 942, 301, 55], 0), runner.prefill(2, [1, 400, 12], 0)])]
     for i in range(steps):
@@ -110,7 +111,7 @@ def correctness(model: Path) -> dict[str, Any]:
 
 
 def decode_ready_runner(model: Path, ep_options: dict[str, str], capture: bool, *, packed: bool, batch: int,
-                        kv_length: int, provider: str = "webgpu") -> tuple[Runner, ort.IOBinding]:
+                        kv_length: int, provider: str = "webgpu") -> tuple[BucketRunner, ort.IOBinding]:
     """A whole-buffer Runner on the rewritten graph, warmed up, every slot holding a 4-token prompt; and its
     whole-batch decode binding. ``provider="cpu"`` is a dry run of the scripts on this machine."""
     folder = read_model_folder(model)

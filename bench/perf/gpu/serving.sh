@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Issue 13's figures on the GPU machine: the synthetic Llama-3.2-1B shape (INT4, float16, KV length 1,024) served
+# Issue 13's and 22's figures on the GPU machine: the synthetic Llama-3.2-1B shape (INT4, float16, KV length 1,024) served
 # over HTTP on the WebGPU plugin EP and measured with `ortserve bench` (the official openai client's wire format,
 # /v1/completions, streaming), beside engine-direct runs of the same harness. One call of the device tool:
 #   bash bench/perf/gpu/serving.sh [tests] [probe] [http] [engine]     (default: http engine)
+# PROVIDER=cuda (after `source .device/setup-cuda.sh`) serves on the CUDA EP instead of WebGPU; tests then runs
+# tests/integration/ep/test_cuda_engine.py (TESTS= picks others). SERVE_ARGS adds server flags (--no-graph-capture).
+# EXTRA_BODY replaces the requests' extra fields (default {"logprobs": 0}: a chunk of a random-weight model's tokens
+# may hold no text, and its logprobs still count it; '{}' measures requests as most clients send them).
 # probe: the time of each device piece (bench/perf/gpu/probe_buckets.py).
 # Results: $OUT/serving-*.json (one `ortserve bench` report per run) and $OUT/serving_log.txt.
 set -o pipefail
@@ -15,8 +19,9 @@ LEN=${MAX_MODEL_LEN:-1024}
 log() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
 
 if [[ " $steps " == *" tests "* ]]; then
-  ORTSERVE_DEVICE_TESTS=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -rs -x \
-    tests/integration/ep/test_webgpu_engine.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/pytest_log.txt"
+  TESTS=${TESTS:-tests/integration/ep/test_${PROVIDER:-webgpu}_engine.py}
+  ORTSERVE_DEVICE_TESTS=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -rs $TESTS \
+    ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/pytest_log.txt"
 fi
 
 if [ ! -f "$MODEL/genai_config.json" ]; then
@@ -39,13 +44,13 @@ fi
 bench() {  # bench NAME ARGS...: one ortserve bench report
   local name=$1; shift
   timeout 240 python3 -m server bench --url "http://127.0.0.1:$PORT/v1" --endpoint completions --no-progress \
-    --extra-body '{"logprobs": 0}' --out "$OUT/serving-$name.json" "$@" 2>&1 | tail -n 25 | tee -a "$LOG"
+    --extra-body "${EXTRA_BODY:-{\"logprobs\": 0\}}" --out "$OUT/serving-$name.json" "$@" 2>&1 | tail -n 25 | tee -a "$LOG"
 }
 
 serve() {  # serve MAX_BATCH: start a server on $PORT and wait until it answers
   PORT=$((8100 + $1)); SLOTS=$1
   setsid python3 -m server serve --model "$MODEL" --provider "$PROVIDER" --max-model-len $LEN --max-batch "$1" \
-    --port "$PORT" --log-level warning --shutdown-grace-s 2 >"$OUT/server-b$1.log" 2>&1 &
+    --port "$PORT" --log-level warning --shutdown-grace-s 2 ${SERVE_ARGS:-} >"$OUT/server-b$1.log" 2>&1 &
   SERVER=$!
   for _ in $(seq 240); do
     curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return 0

@@ -53,3 +53,20 @@ def test_copy_compares_decode_speed_and_text_with_the_peer(tiny_model: Path, tmp
         peer_summary = report["summary"]["targets"]["peer1"][kind]
         assert peer_summary["compared"] == 2
         assert peer_summary["same_text"] == 2  # greedy: speculation never changes the text (float model)
+
+
+def test_distinct_prompts_keep_two_targets_on_one_server_apart(tiny_model: Path, tmp_path: Path) -> None:
+    """Two "targets" that are the same server (as two routers over one set of replicas are): with
+    --distinct-prompts neither target's first turn finds the other's system prompt in the cache."""
+    with serve_app(create_app(api_settings(tiny_model))) as server:
+        out = tmp_path / "multiturn.json"
+        assert main(["--scenario", "multiturn", "--url", server.url, "--peer-url", server.url, "--peer-label", "same",
+                     "--distinct-prompts", "--num-requests", "2", "--turns", "2", "--system-tokens", "40",
+                     "--user-tokens", "4", "--output-tokens", "4", "--pause", "0", "--out", str(out)]) == 0
+    replies = json.loads(out.read_text())["replies"]
+    assert len(replies) == 2 * 2 * 2 and all(r["error"] is None for r in replies)
+    first_turns = [r for r in replies if r["turn"] == 1]
+    # Only the chat template's opening tokens can match (well under the 40-token system prompt).
+    assert all(r["num_cached_tokens"] < 10 for r in first_turns), first_turns
+    later = [r for r in replies if r["turn"] == 2]
+    assert all(r["num_cached_tokens"] >= 40 for r in later)  # each target's own conversation is still reused

@@ -42,7 +42,7 @@ def pair(tiny_model: Path):
     """(row-view engine, whole-buffer engine) over the same folder, 8 slots, prefill chunks of 16."""
     config = dict(max_batch=8, prefill_chunk=16, speculative_tokens=0)
     rows = AsyncEngine.from_model_dir(tiny_model, EngineConfig(**config))
-    whole = AsyncEngine.from_model_dir(tiny_model, EngineConfig(whole_buffer=True, **config))
+    whole = AsyncEngine.from_model_dir(tiny_model, EngineConfig(kv_rows="opaque", **config))
     yield rows, whole
     rows.shutdown()
     whole.shutdown()
@@ -57,7 +57,8 @@ def test_batch_buckets():
 
 def test_row_copier_copies_one_row_in_place_and_nothing_else():
     shape = (4, 2, 8, 3)
-    session = ort.InferenceSession(row_copy_graph_bytes(2, np.float32), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(row_copy_graph_bytes(2, np.float32, shape[1], shape[2]),
+                                   providers=["CPUExecutionProvider"])
     copier = RowCopier(session, 2)
     rng = np.random.default_rng(0)
     big = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]

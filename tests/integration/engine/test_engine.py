@@ -297,7 +297,7 @@ def test_duplicate_request_id_is_refused(engine, engine_gate):
     run(main())
 
 
-@pytest.mark.parametrize("config", [dict(whole_buffer=True), dict(provider="auto")],
+@pytest.mark.parametrize("config", [dict(kv_rows="opaque"), dict(provider="auto")],
                          ids=["whole_buffer", "provider_auto_via_ep"])
 def test_other_binding_paths_give_the_same_tokens(engine, tiny_model, config):
     ps = prompts(engine, 3, length=20, seed=15)

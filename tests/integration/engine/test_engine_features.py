@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 import random
 from collections import Counter
 from pathlib import Path
@@ -21,6 +20,7 @@ from engine.runner import Runner
 from engine.sampler import RequestSampler
 from engine.speculative import NgramDrafter
 from engine.types import FinishReason, InvalidRequestError, SamplingParams
+from tests.chi_square import chi_square_p_value
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -103,8 +103,8 @@ def test_a_running_requests_prompt_is_copied_into_a_new_slot(engines) -> None:
 
 
 def test_whole_buffer_mode_reuses_a_slots_own_prefix(tiny_model: Path) -> None:
-    whole = make_engine(tiny_model, whole_buffer=True, max_batch=2)
-    cold = make_engine(tiny_model, whole_buffer=True, max_batch=2, prefix_caching=False)
+    whole = make_engine(tiny_model, kv_rows="opaque", max_batch=2)
+    cold = make_engine(tiny_model, kv_rows="opaque", max_batch=2, prefix_caching=False)
     try:
         prompt = random_ids(20, seed=21)
         params = SamplingParams(max_tokens=6, **GREEDY)
@@ -248,60 +248,6 @@ def _bruijn(alphabet: list[int], order: int) -> list[int]:
     return [alphabet[i] for i in seq + seq[:order - 1]]
 
 
-def _chi_square_p_value(observed: list[float], expected: list[float]) -> tuple[float, float, int]:
-    """Pearson's statistic, its p-value and degrees of freedom; cells expecting < 5 are pooled."""
-    pooled_o = pooled_e = 0.0
-    obs, exp = [], []
-    for o, e in zip(observed, expected):
-        if e < 5:
-            pooled_o, pooled_e = pooled_o + o, pooled_e + e
-        else:
-            obs.append(o)
-            exp.append(e)
-    if pooled_e > 0:
-        obs.append(pooled_o)
-        exp.append(pooled_e)
-    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
-    df = len(obs) - 1
-    return stat, _upper_gamma_regularized(df / 2, stat / 2), df
-
-
-def _upper_gamma_regularized(a: float, x: float) -> float:
-    """Q(a, x) = Gamma(a, x) / Gamma(a): the chi-square survival function at 2x with 2a degrees of freedom."""
-    if x <= 0:
-        return 1.0
-    log_front = a * math.log(x) - x - math.lgamma(a)
-    if x < a + 1:  # series for P(a, x)
-        term = total = 1.0 / a
-        n = a
-        while abs(term) > 1e-15 * abs(total):
-            n += 1
-            term *= x / n
-            total += term
-        return 1.0 - total * math.exp(log_front)
-    b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)  # Lentz's continued fraction for Q(a, x)
-    h = d
-    for i in range(1, 10_000):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = 1e-300 if abs(d) < 1e-300 else d
-        c = b + an / c
-        c = 1e-300 if abs(c) < 1e-300 else c
-        d = 1 / d
-        h *= d * c
-        if abs(d * c - 1) < 1e-15:
-            break
-    return h * math.exp(log_front)
-
-
-def test_chi_square_helper_on_known_values() -> None:
-    # chi-square survival function: df 2 at x is exp(-x / 2); df 10 at 18.307 is 0.05
-    assert _upper_gamma_regularized(1.0, 3.0) == pytest.approx(math.exp(-3.0), rel=1e-9)
-    assert _upper_gamma_regularized(5.0, 18.307 / 2) == pytest.approx(0.05, abs=1e-4)
-    assert _upper_gamma_regularized(5.0, 3.0) == pytest.approx(1 - 0.18473675547622792, rel=1e-6)
-
-
 def test_speculative_sampling_keeps_the_distribution(tiny_model: Path) -> None:
     """2,000 seeded requests whose second token is drafted: the three sampled tokens follow the model's own
     joint distribution (Pearson's chi-square), and not the one of the classic mistake (keep the draft with
@@ -365,7 +311,7 @@ def test_speculative_sampling_keeps_the_distribution(tiny_model: Path) -> None:
     counts = Counter(samples)
     assert sum(counts.values()) == num_samples and set(counts) <= set(cells)
     observed = [counts[cell] for cell in cells]
-    stat, p_value, df = _chi_square_p_value(observed, [num_samples * e for e in exact])
+    stat, p_value, df = chi_square_p_value(observed, [num_samples * e for e in exact])
     assert p_value > 1e-3, f"chi-square {stat:.1f} on {df} degrees of freedom: p = {p_value:.2e}"
-    stat, p_wrong, df = _chi_square_p_value(observed, [num_samples * e for e in wrong])
+    stat, p_wrong, df = chi_square_p_value(observed, [num_samples * e for e in wrong])
     assert p_wrong < 1e-6, f"the test can't tell the wrong rule apart: chi-square {stat:.1f}, p = {p_wrong:.2e}"

@@ -9,6 +9,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.kv_cache import HostKVAllocator, KVCache, KVShape
 from engine.model_loader import check_graph, create_session, read_model_folder
+from engine.bucket_runner import BucketRunner
 from engine.runner import Runner
 
 
@@ -23,7 +24,8 @@ def make_runner(model, whole_buffer=False, slots=4):
     folder, session, io = model
     kv = KVCache(KVShape(folder.num_layers, slots, folder.num_kv_heads, 128, folder.head_size, io.kv_dtype),
                  HostKVAllocator())
-    return Runner(session, io, kv, prefill_chunk=16, max_position=128, whole_buffer=whole_buffer)
+    cls = BucketRunner if whole_buffer else Runner
+    return cls(session, io, kv, prefill_chunk=16, max_position=128)
 
 
 def greedy(runner, slot, prompt, steps, chunk=16):

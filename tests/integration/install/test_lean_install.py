@@ -90,7 +90,8 @@ def test_the_wheel_holds_the_packages_and_keeps_extras_apart(wheel: Path) -> Non
                     if line.startswith("Requires-Dist: ")]
         scripts = archive.read(entry_points).decode()
     for module in ("server/__main__.py", "server/app.py", "engine/core.py", "engine/builder/pull.py", "ep/flags.py",
-                   "bench/cli.py", "bench/perf/ceiling.py"):
+                   "bench/cli.py", "bench/perf/ceiling.py", "server/ui/index.html", "server/ui/main.js",
+                   "server/ui/vendor/purify.min.js"):
         assert module in names, module
     assert not any(n.startswith("tests/") for n in names)
     assert "ortserve = server.__main__:main" in scripts
@@ -129,5 +130,8 @@ def test_installed_from_the_wheel_it_serves(fresh_copy: Path, wheel: Path, tiny_
             "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] >= 1
+        page = httpx.get(f"{base}/", timeout=10)  # the chat page's files come from the wheel too
+        assert page.status_code == 200 and "/ui/main.js" in page.text
+        assert httpx.get(f"{base}/ui/vendor/marked.umd.js", timeout=10).status_code == 200
     finally:
         stop_process(proc, 30)

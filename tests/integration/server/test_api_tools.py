@@ -244,3 +244,36 @@ def test_schema_feature_the_grammar_cannot_enforce_is_400_naming_tools(smol: Run
                                               max_tokens=4)
     assert info.value.body["param"] == "tools"
     assert "not" in info.value.body["message"]
+
+
+def test_a_call_cut_by_max_tokens_keeps_what_was_written(smol: RunningServer) -> None:
+    """Greedy forced calls cut after 1..18 tokens: once the call's name has begun it is there, named after the
+    one tool it can be (completed from its prefix when the cut falls inside the name), with the arguments
+    written so far; the streamed deltas add up to the same call, and finish_reason stays 'length'."""
+    final = _ask(smol, tool_choice="required", temperature=0, max_tokens=96).choices[0].message.tool_calls[0]
+    seen_call = False
+    for max_tokens in range(1, 19):
+        r = _ask(smol, tool_choice="required", temperature=0, max_tokens=max_tokens)
+        choice = r.choices[0]
+        assert choice.finish_reason == "length"
+        calls = choice.message.tool_calls or []
+        if seen_call:
+            assert calls, f"the call vanished at max_tokens={max_tokens}"
+        if not calls:
+            assert not choice.message.content  # nothing of the JSON shows as text
+            continue
+        seen_call = True
+        assert [c.function.name for c in calls] == [final.function.name]
+        assert final.function.arguments.startswith(calls[0].function.arguments)
+        if max_tokens % 3:
+            continue  # the streamed form is checked on every third cut
+        stream = smol.client().chat.completions.create(model="smollm2", tools=TOOLS, messages=ASK, stream=True,
+                                                       tool_choice="required", temperature=0, max_tokens=max_tokens)
+        name, arguments, reasons = "", "", []
+        for chunk in stream:
+            for delta_call in chunk.choices[0].delta.tool_calls or ():
+                name += delta_call.function.name or ""
+                arguments += delta_call.function.arguments or ""
+            reasons += [chunk.choices[0].finish_reason] if chunk.choices[0].finish_reason else []
+        assert (name, arguments, reasons) == (calls[0].function.name, calls[0].function.arguments, ["length"])
+    assert seen_call

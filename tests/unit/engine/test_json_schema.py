@@ -55,3 +55,17 @@ def test_all_of_and_its_branches_stay_open_so_their_keys_still_meet() -> None:
 @pytest.mark.parametrize("schema", [True, False, {"type": "object"}, {"type": "string"}])
 def test_schemas_without_properties_are_unchanged(schema) -> None:
     assert close_objects(schema) == schema
+
+
+def test_required_keys_outside_properties_become_free_and_ref_branches_are_inlined() -> None:
+    closed = close_objects({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"],
+                            "oneOf": [{"required": ["c"]}, {"properties": {"d": {}}, "required": ["d"]}]})
+    assert closed["properties"] == {"a": {"type": "string"}, "b": {}, "c": {}}  # d's branch brings its own
+    jsonschema.validate({"a": "x", "b": [1], "c": None}, closed)
+    defs = {"A": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+            "B": {"type": "object", "properties": {"y": {"type": "number"}}, "required": ["y"]}}
+    both = close_objects({"allOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}], "$defs": defs})
+    jsonschema.validate({"x": "s", "y": 1}, both)  # the allOf's inlined branches stay open
+    assert both["$defs"]["A"]["additionalProperties"] is False  # the definition itself is closed
+    either = close_objects({"oneOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}], "$defs": defs})
+    assert either["oneOf"][0]["properties"] == defs["A"]["properties"] and "$ref" not in either["oneOf"][0]

@@ -21,8 +21,9 @@ def step(sched, token=5, tokens=None):
     """One scripted step: every request that needs a token gets ``token`` (or tokens[rid])."""
     out = sched.schedule()
     need = list(out.decode)
-    if out.prefill is not None and out.prefill.is_last:
-        need += [out.prefill.request, *out.prefill.request.forks]
+    for chunk in out.prefills:
+        if chunk.is_last:
+            need += [chunk.request, *chunk.request.forks]
     sampled = {r: (tokens or {}).get(r.request_id, token) for r in need}
     return out, sched.update_from_output(out, sampled)
 
@@ -70,14 +71,57 @@ def test_chunked_prefill_within_budget_and_decode_first():
     assert long.num_computed_tokens == 26 and len(long.output_ids) == 2  # prompt + one decode step
 
 
-def test_one_prefill_per_step_oldest_first():
-    sched = Scheduler(num_slots=4, max_waiting=10, token_budget=32)
+def test_one_prefill_per_step_oldest_first_when_asked():
+    sched = Scheduler(num_slots=4, max_waiting=10, token_budget=32, max_prefills=1)
     sched.add(make_request("a", prompt_len=3))
     sched.add(make_request("b", prompt_len=3))
     out, _ = step(sched)
-    assert out.prefill.request.request_id == "a"
+    assert out.prefill.request.request_id == "a" and not out.more_prefills
     out, _ = step(sched)
     assert out.prefill.request.request_id == "b" and [r.request_id for r in out.decode] == ["a"]
+
+
+def test_requests_arriving_together_prefill_in_one_step():
+    """Eight short prompts arrive at once beside nothing running: all eight chunks share the first step, oldest
+    first, and every request has its first token after it (vLLM's budget rule, not a step each)."""
+    sched = Scheduler(num_slots=8, max_waiting=10, token_budget=64)
+    for i in range(8):
+        sched.add(make_request(f"r{i}", prompt_len=6))
+    out, _ = step(sched)
+    assert [c.request.request_id for c in out.prefills] == [f"r{i}" for i in range(8)]
+    assert out.prefill is out.prefills[0] and out.num_tokens == 48 <= 64
+    assert all(len(sched.running[f"r{i}", 0].output_ids) == 1 for i in range(8))
+    out, _ = step(sched)
+    assert len(out.decode) == 8 and not out.prefills
+
+
+def test_prefill_chunks_share_what_decode_leaves_of_the_budget():
+    """Two streams decode; three prompts wait. The budget (24) minus the decode tokens (2) goes to the
+    oldest prompt first; a younger one gets a chunk only while it finishes its prompt or is long enough to be
+    worth a run of its own (MIN_EXTRA_CHUNK), and the decode rows never wait."""
+    from engine.scheduler import MIN_EXTRA_CHUNK
+
+    sched = Scheduler(num_slots=5, max_waiting=10, token_budget=24)
+    sched.add(make_request("s0", prompt_len=3, max_tokens=50))
+    sched.add(make_request("s1", prompt_len=3, max_tokens=50))
+    step(sched)
+    sched.add(make_request("long", prompt_len=30, max_tokens=50))
+    sched.add(make_request("short", prompt_len=5, max_tokens=50))
+    sched.add(make_request("tiny", prompt_len=2, max_tokens=50))
+    out, _ = step(sched)
+    assert [r.request_id for r in out.decode] == ["s0", "s1"]
+    assert [(c.request.request_id, c.num_tokens) for c in out.prefills] == [("long", 22)]
+    assert out.num_tokens == 24
+    out, _ = step(sched)  # long's last 8 tokens, then short and tiny whole: 2 + 8 + 5 + 2 = 17
+    assert [(c.request.request_id, c.num_tokens, c.is_last) for c in out.prefills] == [
+        ("long", 8, True), ("short", 5, True), ("tiny", 2, True)]
+    assert out.num_tokens <= 24
+    # a younger prompt that can't finish gets no sliver below MIN_EXTRA_CHUNK
+    sched2 = Scheduler(num_slots=3, max_waiting=10, token_budget=MIN_EXTRA_CHUNK + 10)
+    sched2.add(make_request("a", prompt_len=MIN_EXTRA_CHUNK, max_model_len=400))
+    sched2.add(make_request("b", prompt_len=3 * MIN_EXTRA_CHUNK, max_model_len=400))
+    out, _ = step(sched2)
+    assert [(c.request.request_id, c.num_tokens) for c in out.prefills] == [("a", MIN_EXTRA_CHUNK)]
 
 
 def test_decode_batch_is_sorted_by_slot():

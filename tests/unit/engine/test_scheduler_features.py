@@ -30,9 +30,10 @@ def step(sched, tokens=None, default=5):
         sampled[r] = (tokens or {}).get(r.request_id, default)
     for v in out.verify:
         sampled[v.request] = (tokens or {}).get(v.request.request_id, [default])
-    if out.prefill is not None and out.prefill.is_last:
-        for r in (out.prefill.request, *out.prefill.request.forks):
-            sampled[r] = (tokens or {}).get(r.request_id, default)
+    for chunk in out.prefills:
+        if chunk.is_last:
+            for r in (chunk.request, *chunk.request.forks):
+                sampled[r] = (tokens or {}).get(r.request_id, default)
     return out, sched.update_from_output(out, sampled)
 
 
@@ -275,13 +276,14 @@ def test_drafts_stop_at_max_tokens_and_a_stop_token_inside_them_ends_the_request
 
 
 def decoding_pair(sched):
-    """Two requests in decode, both with a draft available (prefilled with drafting off)."""
+    """Two requests in decode, both with a draft available (prefilled with drafting off, one step each)."""
     speculative_tokens, sched.speculative_tokens = sched.speculative_tokens, 0
+    max_prefills, sched.max_prefills = sched.max_prefills, 1
     for rid in ("a", "b"):
         sched.add(make_request(rid, [1, 2, 3, 4, 5, 1, 2], max_tokens=20))
     step(sched, tokens={"a": 3, "b": 3})
     step(sched, tokens={"a": 4, "b": 3})  # a: (3, 4) came before; b: (2, 3) did
-    sched.speculative_tokens = speculative_tokens
+    sched.speculative_tokens, sched.max_prefills = speculative_tokens, max_prefills
     return sched
 
 

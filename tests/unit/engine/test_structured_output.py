@@ -205,3 +205,59 @@ def test_an_object_that_says_nothing_of_other_keys_is_generated_closed(backend, 
     opened = backend.constraint_sync(StructuredOutput("json_schema", open_spec))
     walk(backend, opened, bpe_tokenizer, '{"city":"Paris","parameters":{}}')
     assert opened.is_accepting
+
+
+def test_a_required_key_missing_from_properties_is_a_free_property(backend, bpe_tokenizer):
+    """JSONSchemaBench's commonest refusal: an object requires a key its ``properties`` do not define. The
+    schema as written allows any value there, so the closed object gets it as a free property and compiles;
+    the other keys stay closed."""
+    spec = json.dumps({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name", "id"]})
+    constraint = backend.constraint_sync(StructuredOutput("json_schema", spec))
+    walk(backend, constraint, bpe_tokenizer, '{"name":"a","id":[1,{"x":null}]}')
+    assert constraint.is_accepting
+    other = backend.constraint_sync(StructuredOutput("json_schema", spec))
+    walk(backend, other, bpe_tokenizer, '{"name":"a","id":1')
+    assert bpe_tokenizer.token_to_id(",") not in allowed_ids(backend, other)  # still no invented third key
+
+
+DISCRIMINATED = {
+    "$defs": {
+        "circle": {"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "number"}},
+                   "required": ["kind", "r"]},
+        "square": {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "integer"}},
+                   "required": ["kind", "side"]},
+    },
+    "oneOf": [{"$ref": "#/$defs/circle"}, {"$ref": "#/$defs/square"}],
+}
+
+
+@pytest.mark.parametrize("text", ['{"kind":"circle","r":1.5}', '{"kind":"square","side":3}'])
+def test_a_discriminated_one_of_is_enforced(backend, bpe_tokenizer, text):
+    """Branches that a ``const`` discriminator makes exclusive (here behind ``$ref``s, as generators write
+    them) compile; each branch's documents are accepted, and the discriminator decides the rest."""
+    jsonschema.validate(json.loads(text), DISCRIMINATED)
+    constraint = backend.constraint_sync(StructuredOutput("json_schema", json.dumps(DISCRIMINATED)))
+    walk(backend, constraint, bpe_tokenizer, text)
+    assert constraint.is_done
+    # a circle with a square's key is no document of either branch: some token of it is refused
+    mixed = backend.constraint_sync(StructuredOutput("json_schema", json.dumps(DISCRIMINATED)))
+    refused = False
+    for token in bpe_tokenizer.encode('{"kind":"circle","side":3}').ids:
+        if token not in allowed_ids(backend, mixed) or not mixed.accept(token):
+            refused = True
+            break
+    assert refused
+
+
+@pytest.mark.parametrize("schema", [
+    {"oneOf": [{"type": "integer"}, {"type": "number"}]},  # 1 matches both
+    {"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}}},
+               {"type": "object", "properties": {"b": {"type": "string"}}}]},  # {} matches both
+    {"type": "object", "properties": {"t": {"type": "string"}},
+     "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},  # {"a": 1, "b": 2} matches both
+])
+def test_a_one_of_whose_branches_may_overlap_is_refused_by_name(backend, schema):
+    with pytest.raises(InvalidRequestError) as err:
+        backend.constraint_sync(StructuredOutput("json_schema", json.dumps(schema), param="response_format"))
+    assert "oneOf" in str(err.value) and err.value.param == "response_format"
+    assert err.value.code == "invalid_structured_output"

@@ -86,7 +86,8 @@ def test_index_out_of_range_lists_the_devices_stands_in_for_amd(two_amd_gpus_sta
 
 @pytest.mark.parametrize(("eps", "expected"), [
     (["CUDAExecutionProvider", "WebGpuExecutionProvider", "MIGraphXExecutionProvider"], "MIGraphXExecutionProvider"),
-    (["CUDAExecutionProvider", "WebGpuExecutionProvider"], "WebGpuExecutionProvider"),
+    (["CUDAExecutionProvider", "WebGpuExecutionProvider"], "CUDAExecutionProvider"),
+    (["WebGpuExecutionProvider", "OpenVINOExecutionProvider"], "WebGpuExecutionProvider"),
     (["CUDAExecutionProvider", "OpenVINOExecutionProvider"], "CUDAExecutionProvider"),
     (["OpenVINOExecutionProvider", "QNNExecutionProvider"], "CPUExecutionProvider"),
 ])

@@ -52,8 +52,8 @@ def test_provider_of_ep_name_is_none_for_foreign_eps() -> None:
     assert provider_of_ep_name("AMDGPUExecutionProvider") == "amdgpu"
 
 
-def test_auto_order_is_amdgpu_migraphx_webgpu_cuda_cpu() -> None:
-    assert AUTO_ORDER == ("amdgpu", "migraphx", "webgpu", "cuda", "cpu")
+def test_auto_order_is_amdgpu_migraphx_cuda_webgpu_cpu() -> None:
+    assert AUTO_ORDER == ("amdgpu", "migraphx", "cuda", "webgpu", "cpu")
 
 
 def test_names_and_flags_import_no_onnxruntime(run_python) -> None:

@@ -55,6 +55,53 @@ def test_gauges_come_from_engine_stats_and_registries_are_separate() -> None:
     a, b = ServerMetrics(), ServerMetrics()
     s = _samples(a, EngineStats(num_running=3, num_waiting=2, num_slots_free=5, num_slots_total=8))
     assert (s["ortserve_requests_running"], s["ortserve_requests_waiting"], s["ortserve_kv_slots_free"]) == (3, 2, 5)
+    assert s["ortserve_kv_slots_total"] == 8
     a.tracker().finish("stop")
     assert _samples(b)['ortserve_requests_total{status="stop"}'] == 0
     assert _samples(a)['ortserve_requests_total{status="stop"}'] == 1
+
+
+def test_gateway_metrics_carry_vllm_names_and_token_fractions() -> None:
+    """The endpoint picker's three gauges, the prefix counters and cache_config_info, from exact engine stats."""
+    m = ServerMetrics()
+    stats = EngineStats(num_running=2, num_waiting=1, num_slots_free=2, num_slots_total=4,
+                        extra={"prefix_cache_queries_total": 300.0, "prefix_cache_hits_total": 120.0},
+                        num_kv_tokens_used=1024, num_kv_tokens_cached=100, num_kv_tokens_total=4 * 2048)
+    s = _samples_with_model(m, stats)
+    assert s['vllm:num_requests_running{model_name="smol"}'] == 2
+    assert s['vllm:num_requests_waiting{model_name="smol"}'] == 1
+    assert s['vllm:kv_cache_usage_perc{model_name="smol"}'] == 1024 / 8192  # cached prefixes are not "used"
+    assert (s["ortserve_kv_cache_used_tokens"], s["ortserve_kv_cache_cached_tokens"],
+            s["ortserve_kv_cache_capacity_tokens"]) == (1024, 100, 8192)
+    assert s['vllm:prefix_cache_queries_total{model_name="smol"}'] == 300
+    assert s['vllm:prefix_cache_hits_total{model_name="smol"}'] == 120
+    (info,) = [k for k in s if k.startswith("vllm:cache_config_info")]
+    assert s[info] == 1
+    assert 'block_size="16"' in info and 'num_gpu_blocks="512"' in info and 'enable_prefix_caching="True"' in info
+    assert 'num_slots="4"' in info and 'max_model_len="2048"' in info
+    # Counters advance by the engine totals' growth; a second scrape with the same totals adds nothing.
+    stats2 = EngineStats(num_running=0, num_waiting=0, num_slots_free=4, num_slots_total=4,
+                         extra={"prefix_cache_queries_total": 350.0, "prefix_cache_hits_total": 160.0},
+                         num_kv_tokens_used=0, num_kv_tokens_cached=1124, num_kv_tokens_total=4 * 2048)
+    _samples_with_model(m, stats2)
+    s = _samples_with_model(m, stats2)
+    assert s['vllm:prefix_cache_queries_total{model_name="smol"}'] == 350
+    assert s['vllm:prefix_cache_hits_total{model_name="smol"}'] == 160
+    assert s["ortserve_prefix_cache_hits_total"] == 160
+    assert s['vllm:kv_cache_usage_perc{model_name="smol"}'] == 0
+
+
+def test_vllm_series_are_absent_while_loading() -> None:
+    s = _samples(ServerMetrics(), None)
+    assert not [k for k in s if k.startswith("vllm:")]
+
+
+def _samples_with_model(m: ServerMetrics, stats: EngineStats) -> dict[str, float]:
+    out = {}
+    for family in text_string_to_metric_families(m.render(stats, model_name="smol").decode()):
+        for s in family.samples:
+            if "le" in s.labels or s.name.endswith("_created"):
+                continue
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out

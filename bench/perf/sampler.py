@@ -1,0 +1,225 @@
+"""The sampled path's cost per row: ``engine.sampler.sample_batch`` on real logits at batch 8, beside the
+reference law computed the way the sampler did before issue 25 (the ``apply_*`` transforms and a float64
+cumsum over the whole vocabulary per row), interleaved.
+
+Logits come from the model folders given (a real prompt, then tokens sampled at temperature 1: the rows a
+served request sees); a folder's vocabulary sets the width (SmolLM2: 49,152; Gemma 3: 262,144).
+
+    ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.perf.sampler --model-dir .cache/smollm2-135m-instruct \
+        --model-dir .cache/gemma3-270m --json docs/perf/sampler.json --plot docs/perf/sampler.png
+
+Targets (issue 25): <= 0.3 ms a row at 49k and <= 1 ms at 262k, batch 8, temperature 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PROMPTS = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a refrigerator keeps food cold, step by step.",
+    "List five ideas for a weekend trip near the mountains and say why each is fun.",
+    "What are the main differences between Python lists and tuples?",
+    "Describe the water cycle to a ten-year-old.",
+    "Give me a recipe for a simple vegetable soup.",
+    "Summarize the plot of a detective novel you would like to read.",
+    "How do I ask my manager for a day off politely?",
+)
+# (name, SamplingParams fields): what clients send; the first is the openai SDK's default
+CASES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("temperature 1", {}),
+    ("temperature 0.7", {"temperature": 0.7}),
+    ("top_p 0.95", {"top_p": 0.95}),
+    ("top_k 40", {"top_k": 40}),
+    ("min_p 0.05", {"min_p": 0.05}),
+    ("0.8 / top_k 40 / top_p 0.95", {"temperature": 0.8, "top_k": 40, "top_p": 0.95}),
+    ("presence 0.5 + top_p 0.9", {"presence_penalty": 0.5, "top_p": 0.9}),
+)
+
+
+def collect_logits(model_dir: Path, rows: int, threads: int, seed: int = 0) -> np.ndarray:
+    """float32 ``[rows, vocab]``: the logits after each prompt of PROMPTS and after the tokens a temperature-1
+    draw then appends (``rows // len(PROMPTS)`` per prompt), from the engine's own runner."""
+    from engine.config import EngineConfig
+    from engine.kv_cache import HostKVAllocator, KVCache, KVShape
+    from engine.model_loader import check_graph, create_session, read_model_folder
+    from engine.runner import Runner
+    from engine.sampler import RequestSampler
+    from engine.types import SamplingParams
+
+    folder = read_model_folder(model_dir)
+    config = EngineConfig(max_batch=1, prefill_chunk=256, intra_op_threads=threads)
+    session, _ = create_session(folder, config)
+    io = check_graph(folder, session)
+    length = 512
+    kv = KVCache(KVShape(folder.num_layers, 1, folder.num_kv_heads, length, folder.head_size, io.kv_dtype),
+                 HostKVAllocator())
+    runner = Runner(session, io, kv, prefill_chunk=256, max_position=length)
+    per_prompt = max(1, rows // len(PROMPTS))
+    out = []
+    for i, text in enumerate(PROMPTS):
+        prompt = folder.chat_template.render([{"role": "user", "content": text}])
+        ids = folder.tokenizer.encode(prompt)
+        sampler = RequestSampler(SamplingParams(seed=seed + i), ids, io.vocab_size)
+        logits = runner.prefill(0, ids, 0)
+        pos = len(ids)
+        for _ in range(per_prompt):
+            out.append(np.array(logits, dtype=np.float32))
+            token = sampler.sample(logits).token_id
+            logits = runner.decode([0], [token], [pos])[0]
+            pos += 1
+        runner.release(0)
+    return np.stack(out[:rows])
+
+
+def synthetic_logits(vocab: int, rows: int, seed: int = 0) -> np.ndarray:
+    """float32 ``[rows, vocab]`` shaped like a language model's: a Gumbel tail and 30 tokens 4-12 nats up."""
+    rng = np.random.default_rng(seed)
+    logits = (rng.gumbel(size=(rows, vocab)) * 1.5).astype(np.float32)
+    strong = rng.integers(0, vocab, (rows, 30))
+    logits[np.arange(rows)[:, None], strong] += rng.uniform(4, 12, (rows, 30)).astype(np.float32)
+    return logits
+
+
+def reference_draw(logits: np.ndarray, sampler: Any) -> int:
+    """The pre-issue-25 route to the same law: every transform over the whole row, a float64 cumsum."""
+    processed = sampler.process(logits)
+    shifted = np.exp(processed.astype(np.float64) - processed.max())
+    cdf = np.cumsum(shifted)
+    return int(np.searchsorted(cdf, sampler.rng.random() * cdf[-1], side="right"))
+
+
+def time_per_row(fn: Callable[[], object], batch: int, min_s: float) -> tuple[float, float]:
+    """(wall, CPU) milliseconds per row of one call of ``fn`` (which samples ``batch`` rows), medians of repeats.
+
+    NOTE(bench): CPU time (the process's, BLAS threads included) is what a call costs; wall time adds the
+    waits for a core on a shared machine. Both are reported; the targets are read on CPU time.
+    """
+    fn()
+    wall, cpu = [], []
+    t_end = time.perf_counter() + min_s
+    while time.perf_counter() < t_end or len(wall) < 5:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(10):
+            fn()
+        wall.append((time.perf_counter() - t0) / 10)
+        cpu.append((time.process_time() - c0) / 10)
+    return statistics.median(wall) / batch * 1e3, statistics.median(cpu) / batch * 1e3
+
+
+def measure(logits: np.ndarray, batch: int, rounds: int, min_s: float) -> list[dict[str, Any]]:
+    from engine.sampler import RequestSampler, sample_batch
+    from engine.types import SamplingParams
+
+    vocab = logits.shape[1]
+    rng = np.random.default_rng(0)
+    results = []
+    for name, fields in CASES:
+        params = SamplingParams(**fields)
+        fast, ref = [], []
+        for rnd in range(rounds):
+            rows = logits[rng.choice(len(logits), batch, replace=False)]  # [batch, vocab]
+            samplers = [RequestSampler(params, list(range(64)), vocab) for _ in range(batch)]
+
+            def new() -> None:
+                sample_batch(rows, samplers)
+
+            def old() -> None:
+                for row, s in zip(rows, samplers):
+                    reference_draw(row, s)
+
+            pair = (("new", new, fast), ("old", old, ref))
+            for _label, fn, sink in (pair if rnd % 2 == 0 else pair[::-1]):  # interleaved, order alternating
+                sink.append(time_per_row(fn, batch, min_s))
+        cpu, ref_cpu = [c for _, c in fast], [c for _, c in ref]
+        results.append({"case": name, "params": fields, "vocab": vocab, "batch": batch,
+                        "cpu_ms_per_row": statistics.median(cpu), "cpu_ms_per_row_rounds": cpu,
+                        "wall_ms_per_row": statistics.median(w for w, _ in fast),
+                        "reference_cpu_ms_per_row": statistics.median(ref_cpu),
+                        "reference_wall_ms_per_row": statistics.median(w for w, _ in ref)})
+        print(f"  {vocab:>7} {name:<30} {statistics.median(cpu):7.3f} ms/row CPU "
+              f"(wall {results[-1]['wall_ms_per_row']:.3f}; reference {statistics.median(ref_cpu):6.3f}; "
+              f"rounds {', '.join(f'{t:.3f}' for t in cpu)})", file=sys.stderr)
+    return results
+
+
+def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    vocabs = sorted({r["vocab"] for r in results})
+    fig, axes = plt.subplots(1, len(vocabs), figsize=(6.5 * len(vocabs), 4.8), squeeze=False)
+    for ax, vocab in zip(axes[0], vocabs):
+        rows = [r for r in results if r["vocab"] == vocab]
+        y = np.arange(len(rows))
+        ax.barh(y + 0.2, [r["reference_cpu_ms_per_row"] for r in rows], 0.4,
+                label="before (float64 cumsum per row)", color="#bbbbbb")
+        ax.barh(y - 0.2, [r["cpu_ms_per_row"] for r in rows], 0.4, label="sample_batch (vectorized)",
+                color="#2b7bba")
+        target = 0.3 if vocab < 100_000 else 1.0
+        ax.axvline(target, color="#d62728", linestyle="--", label=f"target {target} ms")
+        ax.set_yticks(y, [r["case"] for r in rows])
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.set_xlabel("CPU ms per row (batch 8, median of rounds)")
+        ax.set_title(f"vocabulary {vocab:,}")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", action="append", type=Path, default=[],
+                        help="a model folder whose logits to sample (repeatable); default: the pulled default model")
+    parser.add_argument("--synthetic", action="append", type=int, default=[], metavar="VOCAB",
+                        help="also rows of this width shaped like a model's (Gumbel tail, a few strong tokens), "
+                             "for a vocabulary whose model folder is not at hand (repeatable)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=64, help="logit rows collected per model")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--min-s", type=float, default=0.3, help="seconds of repeats per timing")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args(argv)
+    if not args.model_dir and not args.synthetic:
+        from engine.builder.pull import pull_model
+
+        args.model_dir = [pull_model(progress=False)]
+    load = [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    results: list[dict[str, Any]] = []
+    for model_dir in args.model_dir:
+        print(f"collecting {args.rows} logit rows from {model_dir}", file=sys.stderr)
+        logits = collect_logits(model_dir, args.rows, args.threads)
+        results += [dict(r, model=model_dir.name) for r in measure(logits, args.batch, args.rounds, args.min_s)]
+    for vocab in args.synthetic:
+        print(f"synthetic rows, vocabulary {vocab}", file=sys.stderr)
+        results += [dict(r, model=f"synthetic-{vocab}")
+                    for r in measure(synthetic_logits(vocab, args.rows), args.batch, args.rounds, args.min_s)]
+    report = {"load_average_before": load,
+              "load_average_after": [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]],
+              "results": results}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    if args.plot:
+        plot(results, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

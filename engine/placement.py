@@ -1,0 +1,199 @@
+"""Where the engine's tensors live and which runner drives them: the one place that decides, from what the
+device offers, and assembles the sessions, the KV cache and the runner.
+
+What a device offers (``DeviceCaps``, from ep/: its DEFAULT memory's addressing, its host-accessible memory, and
+whether the engine drives its graph capture) decides the path:
+
+| KV rows (``ep.addressing``)            | runner                                   | prefill                    |
+|----------------------------------------|------------------------------------------|----------------------------|
+| host (CPU EP, CPU-side plugin EPs)     | ``Runner``: row views                    | chunks in the slot's row   |
+| pointer (CUDA; HIP under MIGraphX / the AMDGPU EP on Linux) | ``Runner``: rows bound by address | chunks in the slot's row |
+| opaque with prefix views (WebGPU)      | ``BucketRunner``: buckets over rows [0, b) | chunks through a staging row + device row copy |
+| opaque otherwise (DirectML, unknown)   | ``BucketRunner``: all rows every step    | one token per run          |
+| pointer, decode steps captured as device graphs (CUDA graphs; HIP graphs on AMDGPU/MIGraphX) | ``BucketRunner``: buckets over rows [0, b), fixed buffers | chunks in the slot's row, uncaptured |
+
+A captured device graph replays the addresses it was captured with, so where decode steps are captured (CUDA's
+enable_cuda_graph, which the engine turns on when the rewritten graph allows it; the AMDGPU and MIGraphX EPs' HIP
+graphs, which the seeds' session config turns on) every bucket's step is bound once to fixed buffers: the KV prefix
+[0, b), device buffers for the decode inputs (uploaded from host memory before each step) and the logits (read back
+after it). Prompt chunks and draft checks, whose shapes and rows vary, run uncaptured (``gpu_graph_id=-1``).
+
+Decode inputs (and a row runner's logits) live in the device's HOST_ACCESSIBLE memory where it offers some,
+written in place; logits always end on the host, where sampling runs.
+
+Imports onnxruntime (through the runners and sessions); ep/ lazily, as the sessions do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from engine.bucket_runner import BucketRunner
+from engine.config import EngineConfig
+from engine.device_kv import AddressRowCopier, RowCopier, address_copy_graph_bytes, row_copy_graph_bytes
+from engine.graph_capture import CAPTURE_PROVIDERS, OpenedSession, open_session
+from engine.kv_cache import HOST, OPAQUE, POINTER, HostKVAllocator, KVAllocator, KVCache, KVShape, make_kv_allocator
+from engine.model_loader import ModelFolder, check_graph, create_session, resolve_max_model_len
+from engine.runner import ModelRunner, Runner, make_input_allocator
+from engine.types import DevicePlacement, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+# NOTE(engine): the opaque memories whose buffers bind as a prefix of their rows (the handle with a smaller first
+# dimension) and take the ScatterND row copy: measured on the WebGPU plugin EP (H200, onnxruntime-ep-webgpu 0.4.0).
+PREFIX_VIEW_MEMORY = frozenset({"webgpu_buf", "webgpu_buffer"})
+
+
+@dataclass(frozen=True)
+class DeviceCaps:
+    """What the selected device offers the engine (None device: the plain CPU EP)."""
+
+    kv_rows: str  # "host" | "pointer" | "opaque" (ep.addressing)
+    prefix_views: bool  # opaque buffers bind as a prefix of their rows, and rows copy on the device
+    engine_capture: bool  # the engine drives the EP's graph capture (WebGPU's enableGraphCapture, CUDA graphs)
+    host_accessible: bool  # HOST_ACCESSIBLE memory for the decode inputs
+    ep_graphs: bool = False  # the EP captures graphs by its own session config (AMDGPU/MIGraphX HIP graphs)
+
+    @classmethod
+    def of(cls, selected: Any, folder: ModelFolder | None = None, config: EngineConfig | None = None) -> DeviceCaps:
+        if selected is None:
+            return cls(HOST, True, False, False)
+        from ep.names import MIGRAPHX_BACKED
+
+        ep_graphs = False
+        if selected.provider in MIGRAPHX_BACKED and folder is not None:
+            from ep.providers import hip_graph_enabled
+
+            ep_graphs = hip_graph_enabled(folder.genai, dict(config.ep_options) if config else None)
+        memory = selected.default_memory.name.lower() if selected.default_memory is not None else ""
+        return cls(kv_rows=str(selected.kv_addressing), prefix_views=memory in PREFIX_VIEW_MEMORY,
+                   engine_capture=selected.provider in CAPTURE_PROVIDERS,
+                   host_accessible=selected.host_accessible_memory is not None, ep_graphs=ep_graphs)
+
+
+@dataclass
+class Loaded:
+    """A runner ready to serve, and the facts the engine reports about it."""
+
+    runner: ModelRunner
+    placement: DevicePlacement
+    max_model_len: int
+    vocab_size: int
+
+
+class _WarmupError(Exception):
+    """The auto-chosen captured decode step failed at its first run."""
+
+
+def load(folder: ModelFolder, config: EngineConfig) -> Loaded:
+    """Open the sessions, allocate the KV cache and build the runner for ``config`` on its device.
+
+    Raises:
+        ModelLoadError: the model can't be served on this device (ep/'s own errors propagate unchanged).
+    """
+    planned_len = resolve_max_model_len(folder, config, None)
+    try:
+        return _load(folder, config, open_session(folder, config, planned_len), planned_len)
+    except _WarmupError as exc:  # graph capture was auto-chosen and its first run failed: run without it
+        log.warning("graph capture failed at its first run (%s); running without it", exc)
+        config = dataclasses.replace(config, graph_capture=False)
+        return _load(folder, config, open_session(folder, config, planned_len), planned_len)
+
+
+def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, planned_len: int) -> Loaded:
+    session, selected = opened.session, opened.selected
+    io = check_graph(folder, session, packed_input=opened.packed_input)
+    max_model_len = resolve_max_model_len(folder, config, io.kv_length)
+    kv_length = io.kv_length or max_model_len
+    if opened.graph_capture and kv_length != planned_len:
+        raise ModelLoadError(f"graph capture was set up for KV length {planned_len}, the graph has {kv_length}")
+    caps = DeviceCaps.of(selected, folder, config)
+    kv_shape = KVShape(folder.num_layers, config.max_batch, folder.num_kv_heads, kv_length, folder.head_size,
+                       io.kv_dtype)
+    allocator = make_kv_allocator(selected, session)
+    if config.kv_rows == POINTER and isinstance(allocator, HostKVAllocator):
+        allocator = HostKVAllocator(POINTER)  # host memory bound by address: the stand-in for CUDA/HIP rows
+    kv = KVCache(kv_shape, allocator)
+    common = dict(prefill_chunk=config.prefill_chunk, max_position=max_model_len,
+                  input_allocator=make_input_allocator(selected))
+    runner: ModelRunner
+    if kv.addressing == POINTER:
+        kv.row_copy = _address_copier(folder, config, selected, kv)
+    graphs = kv.addressing == POINTER and (opened.graph_capture or caps.ep_graphs)
+    if graphs:
+        prefill_session, prefill_io = session, None
+        if opened.packed_input or opened.graph_capture:  # the captured graph runs S = 1 only: the plain one
+            prefill_session, _ = create_session(folder, config, selected=selected)
+            prefill_io = check_graph(folder, prefill_session)
+        runner = BucketRunner(session, io, kv, **common, device_alloc=_device_alloc(selected, session),
+                              packed_input=opened.packed_input, graph_ids=True, row_chunks=True,
+                              prefill_session=prefill_session, prefill_io=prefill_io)
+        kind = "buckets (pointer, captured steps)"
+    elif kv.row_views and config.kv_rows != OPAQUE:
+        runner = Runner(session, io, kv, **common)
+        kind = f"rows ({kv.addressing})"
+    else:
+        # NOTE(engine): kv_rows="opaque" on host KV runs the opaque path with host buffers (its CPU stand-in)
+        prefix = caps.prefix_views or kv.addressing != OPAQUE
+        staged = _staged_prefill_parts(folder, config, opened, kv_shape, allocator) if prefix else {}
+        runner = BucketRunner(session, io, kv, **common, prefix_views=prefix,
+                              device_alloc=_device_alloc(selected, session) if opened.graph_capture else None,
+                              packed_input=opened.packed_input, graph_ids=opened.graph_capture, **staged)
+        kind = "buckets" if prefix else "whole buffer"
+    if selected is not None:
+        try:  # compile the kernels (and capture the decode steps) before the first request
+            runner.warmup()
+        except Exception as exc:  # noqa: BLE001 - ORT raises several pybind classes
+            if opened.graph_capture and config.graph_capture is None:
+                raise _WarmupError(f"{type(exc).__name__}: {exc}") from exc
+            raise ModelLoadError(f"the first run on {selected.ep_name} failed: {exc}") from exc
+    placement = DevicePlacement(
+        provider=selected.provider if selected is not None else "cpu",
+        ep_name=selected.ep_name if selected is not None else "CPUExecutionProvider",
+        device_id=selected.device_id if selected is not None else 0,
+        kv_cache="host" if kv.addressable else "device", decode_inputs=runner.input_source,
+        logits=runner.logits_source, whole_buffer=runner.whole_buffer,
+        graph_capture=opened.graph_capture or graphs, kv_rows=kv.addressing, runner=kind,
+        graph_capture_note=opened.note if opened.graph_capture or not caps.ep_graphs else
+        "on: the EP's HIP graphs (ep.migraphx.hip_graph_enable), one per decode bucket at fixed addresses")
+    log.info("placement: %s", placement)
+    return Loaded(runner, placement, max_model_len, io.vocab_size)
+
+
+def _address_copier(folder: ModelFolder, config: EngineConfig, selected: Any, kv: KVCache) -> AddressRowCopier:
+    """Row copies between slots of pointer-addressed KV: a session of Identity nodes on the KV's device."""
+    s = kv.shape
+    graph = address_copy_graph_bytes(len(kv.buffers), s.dtype, (1, s.num_kv_heads, s.length, s.head_size))
+    copy_session, _ = create_session(folder, config, selected=selected, model_bytes=graph)
+    return AddressRowCopier(copy_session, kv)
+
+
+def _device_alloc(selected: Any, session: Any):
+    from ep import host_memory
+
+    def alloc(shape: tuple[int, ...], dtype: Any) -> Any:
+        return host_memory.alloc_device(shape, dtype, selected, session=session, zero=True)
+    return alloc
+
+
+def _staged_prefill_parts(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, kv_shape: KVShape,
+                          allocator: KVAllocator) -> dict[str, Any]:
+    """A one-slot staging KV, a row copier and the prefill session for chunked prefill over buffers bound by
+    prefix (``BucketRunner``)."""
+    selected = opened.selected
+    copy_bytes = row_copy_graph_bytes(2 * kv_shape.num_layers, kv_shape.dtype, kv_shape.num_kv_heads, kv_shape.length)
+    copy_session, _ = create_session(folder, config, selected=selected, model_bytes=copy_bytes)
+    prefill_session, prefill_io = opened.session, None
+    if opened.graph_capture or opened.packed_input:  # the captured graph runs S = 1 only: the plain one
+        prefill_session, _ = create_session(folder, config, selected=selected)
+        prefill_io = check_graph(folder, prefill_session)
+    if isinstance(allocator, HostKVAllocator):
+        allocator = HostKVAllocator()  # the staging row is bound whole: host addressing is enough
+    staging = KVCache(dataclasses.replace(kv_shape, num_slots=1), allocator)
+    log.info("chunked prefill through a staging row and device row copies (%s)",
+             selected.ep_name if selected is not None else "CPUExecutionProvider")
+    return {"staging": staging, "copier": RowCopier(copy_session, 2 * kv_shape.num_layers),
+            "prefill_session": prefill_session, "prefill_io": prefill_io}

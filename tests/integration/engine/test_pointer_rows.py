@@ -1,0 +1,180 @@
+"""KV rows bound by address on the CPU EP, standing in for CUDA and HIP device memory (issue 22).
+
+``kv_rows="pointer"`` puts the KV cache in host memory but binds it exactly as pointer-addressed device memory is
+bound: a row is the buffer's address plus ``row * row_bytes`` given to IOBinding, and copies between slots run on
+the "device" through the Identity-graph copier (``engine.device_kv.AddressRowCopier``). The CUDA EP runs the
+same code (tests/integration/ep/test_cuda_engine.py); AMD hardware can't be here, so these stand in for it.
+Every comparison is against the row-view engine (numpy views), token for token or bit for bit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.device_kv import AddressRowCopier, address_copy_graph_bytes
+from engine.kv_cache import POINTER, HostKVAllocator, KVCache, KVShape
+from engine.model_loader import check_graph, create_session, read_model_folder
+from engine.runner import Runner
+from engine.types import SamplingParams
+
+from tests.integration.engine.test_device_kv import GREEDY, _collect, _prompts, _tokens
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model: Path):
+    """(row-view engine, rows-by-address engine) over the same folder, 8 slots, prefill chunks of 16."""
+    config = dict(max_batch=8, prefill_chunk=16, speculative_tokens=0)
+    views = AsyncEngine.from_model_dir(tiny_model, EngineConfig(**config))
+    pointer = AsyncEngine.from_model_dir(tiny_model, EngineConfig(kv_rows="pointer", **config))
+    yield views, pointer
+    views.shutdown()
+    pointer.shutdown()
+
+
+def test_rows_by_address_stand_in_for_cuda_and_hip_give_the_row_view_tokens(pair):
+    """Five requests of 40-52 prompt tokens arriving while others decode (chunked prefill straight into each
+    slot's row, decode over the running rows only): every token equals the numpy-view engine's."""
+    views, pointer = pair
+    assert pointer.placement.kv_rows == "pointer" and pointer.placement.runner == "rows (pointer)"
+    assert not pointer.placement.whole_buffer and views.placement.kv_rows == "host"
+    ps = _prompts(views.vocab_size, 5, 40, seed=3)
+    params = SamplingParams(max_tokens=12, **GREEDY)
+
+    async def staggered(engine: AsyncEngine, tag: str):
+        tasks = []
+        for i, p in enumerate(ps):
+            tasks.append(asyncio.create_task(_collect(engine, p, params, f"{tag}{i}")))
+            await asyncio.sleep(0)  # NOTE(test): order only; the result must not depend on the interleaving
+        return await asyncio.gather(*tasks)
+
+    assert [_tokens(o) for o in asyncio.run(staggered(pointer, "p"))] == \
+        [_tokens(o) for o in asyncio.run(staggered(views, "v"))]
+
+
+def test_rows_by_address_stand_in_for_cuda_and_hip_copy_a_prefix_and_n_choices(pair):
+    """Prefix reuse from another slot and n > 1 copy rows on the "device" (the address copier), and give the
+    cold run's tokens."""
+    views, pointer = pair
+    base = _prompts(views.vocab_size, 1, 50, seed=21)[0]
+    follow = base + [5, 6, 7, 8, 9]
+    params = SamplingParams(max_tokens=8, **GREEDY)
+    cold = _tokens(asyncio.run(_collect(views, follow, params, "cold")))
+    copier = pointer._core.runner.kv.row_copy  # test only: the core's runner
+    assert isinstance(copier, AddressRowCopier)
+    asyncio.run(_collect(pointer, base, params, "first"))
+    # a long prompt in between takes base's slot or another; either way the follow-up finds base's prefix
+    asyncio.run(_collect(pointer, _prompts(views.vocab_size, 1, 45, seed=22)[0], params, "between"))
+    before = copier.num_copies
+    second = asyncio.run(_collect(pointer, follow, params, "second"))
+    assert _tokens(second) == cold
+    assert second[-1].num_cached_tokens >= len(base) - 2
+    choices = asyncio.run(_collect(pointer, follow, SamplingParams(max_tokens=8, n=3, **GREEDY), "n3"))
+    assert [_tokens(choices, i) for i in range(3)] == [cold] * 3
+    assert copier.num_copies - before >= 2  # the choices' rows got the prompt by device copies
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model: Path):
+    folder = read_model_folder(tiny_model)
+    session, _ = create_session(folder, EngineConfig(max_batch=4, prefill_chunk=16))
+    return folder, session, check_graph(folder, session)
+
+
+def _runner(model, slots: int, addressing: str) -> Runner:
+    folder, session, io = model
+    kv = KVCache(KVShape(folder.num_layers, slots, folder.num_kv_heads, 96, folder.head_size, io.kv_dtype),
+                 HostKVAllocator(addressing))
+    return Runner(session, io, kv, prefill_chunk=16, max_position=96)
+
+
+def _greedy(runner: Runner, slot: int, prompt: list[int], steps: int) -> list[int]:
+    logits = None
+    for start in range(0, len(prompt), 16):
+        logits = runner.prefill(slot, prompt[start:start + 16], start)
+    out = [int(np.argmax(logits))]
+    for i in range(steps - 1):
+        out.append(int(np.argmax(runner.decode([slot], [out[-1]], [len(prompt) + i])[0])))
+    return out
+
+
+def test_a_request_in_row_2_of_a_shared_buffer_leaves_the_kv_of_one_alone_stands_in_for_cuda(model):
+    """Row 2 of a [4, H, L, D] buffer per layer, bound by address (past and present the same memory), ends with
+    layer 0's KV bit-identical to the same request on [1, H, L, D] buffers of its own; rows 0, 1 and 3 keep
+    what they held."""
+    prompt = np.random.default_rng(5).integers(3, 500, 37).tolist()
+    shared, alone = _runner(model, 4, POINTER), _runner(model, 1, POINTER)
+    rng = np.random.default_rng(6)
+    for kv in (shared.kv,):
+        for a in [kv.key_array(i) for i in range(kv.shape.num_layers)] + \
+                 [kv.value_array(i) for i in range(kv.shape.num_layers)]:
+            a[...] = rng.standard_normal(a.shape)  # other rows hold something to lose
+    before = [shared.kv.key_array(0).copy(), shared.kv.value_array(0).copy()]
+    tokens = _greedy(shared, 2, prompt, 10)
+    assert tokens == _greedy(alone, 0, prompt, 10)
+    n = len(prompt) + 9
+    for got, solo, old in ((shared.kv.key_array(0), alone.kv.key_array(0), before[0]),
+                           (shared.kv.value_array(0), alone.kv.value_array(0), before[1])):
+        np.testing.assert_array_equal(got[2, :, :n], solo[0, :, :n])
+        np.testing.assert_array_equal(np.delete(got, 2, axis=0), np.delete(old, 2, axis=0))
+
+
+def test_the_address_copier_copies_one_row_of_every_buffer_and_nothing_else(model):
+    folder, _, io = model
+    kv = KVCache(KVShape(folder.num_layers, 4, folder.num_kv_heads, 32, folder.head_size, io.kv_dtype),
+                 HostKVAllocator(POINTER))
+    s = kv.shape
+    graph = address_copy_graph_bytes(len(kv.buffers), s.dtype, (1, s.num_kv_heads, s.length, s.head_size))
+    copier = AddressRowCopier(ort.InferenceSession(graph, providers=["CPUExecutionProvider"]), kv)
+    arrays = [kv.key_array(i) for i in range(s.num_layers)] + [kv.value_array(i) for i in range(s.num_layers)]
+    rng = np.random.default_rng(0)
+    for a in arrays:
+        a[...] = rng.standard_normal(a.shape)
+    before = [a.copy() for a in arrays]
+    copier(3, 1)
+    copier(0, 2)
+    for a, old in zip(arrays, before):
+        np.testing.assert_array_equal(a[1], old[3])
+        np.testing.assert_array_equal(a[2], old[0])
+        np.testing.assert_array_equal(a[[0, 3]], old[[0, 3]])
+    assert copier.num_copies == 2
+
+
+def test_bucketed_fixed_buffer_steps_over_rows_by_address_stand_in_for_cuda_and_hip_graphs(model):
+    """The discipline captured device graphs need (CUDA graphs, the AMDGPU EP's HIP graphs): decode steps over
+    rows [0, b) of each bucket, bound once to fixed input and logits buffers (uploaded and read back each step),
+    prompt chunks straight into the rows by address. Two requests decoded together give the row-view tokens."""
+    from engine.bucket_runner import BucketRunner
+
+    folder, session, io = model
+
+    def cpu_alloc(shape, dtype):
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=dtype))
+
+    kv = KVCache(KVShape(folder.num_layers, 4, folder.num_kv_heads, 96, folder.head_size, io.kv_dtype),
+                 HostKVAllocator(POINTER))
+    fixed = BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, device_alloc=cpu_alloc,
+                         row_chunks=True)
+    assert fixed.buckets == (1, 2, 4) and fixed.can_verify and fixed.device_io is not None
+    views = _runner(model, 4, "host")
+    prompts = [np.random.default_rng(s).integers(3, 500, n).tolist() for s, n in ((7, 29), (8, 18))]
+
+    def together(r) -> list[list[int]]:
+        firsts = []
+        for slot, p in enumerate(prompts):
+            for start in range(0, len(p), 16):
+                logits = r.prefill(slot, p[start:start + 16], start)
+            firsts.append([int(np.argmax(logits))])
+        for i in range(8):
+            logits = r.decode([0, 1], [firsts[0][-1], firsts[1][-1]], [len(prompts[0]) + i, len(prompts[1]) + i])
+            for out, row in zip(firsts, logits):
+                out.append(int(np.argmax(row)))
+        return firsts
+
+    assert together(fixed) == together(views)

@@ -1,0 +1,48 @@
+"""The batched logprobs of greedy rows equal the per-row log-softmax's, value for value (issue 22: the per-row
+log-softmax cost more than a batch-64 model step on a GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import sampler
+from engine.sampler import RequestSampler, batch_logprobs, sample_batch
+from engine.types import SamplingParams
+
+
+@pytest.mark.parametrize("rows,vocab", [(1, 50), (7, 1000), (40, 1 << 17)], ids=["one", "batch", "threaded"])
+def test_batch_logprobs_equal_each_rows_log_softmax(rows, vocab, monkeypatch):
+    monkeypatch.setattr(sampler.os, "cpu_count", lambda: 8)  # NOTE(test): the threaded split runs on 2 cores too
+    monkeypatch.setattr(sampler, "_pool", None)
+    rng = np.random.default_rng(rows)
+    logits = (rng.standard_normal((rows, vocab)) * 4).astype(np.float32)
+    logits[0, :3] = -np.inf  # excluded tokens (a mask) are never listed
+    tokens = rng.integers(3, vocab, rows)
+    top_n = [i % 4 for i in range(rows)]
+    got = batch_logprobs(logits, tokens, top_n)
+    assert (sampler._pool is not None) == (rows * vocab >= sampler._THREADED_LOGITS)
+    for i in range(rows):
+        want = RequestSampler(SamplingParams(logprobs=True, top_logprobs=top_n[i]), [], vocab).logprob_of(
+            logits[i], int(tokens[i]))
+        assert got[i] == want
+
+
+def test_greedy_batch_with_logprobs_matches_each_rows_sampler_masks_included():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((5, 300)).astype(np.float32)
+    bitmask = np.full((5, 10), -1, dtype=np.int32)
+    bitmask[2, 0] = 0  # row 2 may not use tokens 0-31
+    logits[2, 5] = 50.0  # its raw argmax is forbidden
+    params = [SamplingParams(temperature=0.0, logprobs=i % 2 == 0, top_logprobs=2 if i % 2 == 0 else 0)
+              for i in range(5)]
+
+    def fresh():
+        return [RequestSampler(p, [], 300) for p in params]
+
+    per_row = [s.sample(sampler.apply_token_bitmask(logits[i], bitmask[i]) if i == 2 else logits[i])
+               for i, s in enumerate(fresh())]
+    got = sample_batch(logits, fresh(), bitmask, [2])
+    assert [r.token_id for r in got] == [r.token_id for r in per_row]
+    assert [r.logprob for r in got] == [r.logprob for r in per_row]
+    assert got[2].token_id != 5 and got[1].logprob is None

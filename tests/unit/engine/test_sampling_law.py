@@ -1,0 +1,147 @@
+"""The vectorized sampled path (engine.sampling.draw_tokens via sample_batch) against the reference law
+(RequestSampler.process, then softmax): the same token for the same uniform draw, and the law itself checked
+by Pearson's chi-square at batch 8, every row with its own params."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.sampler import RequestSampler, apply_token_bitmask, sample_batch
+from engine.sampling import draw_tokens
+from engine.types import SamplingParams
+from tests.chi_square import chi_square_p_value, upper_gamma_regularized
+
+
+def reference_probs(sampler: RequestSampler, logits: np.ndarray) -> np.ndarray:
+    """The law: softmax of the reference transforms, in float64."""
+    processed = sampler.process(logits).astype(np.float64)
+    probs = np.exp(processed - processed.max())
+    return probs / probs.sum()
+
+
+def reference_token(sampler: RequestSampler, logits: np.ndarray, u: float) -> int:
+    """The reference draw: the token where the float64 CDF of the law, in token-id order, passes u."""
+    cdf = np.cumsum(reference_probs(sampler, logits))
+    return int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+
+
+def test_chi_square_helper_on_known_values() -> None:
+    # chi-square survival function: df 2 at x is exp(-x / 2); df 10 at 18.307 is 0.05
+    assert upper_gamma_regularized(1.0, 3.0) == pytest.approx(math.exp(-3.0), rel=1e-9)
+    assert upper_gamma_regularized(5.0, 18.307 / 2) == pytest.approx(0.05, abs=1e-4)
+    assert upper_gamma_regularized(5.0, 3.0) == pytest.approx(1 - 0.18473675547622792, rel=1e-6)
+
+
+params_strategy = st.builds(
+    SamplingParams,
+    temperature=st.sampled_from([1.0, 0.3, 0.7, 1.3]),
+    top_k=st.sampled_from([0, 0, 2, 5, 40, 1000]),
+    top_p=st.sampled_from([1.0, 1.0, 0.3, 0.9, 0.95, 0.999]),
+    min_p=st.sampled_from([0.0, 0.0, 0.01, 0.2, 1e-9]),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([37, 300, 1000, 4096]), st.lists(params_strategy, min_size=1,
+       max_size=8), st.booleans(), st.booleans())
+def test_draw_tokens_picks_the_reference_token_for_the_same_draw(seed, vocab, params, ties, masked):
+    """Every row of a batch, whatever its filters (the candidate rounds, the group floor of top-k, the dense
+    rows), picks exactly the token the reference law's inverse CDF gives at the same u."""
+    rng = np.random.default_rng(seed)
+    n = len(params)
+    logits = (rng.normal(size=(n, vocab)) * rng.uniform(0.5, 5.0)).astype(np.float32)
+    if ties:
+        logits = np.round(logits)  # many exact ties: top-k keeps them all, top-p ranks them by token id
+    if masked:
+        logits[:, rng.integers(0, vocab, vocab // 2)] = -np.inf
+        logits[:, 0] = 0.0  # a row keeps something allowed
+    u = rng.random(n)
+    samplers = [RequestSampler(p, [], vocab) for p in params]
+    got = draw_tokens(logits, u, temperature=np.array([p.temperature for p in params]),
+                      top_k=np.array([p.top_k for p in params]), top_p=np.array([p.top_p for p in params]),
+                      min_p=np.array([p.min_p for p in params]))
+    assert got.tolist() == [reference_token(s, row, x) for s, row, x in zip(samplers, logits, u)]
+    assert all(np.isfinite(logits[i, t]) for i, t in enumerate(got))
+
+
+def test_real_width_rows_pick_the_reference_token():
+    """49,152-wide rows shaped like a language model's (a few strong tokens, a long tail), the filters
+    clients send: the same token as the reference for every draw."""
+    rng = np.random.default_rng(3)
+    vocab = 49152
+    logits = (rng.gumbel(size=(8, vocab)) * 1.5).astype(np.float32)
+    logits[np.arange(8)[:, None], rng.integers(0, vocab, (8, 30))] += rng.uniform(4, 12, (8, 30)).astype(np.float32)
+    cases = [SamplingParams(), SamplingParams(temperature=0.7), SamplingParams(top_p=0.95),
+             SamplingParams(top_k=40), SamplingParams(min_p=0.05),
+             SamplingParams(temperature=0.8, top_k=40, top_p=0.95), SamplingParams(top_p=0.9999),
+             SamplingParams(top_k=5000)]
+    samplers = [RequestSampler(p, [], vocab) for p in cases]
+    for _ in range(25):
+        u = rng.random(8)
+        got = draw_tokens(logits, u, temperature=np.array([p.temperature for p in cases]),
+                          top_k=np.array([p.top_k for p in cases]), top_p=np.array([p.top_p for p in cases]),
+                          min_p=np.array([p.min_p for p in cases]))
+        assert got.tolist() == [reference_token(s, row, x) for s, row, x in zip(samplers, logits, u)]
+
+
+def test_the_law_holds_for_every_row_of_a_batch():
+    """Eight kinds of row, each with its own params (plain, temperature, top-k, top-p, min-p, all of them,
+    penalties with logit_bias, a grammar mask), mixed in one batch: 4,000 draws of each, every kind's counts
+    against its exact law."""
+    rng = np.random.default_rng(11)
+    vocab = 24
+    logits = (rng.normal(size=(8, vocab)) * 1.5).astype(np.float32)
+    params = [SamplingParams(), SamplingParams(temperature=0.6), SamplingParams(top_k=6),
+              SamplingParams(top_p=0.8), SamplingParams(min_p=0.15),
+              SamplingParams(temperature=1.4, top_k=10, top_p=0.9, min_p=0.02),
+              SamplingParams(presence_penalty=0.8, frequency_penalty=0.3, repetition_penalty=1.3,
+                             logit_bias=((3, 2.0), (5, -5.0))),
+              SamplingParams(temperature=0.9, top_p=0.95)]
+    prompt = [1, 2, 3, 4]
+    bitmask = np.full((8, 1), -1, dtype=np.int32)
+    bitmask[7, 0] = 0b1010_1010_1010_1010_1010_1010  # row 7: only some tokens allowed by the "grammar"
+    # 8 steps of a 4,000-row batch: 500 copies of each of the 8 rows, interleaved, each its own request
+    # (a fresh sampler per step: penalties would otherwise change the law as tokens are recorded)
+    copies, num_steps = 500, 8
+    num_samples = copies * num_steps
+    batch_logits = np.tile(logits, (copies, 1))  # row j is logits[j % 8]
+    batch_mask = np.tile(bitmask, (copies, 1))
+    rng = np.random.default_rng(100)
+    counts = np.zeros((8, vocab), dtype=np.int64)
+    for _ in range(num_steps):
+        samplers = [RequestSampler(params[j % 8], prompt, vocab, rng=np.random.default_rng(rng.integers(2**63)))
+                    for j in range(8 * copies)]
+        results = sample_batch(batch_logits, samplers, batch_mask, masked_rows=range(7, 8 * copies, 8))
+        for j, res in enumerate(results):
+            counts[j % 8, res.token_id] += 1
+    masked = apply_token_bitmask(logits[7], bitmask[7])
+    for i, p in enumerate(params):
+        row = masked if i == 7 else logits[i]
+        law = reference_probs(RequestSampler(p, prompt, vocab), row)
+        assert counts[i][law == 0].sum() == 0, f"row {i} drew a token its law excludes"
+        stat, p_value, df = chi_square_p_value(counts[i].tolist(), (num_samples * law).tolist())
+        assert p_value > 1e-4, f"row {i} ({p}): chi-square {stat:.1f} on {df} df, p = {p_value:.2e}"
+    # the test tells laws apart: row 1 (temperature 0.6) is far from temperature 1's law
+    plain = reference_probs(RequestSampler(SamplingParams(), prompt, vocab), logits[1])
+    _, p_wrong, _ = chi_square_p_value(counts[1].tolist(), (num_samples * plain).tolist())
+    assert p_wrong < 1e-6
+
+
+def test_a_row_gets_the_same_token_alone_and_in_any_batch():
+    rng = np.random.default_rng(5)
+    logits = (rng.normal(size=(8, 5000)) * 3).astype(np.float32)
+    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=1)
+    others = [SamplingParams(), SamplingParams(temperature=0.0), SamplingParams(min_p=0.1, seed=3),
+              SamplingParams(top_k=3, presence_penalty=1.0)]
+    alone = RequestSampler(params, [], 5000)
+    mine = RequestSampler(params, [], 5000)
+    for step in range(20):
+        batch = [RequestSampler(p, [], 5000) for p in others[:step % 5]]
+        solo = sample_batch(logits[:1], [alone])[0].token_id
+        mixed = sample_batch(logits[:1 + len(batch)], [mine, *batch])[0].token_id
+        assert solo == mixed
