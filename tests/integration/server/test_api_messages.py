@@ -16,7 +16,7 @@ import pytest
 
 from server.app import create_app
 
-from conftest import RunningServer, api_settings, serve_app
+from tests.integration.server.conftest import RunningServer, api_settings, serve_app
 
 MODEL = "smollm2"
 GREEDY = {"temperature": 0}  # the SDK no longer offers sampling parameters; the API still takes them

@@ -20,7 +20,7 @@ import pytest
 
 from server.app import create_app
 
-from conftest import RunningServer, api_settings, serve_app
+from tests.integration.server.conftest import RunningServer, api_settings, serve_app
 
 TEMPLATE = Path(__file__).parent / "templates" / "think_hermes.jinja"
 HI = [{"role": "user", "content": "Hi"}]

@@ -14,7 +14,7 @@ import pytest
 
 from server.app import create_app
 
-from conftest import RunningServer, api_settings, serve_app
+from tests.integration.server.conftest import RunningServer, api_settings, serve_app
 
 MODEL = "smollm2"
 SHELL = {"type": "function", "name": "exec_command", "description": "Runs a command.", "strict": False,

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import RunningServer
+from tests.integration.server.conftest import RunningServer
 
 PREFILL = [{"role": "user", "content": "What is the best book"}, {"role": "assistant", "content": "Whill"}]
 
