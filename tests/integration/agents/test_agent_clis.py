@@ -3,12 +3,12 @@
 
 Each runs non-interactively in a scratch directory with its own home (no login, telemetry off, nothing leaves
 the machine): Claude Code with the tools that would ask denied and at most two model turns, Codex in its
-read-only sandbox. Their requests are what the issue measured (Claude Code: its ~12k-token system prompt and
-tools, thinking, context_management, max_tokens 32000; Codex: developer messages, a namespace tool, web_search,
-include, reasoning, store false), and the server's access log shows them answered with 200. A turn ends only
-when the model answers instead of calling a tool, and a 270M base model rarely does: so each CLI also runs once
-with its turn bounded by a short JSON answer format (Claude Code's CLAUDE_CODE_EXTRA_BODY; Codex's
---output-schema with its tools off), which completes the turn and exits 0.
+read-only sandbox. Their requests are what the issue measured (Claude Code: ~12k tokens of system prompt and
+tools, thinking, context_management, max_tokens 32000; Codex: ~9k tokens of developer messages, a namespace
+tool, web_search, include, reasoning, store false), and the server's access log shows them answered with 200.
+A turn ends only when the model answers instead of calling a tool, and a 270M base model rarely does: so the
+runs that must exit 0 bound the answer to a short JSON format (Claude Code's own CLAUDE_CODE_EXTRA_BODY with
+tool_choice none; Codex's --output-schema with its tools off), which completes the turn.
 """
 
 from __future__ import annotations
