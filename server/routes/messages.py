@@ -14,6 +14,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
+from engine.types import FinishReason
+
 from server import protocol_anthropic as wire
 from server.errors import error_for
 from server.message_events import Event, MessageAssembler
@@ -36,11 +38,13 @@ async def _events(run: EngineRun, ctx: StreamContext, assembler: MessageAssemble
     started = False
     async for out in run.outputs():
         ctx.account(out)
-        check_error(out)
         events: list[Event] = []
-        if not started:
+        if not started:  # NOTE(messages): first, even when this output failed (the error event follows it)
             events += assembler.start(_usage(ctx))
             started = True
+        if out.finish_reason == FinishReason.ERROR:
+            yield events
+        check_error(out)
         for delta in deltas.feed(out.text, final=out.finished):
             events += assembler.feed(delta)
         if out.finished:
