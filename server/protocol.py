@@ -11,11 +11,12 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.types import FinishReason, InvalidRequestError, SamplingParams, TokenLogprob
 from server.prompt import TemplateOptions
@@ -655,3 +656,48 @@ def model_card(model_id: str, created: int, owned_by: str = "ortserve", max_mode
 def error_body(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict:
     """The one error shape: {"error": {"message", "type", "param", "code"}}."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+# --- other protocols on the chat path ---------------------------------------------------------------------
+
+
+ParamRename = Callable[[str | None], str | None]
+
+
+def param_renamer(names: dict[str, str]) -> ParamRename:
+    """A function from a chat parameter to the field another protocol calls it (``names`` maps the first
+    component: {"messages": "input"} turns 'messages[2].content' into 'input'); other names stay."""
+
+    def rename(param: str | None) -> str | None:
+        if param is None:
+            return None
+        return names.get(param.split("[", 1)[0].split(".", 1)[0], param)
+
+    return rename
+
+
+@contextmanager
+def renamed_errors(rename: ParamRename) -> Iterator[None]:
+    """Rename the `param` of InvalidRequestErrors the chat path raises inside the block."""
+    try:
+        yield
+    except InvalidRequestError as exc:
+        exc.param = rename(exc.param)
+        raise
+
+
+def chat_request_from(body: dict[str, Any], rename: ParamRename, default_param: str) -> ChatCompletionRequest:
+    """Validate ``body`` (built by another protocol's request) as a ChatCompletionRequest; the first problem
+    becomes an InvalidRequestError naming that protocol's field (``rename``; ``default_param`` when none)."""
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, InvalidRequestError):
+            cause.param = rename(cause.param)
+            raise cause from None
+        where = rename(".".join(str(p) for p in first.get("loc", ()) if isinstance(p, str)) or None)
+        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        raise InvalidRequestError(f"{where}: {message}" if where else message, param=where or default_param,
+                                  code="invalid_value") from None

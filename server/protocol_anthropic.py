@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from engine.types import InvalidRequestError, PromptTooLongError
-from server.protocol import ChatCompletionRequest, OpenAIBaseModel
+from server.protocol import ChatCompletionRequest, OpenAIBaseModel, chat_request_from, param_renamer, renamed_errors
 
 logger = logging.getLogger(__name__)
 
@@ -68,22 +67,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def messages_param(param: str | None) -> str | None:
-    """The Messages field a chat parameter came from."""
-    if param is None:
-        return None
-    head = param.split("[", 1)[0].split(".", 1)[0]
-    return _PARAM_NAMES.get(head, param)
+messages_param = param_renamer(_PARAM_NAMES)
+"""The Messages field a chat parameter came from."""
 
 
-@contextmanager
-def as_messages_errors() -> Iterator[None]:
+def as_messages_errors() -> AbstractContextManager[None]:
     """Rename the `param` of InvalidRequestErrors raised by the chat path to the Messages field names."""
-    try:
-        yield
-    except InvalidRequestError as exc:
-        exc.param = messages_param(exc.param)
-        raise
+    return renamed_errors(messages_param)
 
 
 def _invalid(message: str, param: str, code: str = "invalid_value") -> InvalidRequestError:
@@ -355,19 +345,7 @@ class _MessagesFields(OpenAIBaseModel):
 
     def to_chat_request(self, **sampling: Any) -> ChatCompletionRequest:
         """The chat request this Messages request stands for; InvalidRequestError naming the Messages field."""
-        body = {**self.chat_body(), **sampling}
-        try:
-            return ChatCompletionRequest.model_validate(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            cause = (first.get("ctx") or {}).get("error")
-            if isinstance(cause, InvalidRequestError):
-                cause.param = messages_param(cause.param)
-                raise cause from None
-            where = messages_param(".".join(str(p) for p in first.get("loc", ()) if isinstance(p, str)) or None)
-            message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-            raise InvalidRequestError(f"{where}: {message}" if where else message, param=where or "messages",
-                                      code="invalid_value") from None
+        return chat_request_from({**self.chat_body(), **sampling}, messages_param, "messages")
 
 
 def _typed_tool(data: dict[str, Any], where: str) -> ToolParam:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
-from engine.types import InvalidRequestError
-from server.protocol import ChatCompletionRequest, OpenAIBaseModel
+from server.protocol import ChatCompletionRequest, OpenAIBaseModel, chat_request_from, param_renamer, renamed_errors
 from server.responses_tools import FunctionTool, ToolNames, allowed_names, chat_tool_choice, function_tools
 from server.responses_tools import invalid as _invalid
 from server.responses_tools import typed as _typed
@@ -44,24 +43,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def responses_param(param: str | None) -> str | None:
-    """The Responses field a chat parameter came from ('messages[2].content' -> 'input')."""
-    if param is None:
-        return None
-    head = param.split("[", 1)[0].split(".", 1)[0]
-    if head in _PARAM_NAMES:
-        return _PARAM_NAMES[head]
-    return param
+responses_param = param_renamer(_PARAM_NAMES)
+"""The Responses field a chat parameter came from ('messages[2].content' -> 'input')."""
 
 
-@contextmanager
-def as_responses_errors() -> Iterator[None]:
+def as_responses_errors() -> AbstractContextManager[None]:
     """Rename the `param` of InvalidRequestErrors raised by the chat path to the Responses field names."""
-    try:
-        yield
-    except InvalidRequestError as exc:
-        exc.param = responses_param(exc.param)
-        raise
+    return renamed_errors(responses_param)
 
 
 # --- input items ------------------------------------------------------------------------------------
@@ -366,17 +354,7 @@ class ResponsesRequest(OpenAIBaseModel):
             choice = body.get("tool_choice")
             if not (choice == "required" or isinstance(choice, dict)):
                 body["response_format"] = response_format
-        try:
-            return ChatCompletionRequest.model_validate(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            cause = (first.get("ctx") or {}).get("error")
-            if isinstance(cause, InvalidRequestError):
-                cause.param = responses_param(cause.param)
-                raise cause from None
-            where = responses_param(".".join(str(p) for p in first.get("loc", ()) if isinstance(p, str)) or None)
-            message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-            raise _invalid(f"{where}: {message}" if where else message, where or "input") from None
+        return chat_request_from(body, responses_param, "input")
 
     def _add_tools(self, body: dict[str, Any]) -> None:
         if not self._tools:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from engine.types import InvalidRequestError
-from server.protocol import ChatCompletionRequest, OpenAIBaseModel
+from server.protocol import ChatCompletionRequest, OpenAIBaseModel, chat_request_from
 
 _CHAT_FIELDS = ("model", "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
                 "add_generation_prompt", "continue_final_message", "reasoning_effort")
@@ -45,16 +45,7 @@ class TokenizeRequest(OpenAIBaseModel):
     def chat(self) -> ChatCompletionRequest:
         """The chat request whose prompt this tokenizes (the same fields, checked the same way)."""
         body = {name: getattr(self, name) for name in _CHAT_FIELDS if getattr(self, name) is not None}
-        try:
-            return ChatCompletionRequest.model_validate(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            cause = (first.get("ctx") or {}).get("error")
-            if isinstance(cause, InvalidRequestError):
-                raise cause from None
-            where = ".".join(str(p) for p in first.get("loc", ()) if isinstance(p, (str, int)))
-            message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-            raise InvalidRequestError(f"{where}: {message}", param=where or "messages", code="invalid_value") from None
+        return chat_request_from(body, lambda param: param, "messages")
 
 
 class DetokenizeRequest(OpenAIBaseModel):

@@ -7,6 +7,7 @@ serves the same model and is never abused, so it gives the reference output of a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -176,3 +177,22 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+
+
+def named_events(url: str, body: dict) -> list[tuple[str, dict]]:
+    """POST ``body`` as a stream to ``url`` (200 expected) and read its SSE events: ``(event name, data)``."""
+
+    async def read() -> list[tuple[str, dict]]:
+        events: list[tuple[str, dict]] = []
+        async with httpx.AsyncClient(timeout=30) as http:
+            async with http.stream("POST", url, json=body) as r:
+                assert r.status_code == 200
+                name = None
+                async for line in r.aiter_lines():
+                    if line.startswith("event: "):
+                        name = line[7:]
+                    elif line.startswith("data: "):
+                        events.append((name, json.loads(line[6:])))
+        return events
+
+    return asyncio.run(read())

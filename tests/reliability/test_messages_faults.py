@@ -3,34 +3,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
-
 import httpx
 
-from tests.reliability.conftest import AbusedServer, wait_idle_engine
+from tests.reliability.conftest import AbusedServer, named_events, wait_idle_engine
 
 BODY = {"model": "tiny", "max_tokens": 200, "messages": [{"role": "user", "content": "Tell me a story about a robot"}],
         "temperature": 0, "ignore_eos": True, "stream": True}
 
 
 def test_a_failed_step_ends_the_stream_with_an_error_event(rel_server: AbusedServer) -> None:
-    async def failing() -> list[tuple[str, dict]]:
-        events: list[tuple[str, dict]] = []
-        async with httpx.AsyncClient(timeout=30) as http:
-            async with http.stream("POST", f"{rel_server.base}/v1/messages", json=BODY) as r:
-                assert r.status_code == 200
-                name = None
-                async for line in r.aiter_lines():
-                    if line.startswith("event: "):
-                        name = line[7:]
-                    elif line.startswith("data: "):
-                        events.append((name, json.loads(line[6:])))
-        return events
-
     # NOTE: armed before the request, by step (as in test_responses_faults): its second decode run fails.
     rel_server.faults.arm("decode", None, skip=1)
-    events = asyncio.run(failing())
+    events = named_events(f"{rel_server.base}/v1/messages", BODY)
     names = [name for name, _ in events]
     assert names[0] == "message_start" and names[-1] == "error" and "message_stop" not in names
     assert all(name == data["type"] for name, data in events)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
-
 import httpx
 
 from tests.integration.server.conftest import RunningServer
-from tests.reliability.conftest import AbusedServer, greedy_chat, wait_idle_engine
+from tests.reliability.conftest import AbusedServer, greedy_chat, named_events, wait_idle_engine
 
 BODY = {"model": "tiny", "input": "Tell me a story about a robot", "temperature": 0, "ignore_eos": True,
         "max_output_tokens": 200, "stream": True}
@@ -16,23 +13,10 @@ BODY = {"model": "tiny", "input": "Tell me a story about a robot", "temperature"
 
 def test_a_failed_step_ends_the_stream_with_response_failed(rel_server: AbusedServer,
                                                             fresh_server: RunningServer) -> None:
-    async def failing() -> list[tuple[str, dict]]:
-        events: list[tuple[str, dict]] = []
-        async with httpx.AsyncClient(timeout=30) as http:
-            async with http.stream("POST", f"{rel_server.url}/responses", json=BODY) as r:
-                assert r.status_code == 200
-                name = None
-                async for line in r.aiter_lines():
-                    if line.startswith("event: "):
-                        name = line[7:]
-                    elif line.startswith("data: "):
-                        events.append((name, json.loads(line[6:])))
-        return events
-
     # NOTE: armed before the request, by step: its second decode run fails, mid-stream on any machine (armed
     # once some deltas had arrived instead, a fast machine could have finished the stream first).
     rel_server.faults.arm("decode", None, skip=1)
-    events = asyncio.run(failing())
+    events = named_events(f"{rel_server.url}/responses", BODY)
     assert [name for name, _ in events][-1] == "response.failed"
     assert all(name == data["type"] for name, data in events)
     assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
