@@ -432,7 +432,8 @@ def _sample_rows(logits: np.ndarray, samplers: Sequence[RequestSampler]) -> list
         filters = [samplers[i].use_filters for i in drawn]
         tokens[drawn] = draw_tokens(
             sub, u, temperature=np.array([q.temperature for q in params]),
-            top_k=np.array([q.top_k for q in params]) if any(filters) else None,
+            # NOTE(engine): a top_k beyond the vocabulary keeps it all (and may not fit an int64: a fuzzed 10**30)
+            top_k=np.array([min(q.top_k, sub.shape[-1]) for q in params]) if any(filters) else None,
             top_p=np.array([q.top_p for q in params]) if any(filters) else None,
             min_p=np.array([q.min_p for q in params]) if any(filters) else None)
     return [SampleResult(int(t), s.logprob_of(logits[i], int(t)) if s.want_logprobs else None)
