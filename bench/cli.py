@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 
 from bench.loadgen import HttpBackend, HttpSettings, RemoteUrlError, RssSampler, check_loopback, run_load
 from bench.metrics import Slo
@@ -180,37 +181,26 @@ def _features(args: argparse.Namespace) -> int:
     """The multiturn and copy scenarios (bench/features.py), HTTP only."""
     from bench import features
 
-    if args.engine is not None:
-        print("ortserve bench: the multiturn and copy scenarios run over HTTP (drop --engine)", file=sys.stderr)
-        return 1
-    try:
-        for url in [args.url, *(args.peer_url or [])]:
-            check_loopback(url, args.allow_remote)
-    except RemoteUrlError as exc:
-        print(f"ortserve bench: {exc}", file=sys.stderr)
-        return 1
-    try:
-        report = asyncio.run(features.run(args))
-    except Exception as exc:  # noqa: BLE001 - unreachable server, no model: one line
-        print(f"ortserve bench: cannot use the target: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    names = [t["name"] for t in report["targets"]]
-    print(features.format_summary(args.scenario, report["summary"], names))
-    if args.out:
-        print(f"report: {write_report(report, args.out)}")
-    if args.plot:
+    def plot(report: dict, path: str) -> object:
         from bench.plots import plot_features
 
-        print(f"plot: {plot_features([report], args.plot)}")
-    return 0
+        return plot_features([report], path)
+    return _http_scenario(args, "the multiturn and copy scenarios run", features.run,
+                          lambda report, names: features.format_summary(args.scenario, report["summary"], names), plot)
 
 
 def _embeddings(args: argparse.Namespace) -> int:
     """The embeddings scenario (bench/embeddings.py), HTTP only."""
     from bench import embeddings
 
+    return _http_scenario(args, "the embeddings scenario runs", embeddings.run,
+                          lambda report, names: embeddings.format_summary(report["summary"], names), embeddings.plot)
+
+
+def _http_scenario(args: argparse.Namespace, what: str, run: Callable, summary: Callable, plot: Callable) -> int:
+    """Run an HTTP-only scenario against the loopback targets: its summary, report and plot (exit status)."""
     if args.engine is not None:
-        print("ortserve bench: the embeddings scenario runs over HTTP (drop --engine)", file=sys.stderr)
+        print(f"ortserve bench: {what} over HTTP (drop --engine)", file=sys.stderr)
         return 1
     try:
         for url in [args.url, *(args.peer_url or [])]:
@@ -219,15 +209,15 @@ def _embeddings(args: argparse.Namespace) -> int:
         print(f"ortserve bench: {exc}", file=sys.stderr)
         return 1
     try:
-        report = asyncio.run(embeddings.run(args))
+        report = asyncio.run(run(args))
     except Exception as exc:  # noqa: BLE001 - unreachable server, no model: one line
         print(f"ortserve bench: cannot use the target: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(embeddings.format_summary(report["summary"], [t["name"] for t in report["targets"]]))
+    print(summary(report, [t["name"] for t in report["targets"]]))
     if args.out:
         print(f"report: {write_report(report, args.out)}")
     if args.plot:
-        print(f"plot: {embeddings.plot(report, args.plot)}")
+        print(f"plot: {plot(report, args.plot)}")
     return 0
 
 
