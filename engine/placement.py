@@ -124,10 +124,7 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
         kv.row_copy = _address_copier(folder, config, selected, kv)
     graphs = kv.addressing == POINTER and (opened.graph_capture or caps.ep_graphs)
     if graphs:
-        prefill_session, prefill_io = session, None
-        if opened.packed_input or opened.graph_capture:  # the captured graph runs S = 1 only: the plain one
-            prefill_session, _ = create_session(folder, config, selected=selected)
-            prefill_io = check_graph(folder, prefill_session)
+        prefill_session, prefill_io = _prefill_session(folder, config, opened)
         runner = BucketRunner(session, io, kv, **common, device_alloc=_device_alloc(selected, session),
                               packed_input=opened.packed_input, graph_ids=True, row_chunks=True,
                               prefill_session=prefill_session, prefill_io=prefill_io)
@@ -171,6 +168,15 @@ def _address_copier(folder: ModelFolder, config: EngineConfig, selected: Any, kv
     return AddressRowCopier(copy_session, kv)
 
 
+def _prefill_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSession) -> tuple[Any, Any]:
+    """The session prompt chunks run on and its names (None: the decoder's): the decoder itself, unless its graph
+    was rewritten for captured steps, which run S = 1 only; then a session of the plain graph."""
+    if not (opened.graph_capture or opened.packed_input):
+        return opened.session, None
+    session, _ = create_session(folder, config, selected=opened.selected)
+    return session, check_graph(folder, session)
+
+
 def _device_alloc(selected: Any, session: Any):
     from ep import host_memory
 
@@ -186,10 +192,7 @@ def _staged_prefill_parts(folder: ModelFolder, config: EngineConfig, opened: Ope
     selected = opened.selected
     copy_bytes = row_copy_graph_bytes(2 * kv_shape.num_layers, kv_shape.dtype, kv_shape.num_kv_heads, kv_shape.length)
     copy_session, _ = create_session(folder, config, selected=selected, model_bytes=copy_bytes)
-    prefill_session, prefill_io = opened.session, None
-    if opened.graph_capture or opened.packed_input:  # the captured graph runs S = 1 only: the plain one
-        prefill_session, _ = create_session(folder, config, selected=selected)
-        prefill_io = check_graph(folder, prefill_session)
+    prefill_session, prefill_io = _prefill_session(folder, config, opened)
     if isinstance(allocator, HostKVAllocator):
         allocator = HostKVAllocator()  # the staging row is bound whole: host addressing is enough
     staging = KVCache(dataclasses.replace(kv_shape, num_slots=1), allocator)
