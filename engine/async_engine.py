@@ -15,7 +15,7 @@ from typing import Any
 from engine import placement
 from engine.chat_template import ChatTemplate
 from engine.config import EngineConfig
-from engine.core import CoreOutput, EngineCore
+from engine.core import PHASES, CoreOutput, EngineCore
 from engine.detokenizer import IncrementalDetokenizer
 from engine.model_loader import ModelFolder, read_model_folder
 from engine.output_processor import OutputProcessor, RequestState, merge_by_choice
@@ -226,7 +226,9 @@ class AsyncEngine:
                    "prefix_cache_queries_total": float(snap.prefix_cache_queries_total),
                    "prefix_cache_hits_total": float(snap.prefix_cache_hits_total),
                    "spec_draft_tokens_total": float(snap.spec_draft_tokens_total),
-                   "spec_accepted_tokens_total": float(snap.spec_accepted_tokens_total)},
+                   "spec_accepted_tokens_total": float(snap.spec_accepted_tokens_total),
+                   "engine_thread_cpu_s": snap.thread_cpu_s,
+                   **{f"engine_phase_{name}_s": value for name, value in zip(PHASES, snap.phase_s)}},
             num_kv_tokens_used=snap.num_kv_tokens_running, num_kv_tokens_cached=snap.num_kv_tokens_cached,
             num_kv_tokens_total=self.config.max_batch * self.max_model_len)
 

@@ -59,9 +59,9 @@ class BucketRunner(RunnerBase):
                  device_alloc: DeviceAllocator | None = None, packed_input: str | None = None,
                  staging: KVCache | None = None, prefill_session: ort.InferenceSession | None = None,
                  prefill_io: GraphIO | None = None, copier: RowCopier | None = None, graph_ids: bool = False,
-                 row_chunks: bool = False) -> None:
+                 row_chunks: bool = False, fixed_shapes: bool = False, max_verify: int = 0) -> None:
         super().__init__(session, io, kv, prefill_chunk=prefill_chunk, max_position=max_position,
-                         input_allocator=input_allocator)
+                         input_allocator=input_allocator, fixed_shapes=fixed_shapes, max_verify=max_verify)
         n, vocab = self.num_slots, self.vocab_size
         # NOTE(engine): decode widths; one (all slots) when a prefix of the KV can't be bound
         self.buckets = batch_buckets(n) if prefix_views else (n,)
@@ -85,7 +85,7 @@ class BucketRunner(RunnerBase):
             if graph_ids:
                 skip = ort.RunOptions()
                 skip.add_run_config_entry("gpu_graph_id", "-1")  # NOTE(engine): ORT's "no capture" annotation
-            self.chunks = RowChunks(self, self.prefill_session, self.prefill_io, skip)
+            self.chunks = RowChunks(self, self.prefill_session, self.prefill_io, skip, fixed_shapes=fixed_shapes)
         self.decode_logits = np.zeros((n, 1, vocab), dtype=np.float32)
         self.logits_source = "cpu"
         self._decode_bindings: dict[int, ort.IOBinding] = {}
@@ -153,6 +153,7 @@ class BucketRunner(RunnerBase):
         if self.chunks is not None:
             self.chunks.run(0, [0, 0], 0, all_logits=False)
             self.slot_len[0] = 0
+            self.chunks.warm_shapes(self.max_verify)
         elif self.staging is not None:
             self._run_staged([0, 0], 0)
             self._staged = None

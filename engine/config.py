@@ -45,6 +45,9 @@ class EngineConfig:
             many groups, then one run on the rest (``engine.graph_capture.split_matmul_rows``: WebGPU's
             small-M kernel is several times faster than its tiled one at 4-8 rows); 0 -> off, None -> the
             device's default.
+        fixed_chunk_shapes: prompt chunks and draft checks in a row run as pieces of fixed lengths, each run
+            once at load (``engine.runner.chunk_pieces``: 141 tokens as 128 + 13); None -> on for the CUDA EP,
+            whose first run of a length costs 50-85 ms; row-view KV only.
         seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
         chat_template: replaces the model's chat template: a built-in name (``engine.chat_template.
             BUILTIN_TEMPLATES``) or a Jinja file; None keeps the model's own.
@@ -79,6 +82,7 @@ class EngineConfig:
     kv_rows: str | None = None
     graph_capture: bool | None = None
     matmul_row_groups: int | None = None
+    fixed_chunk_shapes: bool | None = None
     seed: int | None = None
     chat_template: str | None = None
     grammar_compile_timeout_s: float = 10.0

@@ -68,6 +68,16 @@ class CoreSnapshot:
     # what free slots keep for prefix reuse (evictable, so not counted as used, as vLLM counts cached blocks).
     num_kv_tokens_running: int = 0
     num_kv_tokens_cached: int = 0
+    # Where the core thread's time went (wall seconds per phase, PHASES order) and its CPU seconds: a phase whose
+    # wall time the CPU time does not cover waited (on the device, or on the interpreter held by the event loop).
+    phase_s: tuple[float, ...] = ()
+    thread_cpu_s: float = 0.0
+
+
+# NOTE(engine): schedule (and KV copies), decode_run (masks + the decode run, logits on the host), decode_sample,
+# decode_update (constraints, scheduler update, outputs handed over), verify (draft checks), prefill (chunks and
+# their first tokens).
+PHASES = ("schedule", "decode_run", "decode_sample", "decode_update", "verify", "prefill")
 
 
 Sink = Callable[[list[CoreOutput]], None]
@@ -124,6 +134,7 @@ class EngineCore:
         self._rate = 0.0
         self._spec_drafted = 0
         self._spec_accepted = 0
+        self._phase = [0.0] * len(PHASES)
 
     # -- called from other threads ---------------------------------------------------------------------
 
@@ -212,19 +223,28 @@ class EngineCore:
     def step(self) -> None:
         """One scheduler step: KV copies, the decode batch (outputs sent at once), draft checks, then the
         prefill chunks (one run each)."""
-        t0 = time.perf_counter()
+        phase, clock = self._phase, time.perf_counter
+        t0 = clock()
         out = self.scheduler.schedule()
         for copy in out.copies:  # NOTE(engine): before any run: a copy reads rows this step may overwrite
             self.runner.copy_kv(copy.src, copy.dst, copy.start, copy.end)
+        t = clock()
+        phase[0] += t - t0
         if out.decode:
             self._run_decode(out.decode)
         num_verified = 0
-        for verify in out.verify:
-            num_verified += self._run_verify(verify)
-        for chunk in out.prefills:  # NOTE(engine): each its own run; a last chunk's first token goes out at once
-            self._run_prefill(chunk)
+        if out.verify:
+            t = clock()
+            for verify in out.verify:
+                num_verified += self._run_verify(verify)
+            phase[4] += clock() - t
+        if out.prefills:
+            t = clock()
+            for chunk in out.prefills:  # NOTE(engine): each its own run; a last chunk's first token goes out at once
+                self._run_prefill(chunk)
+            phase[5] += clock() - t
         self._steps += 1
-        elapsed = time.perf_counter() - t0
+        elapsed = clock() - t0
         num_decoded = len(out.decode) + num_verified
         if num_decoded and elapsed > 0:
             # NOTE(engine): an exponential average of decode tokens/s over recent steps, for metrics.
@@ -234,21 +254,28 @@ class EngineCore:
 
     def _run_decode(self, batch: tuple[Request, ...]) -> None:
         failed: dict[Request, str] = {}  # why a choice's constraint failed (that choice only)
+        phase, clock = self._phase, time.perf_counter
+        t0 = clock()
         try:
             masked = self._fill_masks(batch, failed)
             if self.fault_injector is not None:
                 self.fault_injector(StepInfo(self._steps, "decode", tuple(r.request_id for r in batch)))
             logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
                                         [r.num_computed_tokens for r in batch])
+            t1 = clock()
             results = sample_batch(logits, [r.sampler_state for r in batch], self._bitmask, masked)
         except Exception as exc:
             self._fail(batch, exc)
             return
+        t2 = clock()
         sampled = {r: res.token_id for r, res in zip(batch, results)}
         complete = self._advance(batch, results, masked, failed)
         finished = self.scheduler.update_from_output(SchedulerOutput(None, batch), sampled, complete)
         self._gen_total += len(batch)
         self._emit([(r, (res,)) for r, res in zip(batch, results)], finished, failed, complete)
+        phase[1] += t1 - t0
+        phase[2] += t2 - t1
+        phase[3] += clock() - t2
 
     def _run_verify(self, verify: Verify) -> int:
         """Check one request's draft in one run; returns the tokens it added."""
@@ -419,4 +446,6 @@ class EngineCore:
             prefix_cache_queries_total=s.prefix_queries_total, prefix_cache_hits_total=s.prefix_hits_total,
             spec_draft_tokens_total=self._spec_drafted, spec_accepted_tokens_total=self._spec_accepted,
             num_kv_tokens_running=sum(r.num_computed_tokens for r in s.running.values()),
-            num_kv_tokens_cached=s.cache.num_tokens)
+            num_kv_tokens_cached=s.cache.num_tokens, phase_s=tuple(self._phase),
+            thread_cpu_s=time.thread_time() if threading.current_thread() is self._thread else
+            self.snapshot.thread_cpu_s)

@@ -117,8 +117,12 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
     if config.kv_rows == POINTER and isinstance(allocator, HostKVAllocator):
         allocator = HostKVAllocator(POINTER)  # host memory bound by address: the stand-in for CUDA/HIP rows
     kv = KVCache(kv_shape, allocator)
+    fixed_shapes = config.fixed_chunk_shapes
+    if fixed_shapes is None:  # NOTE(engine): measured on CUDA (see engine.runner.chunk_pieces); MIGraphX pads itself
+        fixed_shapes = selected is not None and selected.provider == "cuda"
     common = dict(prefill_chunk=config.prefill_chunk, max_position=max_model_len,
-                  input_allocator=make_input_allocator(selected))
+                  input_allocator=make_input_allocator(selected), fixed_shapes=fixed_shapes and kv.row_views,
+                  max_verify=config.speculative_tokens + 1 if config.speculative_tokens else 0)
     runner: ModelRunner
     if kv.addressing == POINTER:
         kv.row_copy = _address_copier(folder, config, selected, kv)

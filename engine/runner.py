@@ -109,13 +109,19 @@ class RunnerBase:
         max_position: positions fed to idle rows are clipped below this (the rotary cache length).
         input_allocator: where input_ids/position_ids/attention_mask (and the decode logits, where the runner
             writes them on the host) live: host-accessible memory on devices that offer it.
+        fixed_shapes: run prompt chunks and draft checks in its own row as pieces of fixed lengths, each warmed
+            at load (``RowChunks``; ``chunk_pieces``).
+        max_verify: the longest draft check (the tokens of one verify run), for the warm-up.
     """
 
     whole_buffer = False
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
-                 max_position: int, input_allocator: InputAllocator = host_input) -> None:
+                 max_position: int, input_allocator: InputAllocator = host_input, fixed_shapes: bool = False,
+                 max_verify: int = 0) -> None:
         self.session = session
+        self.fixed_shapes = fixed_shapes
+        self.max_verify = max_verify
         self.io = io
         self.kv = kv
         self.num_slots = kv.shape.num_slots
@@ -228,19 +234,20 @@ class Runner(RunnerBase):
     """
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
-                 max_position: int, input_allocator: InputAllocator = host_input) -> None:
+                 max_position: int, input_allocator: InputAllocator = host_input, fixed_shapes: bool = False,
+                 max_verify: int = 0) -> None:
         if not kv.row_views:
             raise ValueError(f"row views need host or pointer KV; this KV cache is {kv.addressing} "
                              "(engine.bucket_runner.BucketRunner runs opaque buffers)")
         super().__init__(session, io, kv, prefill_chunk=prefill_chunk, max_position=max_position,
-                         input_allocator=input_allocator)
+                         input_allocator=input_allocator, fixed_shapes=fixed_shapes, max_verify=max_verify)
         n, vocab = self.num_slots, self.vocab_size
         self.buckets = (n,)
         # NOTE(engine): the logits beside the inputs: host-accessible (pinned) memory on a device copies 4x
         # faster than pageable memory (33 MB of float32 logits at batch 64 on an H200: 0.6 vs 2.3 ms)
         self.decode_logits, _ = input_allocator((n, 1, vocab), np.float32)
         self.logits_source = getattr(input_allocator, "source", "cpu")
-        self.chunks = RowChunks(self, session, io)
+        self.chunks = RowChunks(self, session, io, fixed_shapes=fixed_shapes)
         self._decode_bindings: dict[tuple[int, int], ort.IOBinding] = {}
         # NOTE(engine): with plain CPU inputs over host KV a decode step's mask is only as wide as its longest
         # row: GQA takes total_sequence_length from the mask width and its per-row cost grows with it (~15% of
@@ -256,7 +263,9 @@ class Runner(RunnerBase):
 
     def warmup(self) -> None:
         """Device rows: one decode run with every row idle and a 2-token chunk in slot 0 (which holds nothing
-        yet), so the first request doesn't pay for the kernels' first runs."""
+        yet), so the first request doesn't pay for the kernels' first runs; with fixed shapes every chunk
+        piece's length too."""
+        self.chunks.warm_shapes(self.max_verify)
         if self.kv.addressable:
             return
         none = np.zeros(0, dtype=np.int64)
@@ -376,6 +385,34 @@ class Runner(RunnerBase):
         return binding
 
 
+# NOTE(engine): on the CUDA EP the first run of a chunk length costs 50-85 ms, every later one 3-4 ms (H200, 1B,
+# bench/perf/gpu/probe_buckets: "unseen_chunk_first_ms"), and nearly every prompt ends in a length not seen before:
+# that was the ITL p99 of streams beside arriving prompts (84 ms) and most of a 64-stream burst's TTFT. With fixed
+# shapes a chunk runs as pieces whose lengths are its base-16 digits (141 -> 128 + 13), each length warmed at load:
+# 31 lengths up to 256, at most 2 runs per chunk below 256.
+SHAPE_BASE = 16
+
+
+def chunk_shapes(limit: int) -> list[int]:
+    """The run lengths of fixed-shape chunks of at most ``limit`` tokens: d * 16**i <= limit, d in 1..15."""
+    shapes, unit = [], 1
+    while unit <= limit:
+        shapes += [d * unit for d in range(1, SHAPE_BASE) if d * unit <= limit]
+        unit *= SHAPE_BASE
+    return shapes
+
+
+def chunk_pieces(num: int) -> list[int]:
+    """``num`` tokens as runs of ``chunk_shapes`` lengths, largest first: its nonzero base-16 digits."""
+    pieces, unit = [], 1
+    while num:
+        num, digit = divmod(num, SHAPE_BASE)
+        if digit:
+            pieces.append(digit * unit)
+        unit *= SHAPE_BASE
+    return pieces[::-1]
+
+
 class RowChunks:
     """Runs of S tokens in one slot's own row over row-view KV (host views or device addresses): prefill chunks
     (the last position's logits) and draft checks (every position's), ``[1, S]`` each.
@@ -387,11 +424,14 @@ class RowChunks:
         session: the session to run (one of the plain graph, which takes any S).
         io: its names.
         run_options: for every run (``gpu_graph_id=-1`` beside captured decode steps: no capture of a chunk).
+        fixed_shapes: run each chunk as ``chunk_pieces`` (lengths ``warm_shapes`` runs once at load).
     """
 
     def __init__(self, owner: RunnerBase, session: ort.InferenceSession, io: GraphIO,
-                 run_options: ort.RunOptions | None = None) -> None:
+                 run_options: ort.RunOptions | None = None, fixed_shapes: bool = False) -> None:
         self.owner = owner
+        self.fixed_shapes = fixed_shapes
+        self.num_runs = 0  # session runs made (a chunk with fixed shapes may take several)
         self.session = session
         self.io = io
         self.run_options = run_options
@@ -409,7 +449,32 @@ class RowChunks:
     def run(self, slot: int, token_ids: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
         """Tokens ``[start, start + S)`` in ``slot``; returns float32 ``[1 or S, V]`` logits (only the last
         position's unless ``all_logits``; all of them when the graph lacks logits_to_keep). A view, valid until
-        the next run."""
+        the next run (with fixed shapes: one run per piece, the last piece's logits, or all pieces' joined)."""
+        pieces = chunk_pieces(len(token_ids)) if self.fixed_shapes else [len(token_ids)]
+        if len(pieces) == 1:
+            return self._run(slot, token_ids, start, all_logits)
+        parts, at = [], 0
+        for num in pieces:
+            logits = self._run(slot, token_ids[at:at + num], start + at, all_logits)
+            if all_logits:
+                parts.append(logits.copy())  # the next piece's run reuses the buffer
+            at += num
+        return np.concatenate(parts) if all_logits else logits
+
+    def warm_shapes(self, max_verify: int = 0) -> int:
+        """With fixed shapes, run every piece length once in slot 0 (which holds nothing yet), and the draft
+        checks' up to ``max_verify`` tokens; returns the runs made."""
+        if not self.fixed_shapes:
+            return 0
+        runs = [(num, False) for num in chunk_shapes(self.owner.prefill_chunk)]
+        runs += [(num, True) for num in chunk_shapes(min(max_verify, SHAPE_BASE))] if self.keep_last else []
+        for num, verify in runs:
+            self._run(0, [0] * num, 0, verify)
+        self.owner.slot_len[0] = 0
+        return len(runs)
+
+    def _run(self, slot: int, token_ids: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
+        self.num_runs += 1
         owner, io, num, vocab = self.owner, self.io, len(token_ids), self.owner.vocab_size
         ids, pos = owner._chunk_inputs(token_ids, start)
         owner._set_ones(np.array([slot]), np.array([start + num]))

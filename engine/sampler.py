@@ -122,6 +122,8 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 # NOTE(engine): a greedy batch's pass splits its rows over threads above this many logits (numpy's ufuncs release
 # the GIL) on machines of 4 cores or more; below it one thread is faster than the hand-off. 128k vocab: batch 32+.
+# Tried: splitting batch 8 with logprobs too (1M logits; its pass is 1.9 ms of a 5.1 ms step through HTTP on an
+# H200's host): 2.1 ms, the work moved to the pool but took no less wall time (issue22.sh phases, decode_sample).
 _THREADED_LOGITS = 1 << 22
 _pool: ThreadPoolExecutor | None = None
 

@@ -1,7 +1,7 @@
 """Backend environment flags: declared once here, applied once by ``server.__main__`` before any backend loads.
 
-Owns MIGRAPHX_ENABLE_INT4_GEMV (and its pass-through companions). Imports no onnxruntime: applying a flag
-must not load the library that reads it.
+Owns MIGRAPHX_ENABLE_INT4_GEMV (and its pass-through companions) and the CUDA EP's ORT_FPA_INTB_GEMM. Imports
+no onnxruntime: applying a flag must not load the library that reads it.
 """
 
 from __future__ import annotations
@@ -60,7 +60,46 @@ INT4_GEMV = EnvFlag(
     passthrough=("MIGRAPHX_INT4_GEMV_CONFIG", "MIGRAPHX_INT4_GEMV_TRACE"),
     library_patterns=BACKEND_LIBRARY_PATTERNS,
 )
-REGISTRY: tuple[EnvFlag, ...] = (INT4_GEMV,)
+# NOTE(flags): the CUDA EP's fused INT4 kernels for MatMulNBits (fpA_intB: a CUTLASS mixed-input GEMM and its
+# GEMV, weights repacked at load), read by each MatMulNBits kernel when a session is made ("" / "0" / "off" is off).
+# Its session-config twin (ep.cuda.fpa_intb_gemm) cannot be used: a session whose EP is added for its OrtEpDevice
+# hands every ep.cuda.* entry to the EP as a provider option, and the CUDA EP aborts the process on the unknown
+# option. Measured on an H200 (synthetic Llama-3.2-1B, Q4_0 block 32, fp16; bench/perf/gpu/issue22.sh fpa, the
+# engine's captured decode steps): 1 row 1.06 -> 1.25 ms, 2 rows 1.39 -> 1.14, 8 rows 2.08 -> 1.42, 16 rows
+# 3.17 -> 1.80, 64 rows 3.22 -> 2.82; the session loads 6.5 s slower (the kernels' profiling). So: on where a batch
+# can form.
+CUDA_INT4_GEMM = EnvFlag(
+    name="ORT_FPA_INTB_GEMM",
+    providers=frozenset({"cuda"}),
+    description="the CUDA EP's fused INT4 GEMM/GEMV for MatMulNBits; '0' or 'off' turns it off",
+)
+REGISTRY: tuple[EnvFlag, ...] = (INT4_GEMV, CUDA_INT4_GEMM)
+
+
+def apply_cuda_int4_gemm(provider: str, max_batch: int, requested: bool | None = None, *,
+                         env: MutableMapping[str, str] | None = None) -> str | None:
+    """Set ORT_FPA_INTB_GEMM for a server of ``max_batch`` rows, before its first session.
+
+    ``requested``: True -> "1", False -> "0"; None -> "1" when ``max_batch > 1``, unless the environment already
+    sets it (the user's own choice stands). Providers other than cuda and auto leave the environment alone.
+
+    Returns:
+        The one-line report logged (None when nothing applies).
+    """
+    provider = normalize_provider(provider, allow_auto=True)
+    if provider not in ("auto", *CUDA_INT4_GEMM.providers):
+        return None
+    env = os.environ if env is None else env
+    name = CUDA_INT4_GEMM.name
+    if requested is None and name in env:
+        report = f"{name}={env[name]!r} (from the environment)"
+    else:
+        on = requested if requested is not None else max_batch > 1
+        env[name] = "1" if on else "0"
+        why = "asked for" if requested is not None else f"--max-batch {max_batch}"
+        report = f"{name}={env[name]} ({why})"
+    logger.info("backend flags: %s: %s", report, CUDA_INT4_GEMM.description)
+    return report
 
 
 @dataclass(frozen=True)

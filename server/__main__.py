@@ -103,6 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         flags.apply(settings.provider, settings.int4_gemv)  # logs its own one-line report
+        flags.apply_cuda_int4_gemm(settings.provider, settings.max_batch, settings.cuda_int4_gemm)
     except EpError as exc:  # e.g. an unknown --provider
         print(f"ortserve serve: {exc}", file=sys.stderr)
         return 2

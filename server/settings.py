@@ -118,6 +118,11 @@ class Settings(BaseSettings):
     int4_gemv: bool | None = Field(
         None, description="INT4 GEMV kernels for decode (default: on for AMD GPUs; --no-int4-gemv turns them off)."
     )
+    cuda_int4_gemm: bool | None = Field(
+        None, description="The CUDA EP's fused INT4 GEMM/GEMV for MatMulNBits, ORT_FPA_INTB_GEMM (default: on when "
+        "--max-batch > 1, where batched decode steps gain most, unless the environment sets it; "
+        "--no-cuda-int4-gemm turns it off)."
+    )
     intra_op_threads: int | None = Field(
         None, ge=1, le=1024, description="ONNX Runtime intra-op threads (default: the physical cores)."
     )

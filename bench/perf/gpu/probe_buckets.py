@@ -17,6 +17,7 @@ import numpy as np
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
+from ep import flags
 
 
 def _median_ms(fn, repeat: int) -> float:
@@ -38,8 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--whole-buffer", action="store_true", help="force the whole-buffer runner (a dry run on cpu)")
     ap.add_argument("--row-groups", type=int, default=None, help="EngineConfig.matmul_row_groups (0: off)")
+    ap.add_argument("--cuda-int4-gemm", choices=("auto", "on", "off"), default="auto",
+                    help="ORT_FPA_INTB_GEMM as the server sets it (ep.flags.apply_cuda_int4_gemm)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    flags.apply_cuda_int4_gemm(args.provider, args.max_batch,
+                               {"auto": None, "on": True, "off": False}[args.cuda_int4_gemm])
     t0 = time.perf_counter()
     engine = AsyncEngine.from_model_dir(args.model, EngineConfig(provider=args.provider, max_batch=args.max_batch,
                                                                  prefill_chunk=args.prefill_chunk,
@@ -59,7 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         for s in (16, 50, 51, 64, 128, 256):
             if s <= args.prefill_chunk:
                 result["prefill_ms"][s] = _median_ms(lambda s=s: runner.prefill(1, prompt[:s], 0), args.repeat)
-        if runner.copier is not None and runner.staging is not None:
+        # a chunk length seen for the first time (a prompt's last chunk): its first run, then its second
+        result["unseen_chunk_first_ms"], result["unseen_chunk_second_ms"] = {}, {}
+        for s in (37, 93, 141, 199, 233):
+            if s <= args.prefill_chunk:
+                for key in ("unseen_chunk_first_ms", "unseen_chunk_second_ms"):
+                    t = time.perf_counter()
+                    runner.prefill(2, prompt[300:300 + s], 300)
+                    result[key][s] = round((time.perf_counter() - t) * 1e3, 2)
+        if getattr(runner, "copier", None) is not None and getattr(runner, "staging", None) is not None:
             result["staged_run_only_ms"] = {s: _median_ms(lambda s=s: runner._run_staged(prompt[:s], 0), args.repeat)
                                             for s in (50, 256) if s <= args.prefill_chunk}
             stage = runner._stage_buffers

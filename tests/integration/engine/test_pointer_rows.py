@@ -21,7 +21,7 @@ from engine.config import EngineConfig
 from engine.device_kv import AddressRowCopier, address_copy_graph_bytes
 from engine.kv_cache import POINTER, HostKVAllocator, KVCache, KVShape
 from engine.model_loader import check_graph, create_session, read_model_folder
-from engine.runner import Runner
+from engine.runner import Runner, chunk_pieces, chunk_shapes
 from engine.types import SamplingParams
 
 from tests.integration.engine.test_device_kv import GREEDY, _collect, _prompts, _tokens
@@ -178,3 +178,33 @@ def test_bucketed_fixed_buffer_steps_over_rows_by_address_stand_in_for_cuda_and_
         return firsts
 
     assert together(fixed) == together(views)
+
+
+def test_fixed_chunk_shapes_stand_in_for_cuda_give_the_row_view_tokens(pair, tiny_model: Path):
+    """With fixed shapes (the CUDA default) a chunk runs as pieces of warmed lengths (45 tokens: 32 + 13); the
+    tokens equal the row-view engine's, a draft check's pieces join into one [S, V], and the warm-up runs every
+    piece length once."""
+    views, _ = pair
+    engine = AsyncEngine.from_model_dir(tiny_model, EngineConfig(kv_rows="pointer", fixed_chunk_shapes=True,
+                                                                 max_batch=4, prefill_chunk=64,
+                                                                 speculative_tokens=0))
+    try:
+        runner = engine._core.runner  # test only: nothing runs yet
+        chunks = runner.chunks
+        assert chunks.fixed_shapes
+        assert chunks.warm_shapes(max_verify=17) == len(chunk_shapes(64)) + 16 and runner.slot_len[0] == 0
+        ps = _prompts(views.vocab_size, 3, 45, seed=5)
+        params = SamplingParams(max_tokens=10, **GREEDY)
+        before = chunks.num_runs
+        got = [_tokens(asyncio.run(_collect(engine, p, params, f"f{i}"))) for i, p in enumerate(ps)]
+        assert chunks.num_runs - before == sum(len(chunk_pieces(len(p))) for p in ps) > len(ps)
+        assert got == [_tokens(asyncio.run(_collect(views, p, params, f"v{i}"))) for i, p in enumerate(ps)]
+        # a 19-token run in slot 3 (16 + 3): its [S, V] logits equal one whole run's (unsplit) to float32 noise
+        ids = ps[0][:19]
+        split = chunks.run(3, ids, 0, all_logits=True).copy()
+        chunks.fixed_shapes = False
+        whole = chunks.run(3, ids, 0, all_logits=True).copy()
+        assert split.shape == whole.shape == (19, engine.vocab_size)
+        np.testing.assert_allclose(split, whole, rtol=1e-4, atol=1e-4)
+    finally:
+        engine.shutdown()

@@ -126,3 +126,20 @@ def test_n_completion_choices_streamed_and_not(api_server: RunningServer) -> Non
             texts[choice.index] += choice.text
             finishes[choice.index] += choice.finish_reason is not None
     assert texts == [c.text for c in whole.choices] and finishes == [1, 1]
+
+
+def test_the_engine_thread_reports_where_its_time_went(api_server: RunningServer) -> None:
+    """/metrics splits the engine thread's time by step phase: a completion adds prefill and decode time, and
+    the thread's CPU seconds never exceed the time it was measured over."""
+    before = api_server.metrics()
+    api_server.client().completions.create(model="tiny", prompt=long_text(9), max_tokens=12, **GREEDY)
+    after = api_server.metrics()
+
+    def grew(phase: str) -> float:
+        key = f'ortserve_engine_step_phase_seconds_total{{phase="{phase}"}}'
+        return after[key] - before.get(key, 0.0)
+
+    assert grew("prefill") > 0 and grew("decode_run") > 0 and grew("decode_sample") > 0
+    assert grew("decode_update") > 0 and grew("schedule") > 0 and grew("verify") >= 0
+    cpu = after["ortserve_engine_thread_cpu_seconds_total"] - before.get("ortserve_engine_thread_cpu_seconds_total", 0)
+    assert 0 < cpu

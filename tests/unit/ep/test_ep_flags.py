@@ -154,3 +154,27 @@ def test_report_serializes() -> None:
     data = json.loads(json.dumps(report.to_dict()))
     assert data["flag"] == FLAG and data["enabled"] is True and data["gpus"] == []
     assert FLAG in report.summary()
+
+
+@pytest.mark.parametrize(("provider", "max_batch", "requested", "expected"), [
+    ("cuda", 8, None, "1"), ("auto", 8, None, "1"), ("cuda", 1, None, "0"), ("CUDAExecutionProvider", 8, False, "0"),
+    ("cuda", 1, True, "1")])
+def test_cuda_int4_gemm_on_where_a_batch_can_form(provider: str, max_batch: int, requested: bool | None,
+                                                   expected: str) -> None:
+    env: dict[str, str] = {}
+    report = flags.apply_cuda_int4_gemm(provider, max_batch, requested, env=env)
+    assert env == {"ORT_FPA_INTB_GEMM": expected} and report is not None and "ORT_FPA_INTB_GEMM" in report
+
+
+def test_cuda_int4_gemm_keeps_the_users_environment_unless_asked() -> None:
+    env = {"ORT_FPA_INTB_GEMM": "off"}
+    assert "from the environment" in flags.apply_cuda_int4_gemm("cuda", 64, None, env=env)
+    assert env == {"ORT_FPA_INTB_GEMM": "off"}
+    flags.apply_cuda_int4_gemm("cuda", 64, True, env=env)
+    assert env == {"ORT_FPA_INTB_GEMM": "1"}
+
+
+@pytest.mark.parametrize("provider", ["webgpu", "amdgpu", "cpu"])
+def test_cuda_int4_gemm_leaves_other_providers_alone(provider: str) -> None:
+    env: dict[str, str] = {}
+    assert flags.apply_cuda_int4_gemm(provider, 8, True, env=env) is None and env == {}
