@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     """
     from server import __version__
     from server.routes import chat, completions, embeddings, health, messages, metrics, models, responses, tokenize
+    from server.routes.common import refuse_uncontainable_chat
 
     app = FastAPI(
         title="ortserve",
@@ -223,6 +225,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     if engine is not None:
         state.engine, state.status = engine, "ready"
     app.state.ortserve = state
+    app.state.ortserve_body_check = partial(refuse_uncontainable_chat, state)
     app.state.engine_loader = loader if engine is None else None
     app.state.embedding_loader = embedding_loader if engine is None else None
     state.embedders = dict(embedders or {})

@@ -6,7 +6,9 @@ byte. ``ThreadedBodyRoute`` does that work in the threadpool for bodies of at le
 the validators are Python, so the interpreter hands the GIL back to the loop every few milliseconds. The
 route's signature, OpenAPI schema and errors stay FastAPI's: the validated model is handed to FastAPI's
 own handler as the request's parsed JSON (revalidating a model instance is a no-op), and failures raise the
-same RequestValidationError FastAPI would (loc under ``body``). No onnxruntime import.
+same RequestValidationError FastAPI would (loc under ``body``). Before validating, the app's
+``app.state.ortserve_body_check`` (if set) sees the decoded JSON and may refuse it (an InvalidRequestError, e.g. a
+conversation that can't fit the context by its message count alone). No onnxruntime import.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
+
+from engine.types import InvalidRequestError
 
 THREADED_BODY_BYTES = 256 * 1024  # smaller bodies validate in well under a millisecond per kilobyte
 
@@ -44,13 +48,15 @@ def _body_model(route: APIRoute) -> type[BaseModel] | None:
     return annotation if len(route.dependant.body_params) == 1 else None
 
 
-def _validate(model: type[BaseModel], body: bytes) -> BaseModel:
-    """Worker thread: decode and validate, raising what FastAPI raises for the same body."""
+def _validate(model: type[BaseModel], body: bytes, check: Callable[[Any], None] | None = None) -> BaseModel:
+    """Worker thread: decode, ``check`` and validate, raising what FastAPI raises for the same body."""
     try:
         data = json.loads(body)
     except json.JSONDecodeError as exc:
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
                                        "input": {}, "ctx": {"error": exc.msg}}], body=exc.doc) from exc
+    if check is not None:
+        check(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -72,8 +78,9 @@ class ThreadedBodyRoute(APIRoute):
             if declared.isdigit() and int(declared) >= THREADED_BODY_BYTES and _is_json(request):
                 body = await request.body()
                 try:
-                    parsed: Any = await run_in_threadpool(_validate, model, body)
-                except (RequestValidationError, json.JSONDecodeError):
+                    parsed: Any = await run_in_threadpool(_validate, model, body,
+                                                          getattr(request.app.state, "ortserve_body_check", None))
+                except (RequestValidationError, json.JSONDecodeError, InvalidRequestError):
                     raise
                 except Exception:  # undecodable bytes and the like: FastAPI's own path says what is wrong
                     return await handler(request)

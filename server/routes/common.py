@@ -76,6 +76,41 @@ def _render_and_encode(engine: EngineClient, messages: list[dict[str, Any]], too
     return rendered, _encode(engine, rendered.text, "messages")
 
 
+def _template_floor(engine: EngineClient) -> int:
+    """The fewest tokens the chat template renders for one user or one assistant message with empty content, halved
+    (a margin for templates whose text can merge across message boundaries); 0 when the template can't be measured.
+    """
+    def count(roles: str) -> int:
+        messages = [{"role": "user" if r == "u" else "assistant", "content": ""} for r in roles]
+        return len(engine.tokenizer.encode(render_prompt(engine.chat_template, messages, None, TemplateOptions()).text))
+
+    try:
+        return max(0, min(count("uau") - count("ua"), count("uaua") - count("uau")) // 2)
+    except Exception:  # noqa: BLE001 - a template that refuses these conversations: no floor, no early refusal
+        return 0
+
+
+_FLOORS: dict[int, int] = {}  # id(engine) -> _template_floor
+
+
+def refuse_uncontainable_chat(state: ServerState, data: Any) -> None:
+    """Raise PromptTooLongError for a decoded chat body (before it is validated) whose user and assistant messages
+    cannot fit the context by their count alone: each renders at least ``_template_floor`` tokens. A 4 MB body of
+    140,000 small messages is refused here instead of after seconds of validation that hold the interpreter."""
+    engine = state.engine
+    messages = data.get("messages") if isinstance(data, dict) else None
+    if engine is None or state.status != "ready" or not isinstance(messages, list) or len(messages) < 64:
+        return
+    floor = _FLOORS.get(id(engine))
+    if floor is None:
+        floor = _FLOORS[id(engine)] = _template_floor(engine)
+    if not floor:
+        return
+    count = sum(1 for m in messages if isinstance(m, dict) and m.get("role") in ("user", "assistant"))
+    if count * floor >= engine.max_model_len:
+        raise PromptTooLongError(count * floor, engine.max_model_len, lower_bound=True, param="messages")
+
+
 # NOTE(server): conversations longer than this are turned into template messages in a worker thread: at 135,000
 # messages that is ~0.1-0.3 s of Python the event loop would otherwise spend away from every other stream.
 THREADED_MESSAGES = 1000

@@ -92,8 +92,8 @@ def test_large_bodies_validated_off_the_loop_answer_as_small_ones_do(server: Ser
     padded = {"model": "tiny", "max_tokens": 1, "messages": PROMPT, "user": "x" * THREADED_BODY_BYTES}
     assert _post_raw(server, json.dumps(padded).encode()).status_code == 200
     for bad, param, code in (({**padded, "temperature": "hot"}, "temperature", "invalid_type"),
-                             ({**padded, "messages": [*many, {"role": "tool", "content": "x"}]},
-                              f"messages[{len(many)}].tool_call_id", "missing_required_parameter")):
+                             ({**padded, "messages": [*PROMPT, {"role": "tool", "content": "x"}]},
+                              f"messages[{len(PROMPT)}].tool_call_id", "missing_required_parameter")):
         small = {k: v for k, v in bad.items() if k != "user"} if param == "temperature" else None
         r = _post_raw(server, json.dumps(bad).encode())
         error = assert_openai_error(r.status_code, r.content, expect_status=400)
@@ -104,3 +104,25 @@ def test_large_bodies_validated_off_the_loop_answer_as_small_ones_do(server: Ser
     r = _post_raw(server, b'{"model": "tiny", "messages": [' + b'{"role": "user", "content": "hi"},' * 20_000 + b"]")
     error = assert_openai_error(r.status_code, r.content, expect_status=400)
     assert error["code"] == "invalid_json", error
+
+
+def test_a_conversation_too_long_by_its_message_count_is_refused_before_validation(server: ServeProcess) -> None:
+    """135,000 small messages (issue 25's 4 MB probe) can't fit the context by their count alone, each rendering
+    template tokens: the 400 comes from the decoded body, before pydantic validates 135,000 objects (which held the
+    interpreter for a second on a loaded machine). A malformed message among them shows the order: the count's
+    answer, not validation's."""
+    many = [{"role": "user", "content": ""}] * 135_000
+    for messages in (many, [*many[:-1], {"role": "user", "content": 5}]):
+        body = json.dumps({"model": "tiny", "max_tokens": 1, "messages": messages}, separators=(",", ":")).encode()
+        assert len(body) < 4 * 2**20  # under the body limit, as the probe's 4 MB
+        r = _post_raw(server, body)
+        error = assert_openai_error(r.status_code, r.content, expect_status=400)
+        assert error["param"] == "messages" and error["code"] == "context_length_exceeded", error
+        assert "at least" in error["message"]
+    # a conversation that fits by count is validated as ever (the malformed message named)
+    few = [*PROMPT * 40, {"role": "user", "content": 5}]
+    r = _post_raw(server, json.dumps({"model": "tiny", "max_tokens": 1, "messages": few,
+                                      "user": "x" * 300_000}).encode())
+    error = assert_openai_error(r.status_code, r.content, expect_status=400)
+    assert error["param"].startswith(f"messages[{len(few) - 1}].content"), error
+    assert chat(server, messages=PROMPT).status_code == 200  # and the server goes on
