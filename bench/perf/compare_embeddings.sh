@@ -84,6 +84,7 @@ log "throughput: $ROUNDS rounds, concurrency $CONCURRENCY, batch sizes $BATCH_SI
 stop_servers; PIDS=()
 
 # 4. Chat ITL while 64 texts are embedded: the default priority (nice 10) against the same priority as chat (0).
+if [[ -n "${SKIP_ITL:-}" ]]; then log "results in $OUT (no ITL run: SKIP_ITL)"; exit 0; fi
 "$ROOT/.venv/bin/ortserve" serve --port "$OURS_PORT" --embedding-model all-minilm-l6-v2 --intra-op-threads "$THREADS" \
   --log-level warning > "$OUT/ortserve.log" 2>&1 &
 PIDS+=($!); wait_ready "http://127.0.0.1:$OURS_PORT/v1" "${PIDS[-1]}"

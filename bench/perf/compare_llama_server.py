@@ -45,7 +45,16 @@ def prompt_of(index: int, words: int, distinct: bool, seed: int) -> str:
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
                       temperature: float) -> dict:
-    """One streamed chat completion: TTFT, the time between the first and last content, output tokens."""
+    """One streamed chat completion: TTFT, the time between the first and last content, output tokens. A kept-alive
+    connection the server closed before answering is retried once on a new one (llama-server closes idle ones)."""
+    try:
+        return await _stream_once(client, url, model, prompt, max_tokens, temperature)
+    except httpx.RemoteProtocolError:
+        return await _stream_once(client, url, model, prompt, max_tokens, temperature)
+
+
+async def _stream_once(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
+                       temperature: float) -> dict:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": temperature, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
