@@ -467,7 +467,7 @@ class RowChunks:
         if not self.fixed_shapes:
             return 0
         runs = [(num, False) for num in chunk_shapes(self.owner.prefill_chunk)]
-        runs += [(num, True) for num in chunk_shapes(min(max_verify, SHAPE_BASE))] if self.keep_last else []
+        runs += [(num, True) for num in chunk_shapes(max_verify)] if self.keep_last else []
         for num, verify in runs:
             self._run(0, [0] * num, 0, verify)
         self.owner.slot_len[0] = 0

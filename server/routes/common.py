@@ -6,6 +6,7 @@ No onnxruntime import; tokenizing and templating run in a worker thread, never o
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -90,7 +91,7 @@ def _template_floor(engine: EngineClient) -> int:
         return 0
 
 
-_FLOORS: dict[int, int] = {}  # id(engine) -> _template_floor
+_FLOORS: weakref.WeakKeyDictionary[EngineClient, int] = weakref.WeakKeyDictionary()  # engine -> _template_floor
 
 
 def refuse_uncontainable_chat(state: ServerState, data: Any) -> None:
@@ -101,9 +102,9 @@ def refuse_uncontainable_chat(state: ServerState, data: Any) -> None:
     messages = data.get("messages") if isinstance(data, dict) else None
     if engine is None or state.status != "ready" or not isinstance(messages, list) or len(messages) < 64:
         return
-    floor = _FLOORS.get(id(engine))
+    floor = _FLOORS.get(engine)
     if floor is None:
-        floor = _FLOORS[id(engine)] = _template_floor(engine)
+        floor = _FLOORS[engine] = _template_floor(engine)
     if not floor:
         return
     count = sum(1 for m in messages if isinstance(m, dict) and m.get("role") in ("user", "assistant"))
