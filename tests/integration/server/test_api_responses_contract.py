@@ -38,18 +38,20 @@ def test_a_client_leaving_a_stream_aborts_its_request(api_model: Path) -> None:
         before = running.metrics()
         body = {**LONG, "max_output_tokens": 1900, "stream": True}
         # Three tokens (a prefill and two decodes), then the request waits at the gate: it is still running when
-        # the client leaves, whatever the machine's speed.
+        # the client leaves, whatever the machine's speed. (Tokens that reach the stream together go out as one
+        # delta, so the client waits for the first delta and then for the gate to hold the request.)
         gate.shut(after=2)
         try:
             with httpx.Client(timeout=30) as http:
                 with http.stream("POST", f"{running.url}/responses", json=body) as r:
-                    deltas = 0
                     for line in r.iter_lines():
                         if line == "event: response.output_text.delta":
-                            deltas += 1
-                            if deltas == 3:
-                                assert running.metrics()["ortserve_requests_running"] == 1  # still generating
-                                break  # closing the line iterator closes the connection mid-stream
+                            deadline = time.monotonic() + 30
+                            while gate.num_held == 0 and time.monotonic() < deadline:
+                                time.sleep(0.01)
+                            assert gate.num_held >= 1
+                            assert running.metrics()["ortserve_requests_running"] == 1  # still generating
+                            break  # closing the line iterator closes the connection mid-stream
         finally:
             gate.open()
         m = running.wait_idle(5.0)
