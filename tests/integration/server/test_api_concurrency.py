@@ -82,19 +82,21 @@ def test_disconnect_after_three_chunks_frees_the_request(api_model: Path) -> Non
         before = running.metrics()
         body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "stream": True, "temperature": 0,
                 "ignore_eos": True}
-        # The request prefills and decodes twice (the role chunk and 3 tokens are sent), then waits at the gate:
-        # it is still running when the client leaves, whatever the machine's speed.
+        # The request prefills and decodes twice, then waits at the gate: it is still running when the client
+        # leaves, whatever the machine's speed. (Tokens that reach the stream together go out as one chunk, so the
+        # client waits for the first chunk and then for the gate to hold the request.)
         gate.shut(after=2)
         try:
             with httpx.Client(timeout=30) as http:
                 with http.stream("POST", f"{running.url}/chat/completions", json=body) as r:
-                    seen = 0
                     for line in r.iter_lines():
                         if line.startswith("data: "):
-                            seen += 1
-                            if seen == 3:
-                                assert running.metrics()["ortserve_requests_running"] == 1  # still generating
-                                break  # closing the line iterator closes the connection mid-stream
+                            deadline = time.monotonic() + 30
+                            while gate.num_held == 0 and time.monotonic() < deadline:
+                                time.sleep(0.01)
+                            assert gate.num_held >= 1
+                            assert running.metrics()["ortserve_requests_running"] == 1  # still generating
+                            break  # closing the line iterator closes the connection mid-stream
         finally:
             gate.open()
         m = running.wait_idle(5.0)
