@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,15 @@ class DecodeGate:
 
     def open(self) -> None:
         self._open.set()
+
+    def wait_held(self, timeout_s: float = 30.0) -> bool:
+        """Wait until a decode run is held at the gate (the request is running, its next token not yet made)."""
+        deadline = time.monotonic() + timeout_s
+        while self.num_held == 0:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def __call__(self, info) -> None:  # an engine.types.StepInfo
         if info.kind == "decode" and not self._open.is_set():

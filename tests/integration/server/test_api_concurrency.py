@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +90,7 @@ def test_disconnect_after_three_chunks_frees_the_request(api_model: Path) -> Non
                 with http.stream("POST", f"{running.url}/chat/completions", json=body) as r:
                     for line in r.iter_lines():
                         if line.startswith("data: "):
-                            deadline = time.monotonic() + 30
-                            while gate.num_held == 0 and time.monotonic() < deadline:
-                                time.sleep(0.01)
-                            assert gate.num_held >= 1
+                            assert gate.wait_held()
                             assert running.metrics()["ortserve_requests_running"] == 1  # still generating
                             break  # closing the line iterator closes the connection mid-stream
         finally:
@@ -120,10 +116,8 @@ def test_disconnect_of_a_non_streaming_request_aborts_it(api_model: Path) -> Non
             with socket.create_connection((host, int(port)), timeout=10) as sock:
                 sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-                deadline = time.monotonic() + 30
-                while gate.num_held == 0:  # the request is running, and no answer can have been sent
-                    assert time.monotonic() < deadline, "the request never reached a decode step"
-                    time.sleep(0.01)
+                # the request is running, and no answer can have been sent
+                assert gate.wait_held(), "the request never reached a decode step"
             # the client has closed its connection without reading an answer
         finally:
             gate.open()
