@@ -67,14 +67,16 @@ class ServerMetrics:
             "spec_accepted_tokens_total": Counter(
                 "ortserve_spec_decode_accepted_tokens", "Draft tokens the model accepted.", registry=r),
             "steps_total": Counter("ortserve_engine_steps", "Engine steps (schedule, runs, outputs).", registry=r),
+            "engine_thread_cpu_s": Counter(
+                "ortserve_engine_thread_cpu_seconds", "CPU seconds of the engine thread (beside its phases' wall "
+                "seconds: the rest waited on the device or the interpreter).", registry=r),
         }
         self._engine_seen: dict[str, float] = {}
+        # NOTE(server): one child per "engine_phase_<name>_s" key of EngineStats.extra, added to _engine_counters
+        # the first time a scrape sees it
         self.engine_phase = Counter(
             "ortserve_engine_step_phase_seconds", "Wall seconds the engine thread spent per step phase (schedule, "
             "decode_run, decode_sample, decode_update, verify, prefill).", ["phase"], registry=r)
-        self.engine_cpu = Counter(
-            "ortserve_engine_thread_cpu_seconds", "CPU seconds of the engine thread (beside its phases' wall "
-            "seconds: the rest waited on the device or the interpreter).", registry=r)
         self.kv_used_tokens = Gauge(
             "ortserve_kv_cache_used_tokens", "Tokens whose KV running requests hold.", registry=r)
         self.kv_cached_tokens = Gauge(
@@ -144,6 +146,10 @@ class ServerMetrics:
             self.vllm_kv_usage.labels(model_name).set(min(1.0, stats.num_kv_tokens_used / total) if total else 0.0)
             for counter in self._vllm_counters.values():
                 counter.labels(model_name)  # NOTE(server): export zeros before the first lookup
+            for key in stats.extra:
+                if key.startswith("engine_phase_") and key not in self._engine_counters:
+                    self._engine_counters[key] = self.engine_phase.labels(
+                        key.removeprefix("engine_phase_").removesuffix("_s"))
             for key, counter in self._engine_counters.items():
                 value = stats.extra.get(key, 0.0)
                 if value > self._engine_seen.get(key, 0.0):
@@ -152,14 +158,6 @@ class ServerMetrics:
                     if key in self._vllm_counters:
                         self._vllm_counters[key].labels(model_name).inc(growth)
                     self._engine_seen[key] = value
-            for key, value in stats.extra.items():
-                if key.startswith("engine_phase_") or key == "engine_thread_cpu_s":
-                    counter = self.engine_cpu if key == "engine_thread_cpu_s" else \
-                        self.engine_phase.labels(key.removeprefix("engine_phase_").removesuffix("_s"))  # zeros too
-                    growth = value - self._engine_seen.get(key, 0.0)
-                    if growth > 0:
-                        counter.inc(growth)
-                        self._engine_seen[key] = value
             if total:
                 self.vllm_cache_config.clear()  # NOTE(server): one series, whatever the labels were before
                 self.vllm_cache_config.labels(
