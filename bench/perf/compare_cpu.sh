@@ -66,27 +66,7 @@ log "model folder: $MODEL_DIR"
 log "gguf: ${GGUF:-<none>}"
 log "results: $OUT ($ROUNDS rounds)"
 
-PIDS=()
-stop_servers() {
-  local pid
-  for pid in "${PIDS[@]}"; do
-    if kill -0 "$pid" 2>/dev/null; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-  done
-}
-trap stop_servers EXIT
-
-wait_ready() {  # wait_ready URL PID: until GET URL/models answers 200 (model loaded), at most 600 s
-  local url=$1 pid=$2 i
-  for ((i = 0; i < 1200; i++)); do
-    if "$PY" -c 'import sys, httpx; sys.exit(httpx.get(sys.argv[1] + "/models", timeout=2).status_code != 200)' \
-        "$url" 2>/dev/null; then
-      return 0
-    fi
-    kill -0 "$pid" 2>/dev/null || { log "server for $url exited before it was ready"; return 1; }
-    sleep 0.5
-  done
-  log "server for $url not ready after 600 s"; return 1
-}
+source "$ROOT/bench/perf/servers.sh"  # PIDS, stop_servers (on exit), wait_ready
 
 if [[ -x "$ROOT/.venv/bin/ortserve" ]]; then ORTSERVE=("$ROOT/.venv/bin/ortserve"); else ORTSERVE=("$PY" -m server); fi
 log "starting ortserve on port $OURS_PORT"

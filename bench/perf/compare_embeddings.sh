@@ -44,23 +44,7 @@ PYTHONPATH=$LLAMA_SRC/gguf-py "$ST_VENV/bin/python" "$LLAMA_SRC/convert_hf_to_gg
   --outfile "$GGUF" --outtype f32 > "$OUT/convert.log" 2>&1
 "$PY" -c 'from engine.builder import pull_model; pull_model("all-minilm-l6-v2", progress=False); pull_model(progress=False)'
 
-PIDS=()
-stop_servers() {
-  local pid
-  for pid in "${PIDS[@]}"; do
-    if kill -0 "$pid" 2>/dev/null; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-  done
-}
-trap stop_servers EXIT
-wait_ready() {  # wait_ready URL PID
-  local url=$1 pid=$2 i
-  for ((i = 0; i < 1200; i++)); do
-    if curl -sf "$url/models" > /dev/null; then return 0; fi
-    kill -0 "$pid" 2>/dev/null || { log "server for $url exited"; return 1; }
-    sleep 0.5
-  done
-  return 1
-}
+source "$ROOT/bench/perf/servers.sh"  # PIDS, stop_servers (on exit), wait_ready
 
 # 2. The servers, side by side (idle ones cost nothing).
 "$ROOT/.venv/bin/ortserve" serve --port "$OURS_PORT" --embedding-model all-minilm-l6-v2 --intra-op-threads "$THREADS" \

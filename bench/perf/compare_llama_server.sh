@@ -34,24 +34,7 @@ GGUF=$("$PY" -c 'from engine.builder.pull import DEFAULT_MODEL, fetch_gguf, mode
 print(fetch_gguf(DEFAULT_MODEL, model_cache_dir() / "gguf", progress=False))')
 log "model folder $MODEL_DIR, gguf $GGUF, results $OUT"
 
-PIDS=()
-stop_servers() {
-  local pid
-  for pid in "${PIDS[@]}"; do
-    kill -CONT "$pid" 2>/dev/null || true
-    if kill -0 "$pid" 2>/dev/null; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-  done
-}
-trap stop_servers EXIT
-wait_ready() {  # wait_ready URL PID
-  local url=$1 pid=$2 i
-  for ((i = 0; i < 1200; i++)); do
-    if curl -sf "$url/models" > /dev/null; then return 0; fi
-    kill -0 "$pid" 2>/dev/null || { log "server for $url exited"; return 1; }
-    sleep 0.5
-  done
-  return 1
-}
+source "$ROOT/bench/perf/servers.sh"  # PIDS, stop_servers (on exit), wait_ready
 
 # shellcheck disable=SC2086
 "$ROOT/.venv/bin/ortserve" serve --model "$MODEL_DIR" --host 127.0.0.1 --port "$OURS_PORT" --provider cpu \
