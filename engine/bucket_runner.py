@@ -50,6 +50,7 @@ class BucketRunner(RunnerBase):
             ``gpu_graph_id`` (the bucket size).
         row_chunks: row-view KV (pointer): prompt chunks and draft checks run in the slot's own row on
             ``prefill_session`` (uncaptured: ``gpu_graph_id=-1`` where steps are captured), no staging.
+        fixed_shapes, max_verify: for the row chunks (see ``RowChunks``).
     """
 
     whole_buffer = True
@@ -61,7 +62,7 @@ class BucketRunner(RunnerBase):
                  prefill_io: GraphIO | None = None, copier: RowCopier | None = None, graph_ids: bool = False,
                  row_chunks: bool = False, fixed_shapes: bool = False, max_verify: int = 0) -> None:
         super().__init__(session, io, kv, prefill_chunk=prefill_chunk, max_position=max_position,
-                         input_allocator=input_allocator, fixed_shapes=fixed_shapes, max_verify=max_verify)
+                         input_allocator=input_allocator)
         n, vocab = self.num_slots, self.vocab_size
         # NOTE(engine): decode widths; one (all slots) when a prefix of the KV can't be bound
         self.buckets = batch_buckets(n) if prefix_views else (n,)
@@ -85,7 +86,8 @@ class BucketRunner(RunnerBase):
             if graph_ids:
                 skip = ort.RunOptions()
                 skip.add_run_config_entry("gpu_graph_id", "-1")  # NOTE(engine): ORT's "no capture" annotation
-            self.chunks = RowChunks(self, self.prefill_session, self.prefill_io, skip, fixed_shapes=fixed_shapes)
+            self.chunks = RowChunks(self, self.prefill_session, self.prefill_io, skip, fixed_shapes=fixed_shapes,
+                                    max_verify=max_verify)
         self.decode_logits = np.zeros((n, 1, vocab), dtype=np.float32)
         self.logits_source = "cpu"
         self._decode_bindings: dict[int, ort.IOBinding] = {}
@@ -153,7 +155,7 @@ class BucketRunner(RunnerBase):
         if self.chunks is not None:
             self.chunks.run(0, [0, 0], 0, all_logits=False)
             self.slot_len[0] = 0
-            self.chunks.warm_shapes(self.max_verify)
+            self.chunks.warm_shapes()
         elif self.staging is not None:
             self._run_staged([0, 0], 0)
             self._staged = None

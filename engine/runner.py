@@ -109,19 +109,13 @@ class RunnerBase:
         max_position: positions fed to idle rows are clipped below this (the rotary cache length).
         input_allocator: where input_ids/position_ids/attention_mask (and the decode logits, where the runner
             writes them on the host) live: host-accessible memory on devices that offer it.
-        fixed_shapes: run prompt chunks and draft checks in its own row as pieces of fixed lengths, each warmed
-            at load (``RowChunks``; ``chunk_pieces``).
-        max_verify: the longest draft check (the tokens of one verify run), for the warm-up.
     """
 
     whole_buffer = False
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
-                 max_position: int, input_allocator: InputAllocator = host_input, fixed_shapes: bool = False,
-                 max_verify: int = 0) -> None:
+                 max_position: int, input_allocator: InputAllocator = host_input) -> None:
         self.session = session
-        self.fixed_shapes = fixed_shapes
-        self.max_verify = max_verify
         self.io = io
         self.kv = kv
         self.num_slots = kv.shape.num_slots
@@ -230,7 +224,7 @@ class Runner(RunnerBase):
     With host-accessible memory (``input_allocator``) the decode inputs and logits live there: the CPU writes the
     inputs in place and reads the logits where the run wrote them, with no extra copy.
 
-    Args: see ``RunnerBase``.
+    Args: see ``RunnerBase``; ``fixed_shapes`` and ``max_verify``: see ``RowChunks``.
     """
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
@@ -240,14 +234,14 @@ class Runner(RunnerBase):
             raise ValueError(f"row views need host or pointer KV; this KV cache is {kv.addressing} "
                              "(engine.bucket_runner.BucketRunner runs opaque buffers)")
         super().__init__(session, io, kv, prefill_chunk=prefill_chunk, max_position=max_position,
-                         input_allocator=input_allocator, fixed_shapes=fixed_shapes, max_verify=max_verify)
+                         input_allocator=input_allocator)
         n, vocab = self.num_slots, self.vocab_size
         self.buckets = (n,)
         # NOTE(engine): the logits beside the inputs: host-accessible (pinned) memory on a device copies 4x
         # faster than pageable memory (33 MB of float32 logits at batch 64 on an H200: 0.6 vs 2.3 ms)
         self.decode_logits, _ = input_allocator((n, 1, vocab), np.float32)
         self.logits_source = getattr(input_allocator, "source", "cpu")
-        self.chunks = RowChunks(self, session, io, fixed_shapes=fixed_shapes)
+        self.chunks = RowChunks(self, session, io, fixed_shapes=fixed_shapes, max_verify=max_verify)
         self._decode_bindings: dict[tuple[int, int], ort.IOBinding] = {}
         # NOTE(engine): with plain CPU inputs over host KV a decode step's mask is only as wide as its longest
         # row: GQA takes total_sequence_length from the mask width and its per-row cost grows with it (~15% of
@@ -265,7 +259,7 @@ class Runner(RunnerBase):
         """Device rows: one decode run with every row idle and a 2-token chunk in slot 0 (which holds nothing
         yet), so the first request doesn't pay for the kernels' first runs; with fixed shapes every chunk
         piece's length too."""
-        self.chunks.warm_shapes(self.max_verify)
+        self.chunks.warm_shapes()
         if self.kv.addressable:
             return
         none = np.zeros(0, dtype=np.int64)
@@ -425,12 +419,14 @@ class RowChunks:
         io: its names.
         run_options: for every run (``gpu_graph_id=-1`` beside captured decode steps: no capture of a chunk).
         fixed_shapes: run each chunk as ``chunk_pieces`` (lengths ``warm_shapes`` runs once at load).
+        max_verify: the longest draft check (the tokens of one verify run), for ``warm_shapes``.
     """
 
     def __init__(self, owner: RunnerBase, session: ort.InferenceSession, io: GraphIO,
-                 run_options: ort.RunOptions | None = None, fixed_shapes: bool = False) -> None:
+                 run_options: ort.RunOptions | None = None, fixed_shapes: bool = False, max_verify: int = 0) -> None:
         self.owner = owner
         self.fixed_shapes = fixed_shapes
+        self.max_verify = max_verify
         self.num_runs = 0  # session runs made (a chunk with fixed shapes may take several)
         self.session = session
         self.io = io
@@ -461,13 +457,14 @@ class RowChunks:
             at += num
         return np.concatenate(parts) if all_logits else logits
 
-    def warm_shapes(self, max_verify: int = 0) -> int:
+    def warm_shapes(self, max_verify: int | None = None) -> int:
         """With fixed shapes, run every piece length once in slot 0 (which holds nothing yet), and the draft
-        checks' up to ``max_verify`` tokens; returns the runs made."""
+        checks' up to ``max_verify`` tokens (None: the one given at construction); returns the runs made."""
         if not self.fixed_shapes:
             return 0
         runs = [(num, False) for num in chunk_shapes(self.owner.prefill_chunk)]
-        runs += [(num, True) for num in chunk_shapes(max_verify)] if self.keep_last else []
+        longest = self.max_verify if max_verify is None else max_verify
+        runs += [(num, True) for num in chunk_shapes(longest)] if self.keep_last else []
         for num, verify in runs:
             self._run(0, [0] * num, 0, verify)
         self.owner.slot_len[0] = 0

@@ -192,6 +192,7 @@ def test_fixed_chunk_shapes_stand_in_for_cuda_give_the_row_view_tokens(pair, tin
         runner = engine._core.runner  # test only: nothing runs yet
         chunks = runner.chunks
         assert chunks.fixed_shapes
+        assert chunks.warm_shapes() == len(chunk_shapes(64))  # no drafts: no draft-check lengths
         assert chunks.warm_shapes(max_verify=17) == len(chunk_shapes(64)) + 16 and runner.slot_len[0] == 0
         ps = _prompts(views.vocab_size, 3, 45, seed=5)
         params = SamplingParams(max_tokens=10, **GREEDY)
