@@ -86,7 +86,8 @@ def _template_floor(engine: EngineClient) -> int:
         return len(engine.tokenizer.encode(render_prompt(engine.chat_template, messages, None, TemplateOptions()).text))
 
     try:
-        return max(0, min(count("uau") - count("ua"), count("uaua") - count("uau")) // 2)
+        ua, uau, uaua = count("ua"), count("uau"), count("uaua")
+        return max(0, min(uau - ua, uaua - uau) // 2)
     except Exception:  # noqa: BLE001 - a template that refuses these conversations: no floor, no early refusal
         return 0
 
