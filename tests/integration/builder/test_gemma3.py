@@ -27,6 +27,7 @@ import onnxruntime as ort
 import pytest
 from tokenizers import Tokenizer
 
+from bench.perf.gqa_window import last_logits
 from engine.async_engine import AsyncEngine
 from engine.builder import pull_model
 from engine.builder.gguf_reader import convert_tensor, open_gguf
@@ -111,21 +112,6 @@ def test_folder_configs(gemma3_model):
     assert tok_cfg["add_bos_token"] is True and "chat_template" not in tok_cfg  # a base model
 
 
-def _last_logits(session: ort.InferenceSession, ids: list[int], chunks: list[tuple[int, int]], max_len: int):
-    """Prefill ``ids`` in ``chunks`` over one KV buffer fed back each run; the last position's logits."""
-    past = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-    kv = {i.name: np.zeros((1, i.shape[1], max_len, i.shape[3]), np.float32) for i in past}
-    names = [o.name for o in session.get_outputs()]
-    for start, end in chunks:
-        mask = np.zeros((1, max_len), np.int64)
-        mask[0, :end] = 1
-        feed = {"input_ids": np.array([ids[start:end]], np.int64), "attention_mask": mask,
-                "position_ids": np.arange(start, end, dtype=np.int64)[None], "logits_to_keep": np.array([1]), **kv}
-        out = session.run(None, feed)
-        kv = {n.replace("present", "past_key_values"): v for n, v in zip(names[1:], out[1:])}
-    return out[0][0, -1]
-
-
 # NOTE(builder): the window tests run on the same file built with accuracy_level 0 (float32 activations into
 # every MatMulNBits), not on the served accuracy_level-4 build. ONNX Runtime 1.32's CPU GroupQueryAttention
 # (its tiled "flash" path; ORT_GQA_DISABLE_FLASH_ATTENTION=1 takes the other one) rounds a row differently
@@ -163,7 +149,7 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def exact_whole(exact_session):
     """The exact build's answer after WINDOW_PROMPT run whole (log-probabilities)."""
-    return _log_softmax(_last_logits(exact_session, WINDOW_PROMPT, [(0, len(WINDOW_PROMPT))], KV_LEN))
+    return _log_softmax(last_logits(exact_session, WINDOW_PROMPT, [(0, len(WINDOW_PROMPT))], KV_LEN))
 
 
 def test_exact_build_is_the_served_graph_with_float_activations(gemma3_model, gemma3_exact):
@@ -192,9 +178,9 @@ def test_sliding_window_beyond_512_tokens(exact_session, exact_whole):
     applied by position, not by chunk); the last 200 tokens alone answer otherwise (positions beyond the window
     still reach the global layers)."""
     chunks = [(0, 200), (200, 511), (511, 513), (513, 690), (690, 700)]
-    chunked = _log_softmax(_last_logits(exact_session, WINDOW_PROMPT, chunks, KV_LEN))
+    chunked = _log_softmax(last_logits(exact_session, WINDOW_PROMPT, chunks, KV_LEN))
     assert np.abs(chunked - exact_whole).max() < LOGPROB_TOL  # 4e-5 here
-    short = _log_softmax(_last_logits(exact_session, WINDOW_PROMPT[-200:], [(0, 200)], KV_LEN))
+    short = _log_softmax(last_logits(exact_session, WINDOW_PROMPT[-200:], [(0, 200)], KV_LEN))
     total_variation = 0.5 * np.abs(np.exp(short) - np.exp(exact_whole)).sum()
     assert total_variation > 0.1, "positions beyond the window should still reach global layers"  # 0.36 here
 
@@ -217,7 +203,7 @@ def test_engine_prefill_and_decode_beyond_the_window(gemma3_exact, exact_session
     assert len(tokens) == len(logprobs) == steps
     for i in range(steps):
         ids = WINDOW_PROMPT + tokens[:i]
-        expected = exact_whole if i == 0 else _log_softmax(_last_logits(exact_session, ids, [(0, len(ids))], KV_LEN))
+        expected = exact_whole if i == 0 else _log_softmax(last_logits(exact_session, ids, [(0, len(ids))], KV_LEN))
         assert expected[tokens[i]] > expected.max() - LOGPROB_TOL, f"step {i}: not the whole run's greedy token"
         errors = {tok: abs(lp - expected[tok]) for tok, lp in logprobs[i].top}
         assert max(errors.values()) < LOGPROB_TOL, (i, errors)  # 3e-5 here
