@@ -19,21 +19,15 @@ OUTPUT_TOKENS=${OUTPUT_TOKENS:-64}
 TEMPERATURE=${TEMPERATURE:-1.0}
 MODEL=${MODEL:-$("$PY" -c 'from engine.builder.pull import pull_model; print(pull_model(progress=False))')}
 mkdir -p "$OUT"
+log() { echo "[prefill_mix] $(date +%H:%M:%S) $*" >&2; }
+source "$ROOT/bench/perf/servers.sh"  # PIDS, stop_servers (on exit), wait_ready
 declare -A PORT=([mixed]=8021 [one]=8022) ARG=([mixed]=0 [one]=1) PID=()
-cleanup() { for l in "${!PID[@]}"; do kill -CONT "${PID[$l]}" 2>/dev/null || true; kill "${PID[$l]}" 2>/dev/null || true; done; }
-trap cleanup EXIT
 for label in mixed one; do
   "$PY" -m server serve --model "$MODEL" --host 127.0.0.1 --port "${PORT[$label]}" --provider cpu --intra-op-threads 2 \
       --max-prefills-per-step "${ARG[$label]}" --log-level warning > "$OUT/$label.log" 2>&1 &
-  PID[$label]=$!
+  PID[$label]=$!; PIDS+=($!)
 done
-for label in mixed one; do
-  for _ in $(seq 600); do
-    "$PY" -c 'import sys, httpx; sys.exit(httpx.get(sys.argv[1], timeout=2).status_code != 200)' \
-        "http://127.0.0.1:${PORT[$label]}/v1/models" 2>/dev/null && break
-    sleep 0.5
-  done
-done
+for label in mixed one; do wait_ready "http://127.0.0.1:${PORT[$label]}/v1" "${PID[$label]}"; done
 for ((r = 0; r < ROUNDS; r++)); do
   order=(mixed one); ((r % 2)) && order=(one mixed)
   for label in "${order[@]}"; do
