@@ -1,10 +1,11 @@
 """Vectorized draws for a batch of rows: temperature, top-k, top-p and min-p for every row at once, and one
 inverse-CDF draw per row from a uniform the caller gives. Pure numpy (no onnxruntime import).
 
-The law is ``engine.sampler``'s reference transforms applied in its order (temperature, top-k, top-p over
-the top-k survivors, min-p) followed by a draw from the softmax of what is left: ``draw_tokens`` picks the
-token where that distribution's CDF, in token-id order, passes ``u``; only the route differs (float32
-weights, block sums, candidates near the best token instead of sorts of the whole vocabulary).
+The law is ``engine.sampler``'s reference transforms applied in its order (sparse edits such as logit_bias and
+the penalties, temperature, top-k, top-p over the top-k survivors, min-p) followed by a draw from the softmax
+of what is left: ``draw_tokens`` picks the token where that distribution's CDF, in token-id order, passes ``u``;
+only the route differs (float32 weights, block sums, candidates near the best token instead of sorts of the
+whole vocabulary).
 """
 
 from __future__ import annotations
@@ -13,26 +14,51 @@ import numpy as np
 
 # NOTE(engine): the draw sums exp(logits - max) in blocks of _BLOCK tokens, picks the block by a cumsum of the
 # block sums, then the token by a cumsum inside that block: two short cumsums instead of a float64 cumsum over
-# the whole vocabulary (~1.5 ms a row at 49k on the CI machine; this whole function is a few passes).
-_BLOCK = 256
-_CACHE_FLOATS = 1 << 18  # 1 MB of float32: what a row group may span (see draw_tokens)
-# NOTE(engine): filters look at candidates first: tokens whose weight exp(y - max) is at least _CUTS[0] (within
-# 9 nats of the best; tens to a few hundred on real rows at temperature 1, >= 97% of the mass), then
-# _CUTS[1] (18 nats), then every finite token. A round is kept for a row only when its candidates provably hold
-# the row's whole result (top-k: at least k candidates; top-p without top-k: at least p of the row's mass),
-# so the result is exact, and a long sort happens only for the rare row that needs one.
-_CUTS = (float(np.exp(-9.0)), float(np.exp(-18.0)), None)
-_GROUP_ROWS = 64  # top-k: the padded row seen as 64 rows of G = width / 64 tokens (see _draw_filtered)
-_LOWEST = np.float32(-np.finfo(np.float32).max)  # the last round's floor on y: every finite value
-# NOTE(engine): a min-p-only row's candidates are the weights >= min_p * (1 - _MARGIN); the exact test on y
-# (the reference's float64 ``y < max + log(min_p)``) then runs on them, so float32 rounding loses nothing.
+# the whole vocabulary (~1.5 ms a row at 49k on the CI machine; this whole function is a few passes). The same
+# sums find the filters' candidates (see _FIRST_CUT): 64-token blocks read 2.5-4x fewer tokens there than
+# 256-token ones, for the same cost of the sums.
+_BLOCK = 64
+# NOTE(engine): rows are processed in groups of at most this many logits (1 MB of float32): each group's
+# tempered logits and weights stay in a core's cache (2 MB of L2 here) from the first pass to the candidates,
+# in two buffers reused group after group instead of two [n, vocab] arrays, whose fresh pages cost more to
+# fault in than the passes themselves (262k vocab, temperature 0.7: 1.36 ms a row before, see cpu.md).
+# Groups of 2 MB were 2x slower at 262k.
+_CACHE_FLOATS = 1 << 18
+# NOTE(engine): filters look at candidates, the tokens whose weight exp(y - max) is at least a floor, found
+# through the block sums (a block holds a token of weight >= f only if its sum is >= f: sums of non-negative
+# floats never round below a term), and keep a floor only when its candidates provably hold the row's whole
+# result, so the result is exact:
+# - top-k (k at most G = vocab // 64): the k-th largest maximum of G strided groups, a value that k distinct
+#   tokens reach, so the k best are among the k to ~2k candidates; decided at once;
+# - min-p alone: min_p itself (less a margin): nothing below it stays;
+# - top-p without top-k: 9 nats below the best (tens to a few hundred tokens on real rows, >= 93% of the
+#   mass), kept when the candidates hold p of the mass; else the highest floor f that the block sums prove
+#   enough (what lies below f in block b weighs at most min(sum_b, B f)); else every token with weight;
+# - top-k beyond G: 9 nats, then 18, then every token with weight, kept once k candidates are in.
+_FIRST_CUT = float(np.exp(-9.0))
+_SECOND_CUT = float(np.exp(-18.0))
+_TOP_P_FLOORS = np.exp(-np.arange(10.0, 41.0))  # top-p's proven floors, highest first (10 to 40 nats)
+_GROUP_ROWS = 64  # top-k: the first 64 G tokens of a row seen as 64 rows of G = vocab // 64 tokens
+_ANY_WEIGHT = np.finfo(np.float32).tiny  # the last floor: every token with weight (see _SUBNORMAL)
+# NOTE(engine): a min-p row's floor is min_p * (1 - _MARGIN) (a top-k row's, its floor's weight less the
+# margin); the exact tests on y (the reference's float64 ``y < max + log(min_p)``, the k-th value) then run on
+# the candidates, so float32 rounding loses nothing.
 _MARGIN = 1e-4
+# NOTE(engine): exp of inputs in [-103.9, -87.3] gives subnormal floats, 13x slower to make and ~50x slower to
+# sum (x86 microcode assists; real rows reach them at temperatures below ~0.5, or with a logit_bias of -100).
+# A row that goes below -87 nats (a masked -inf too) is clamped there before the exp, and every weight at the
+# clamp's exp(-87) = 1.65e-38 is then set to exactly 0: those tokens had less than 1.7e-38 of the best
+# token's weight, which no draw can tell from 0 (a float64 CDF cannot resolve it), and a masked token stays
+# at 0. Three passes more for such a row (0.15 ms at 262k); a masked copy (np.copyto(where=)) costs 10x that.
+_SUBNORMAL = np.float32(-87.0)
+_SUBNORMAL_WEIGHT = np.float32(1.7e-38)
 
 
 def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | None = None,
                 top_k: np.ndarray | None = None, top_p: np.ndarray | None = None,
-                min_p: np.ndarray | None = None) -> np.ndarray:
-    """One token per row from ``softmax(filter(logits / temperature))``.
+                min_p: np.ndarray | None = None,
+                edits: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """One token per row from ``softmax(filter(edit(logits) / temperature))``.
 
     Args:
         logits: float32 ``[n, vocab]``; ``-inf`` = excluded (a grammar mask). Not changed.
@@ -42,149 +68,279 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
         top_p: float ``[n]`` in (0, 1], 1 = off: the most likely tokens whose mass (over the top-k
             survivors) first reaches p.
         min_p: float ``[n]`` in [0, 1], 0 = off: tokens below min_p times the best token's probability go.
+        edits: ``(rows, cols, values)``: float32 values that replace ``logits[rows, cols]`` before the
+            temperature (logit_bias and the penalties, see ``engine.sampler``); ``rows`` ascending, no
+            ``(row, col)`` twice.
     Returns:
         int64 ``[n]`` token ids.
     """
     n, vocab = logits.shape
-    y = logits
     scale = None
     if temperature is not None and np.any(temperature != 1.0):
         scale = np.asarray(temperature, dtype=np.float32)[:, None]
-        y = np.empty_like(logits)  # logits / temperature, float32 as apply_temperature; filled group by group
     k = np.zeros(n, dtype=np.int64) if top_k is None else np.asarray(top_k, dtype=np.int64)
     k = np.where((k > 0) & (k < vocab), k, 0)
-    # 1. weights = exp(y - top), zero past the vocab, and their block sums: (n, nb, B), (n, nb)
-    num_blocks = -(-vocab // _BLOCK)
-    num_groups = num_blocks * _BLOCK // _GROUP_ROWS
-    maxima = np.empty((n, num_groups), dtype=np.float32) if np.any((k > 0) & (k <= num_groups)) else None
-    weights = np.empty((n, num_blocks * _BLOCK), dtype=np.float32)
-    weights[:, vocab:] = 0.0
-    top = np.empty(n, dtype=np.float32)
-    block_mass = np.empty((n, num_blocks), dtype=np.float32)
-    ones = np.ones(_BLOCK, dtype=np.float32)
-    # NOTE(engine): in groups of rows that fit in a core's cache (a 262k-wide row is 1 MB): the temperature, the
-    # max, the exp and the block sums then read the group from cache, not memory (3x at 262k; 49k: 5 rows a group).
-    step = max(1, _CACHE_FLOATS // vocab)
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
-        if scale is not None:
-            np.divide(logits[lo:hi], scale[lo:hi], out=y[lo:hi])
-        top[lo:hi] = y[lo:hi].max(axis=-1)
-        np.subtract(y[lo:hi], top[lo:hi, None], out=weights[lo:hi, :vocab])
-        np.exp(weights[lo:hi, :vocab], out=weights[lo:hi, :vocab])  # -inf -> 0
-        # NOTE(engine): a matrix-vector product sums the blocks (BLAS, ~1e-7 relative in float32): 5x faster
-        # than numpy's sum over a short last axis, whose per-block overhead dominates at 256 elements.
-        block_mass[lo:hi] = (weights[lo:hi].reshape(-1, _BLOCK) @ ones).reshape(hi - lo, num_blocks)
-        if maxima is not None:  # top-k's group maxima (see _draw_filtered), while the group is in cache
-            maxima[lo:hi] = weights[lo:hi].reshape(hi - lo, _GROUP_ROWS, num_groups).max(axis=1)
-    blocks = weights.reshape(n, num_blocks, _BLOCK)
-    block_mass = block_mass.astype(np.float64)
-    # 2. the rows without filters draw over their whole row; the others over their kept candidates
     p = np.ones(n) if top_p is None else np.asarray(top_p, dtype=np.float64)
     mp = np.zeros(n) if min_p is None else np.asarray(min_p, dtype=np.float64)
     filtered = (k > 0) | (p < 1.0) | (mp > 0.0)
+    dense = ~filtered
+    num_blocks = -(-vocab // _BLOCK)
+    num_groups = vocab // _GROUP_ROWS
+    by_groups = (k > 0) & (k <= num_groups)
+    # each filtered row's first floor (see _FIRST_CUT; a top-k row's comes from its group maxima)
+    min_floor = np.where(mp > 0.0, mp * (1.0 - _MARGIN), 0.0)  # nothing below it survives min-p
+    top_p_only = (k == 0) & (p < 1.0)
+    large_k = (k > 0) & ~by_groups
+    first = np.where(filtered, min_floor, np.inf)
+    first[top_p_only | large_k] = np.maximum(_FIRST_CUT, min_floor[top_p_only | large_k])
+    step = min(n, max(1, _CACHE_FLOATS // vocab))
+    weights = np.empty((step, num_blocks * _BLOCK), dtype=np.float32)  # exp(y - top), zero past the vocab
+    weights[:, vocab:] = 0.0
+    scratch = np.empty((step, vocab), dtype=np.float32) if scale is not None or edits is not None else None
+    ones = np.ones(_BLOCK, dtype=np.float32)
+    top = np.empty(n, dtype=np.float32)
+    sums = np.empty((n, num_blocks), dtype=np.float32)  # block sums of the weights
+    mass = np.empty(n)  # a filtered row's total weight
+    found: list[tuple[np.ndarray, ...]] = []  # each group's candidates: (row, col, y, weight)
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        # 1. y = edit(logits) / temperature (float32, as the reference), its max, the weights and block sums
+        y = _tempered(logits, lo, hi, scale, edits, scratch)
+        group_floor = _group_floors(y, k[lo:hi], by_groups[lo:hi], num_groups, top[lo:hi])
+        w = _weights(y, top[lo:hi], weights[:hi - lo])
+        # NOTE(engine): a matrix-vector product sums the blocks (BLAS, ~1e-7 relative in float32): 5x faster
+        # than numpy's sum over a short last axis, whose per-block overhead dominates at 64 elements.
+        np.matmul(w.reshape(-1, _BLOCK), ones, out=sums[lo:hi].reshape(-1))
+        # 2. the filtered rows' candidates, while the group is in cache
+        if filtered[lo:hi].any():
+            mass[lo:hi] = sums[lo:hi].sum(axis=-1, dtype=np.float64)
+            floor = first[lo:hi].copy()
+            if group_floor is not None:
+                # the weight of a y at the floor, less the margin: every token at or above the floor in y, k of
+                # them at least, is a candidate
+                mine = by_groups[lo:hi]
+                floor[mine] = np.exp(group_floor[mine] - top[lo:hi][mine]) * (1.0 - _MARGIN)
+            row, col, wt = _candidates(w, sums[lo:hi], floor, top_p_only[lo:hi], large_k[lo:hi], k[lo:hi],
+                                       p[lo:hi], min_floor[lo:hi], mass[lo:hi])
+            found.append((row + lo, col, y[row, col], wt))
     tokens = np.empty(n, dtype=np.int64)
-    dense = np.flatnonzero(~filtered)
-    if len(dense):
-        tokens[dense] = _draw_blocks(blocks[dense] if len(dense) < n else blocks,
-                                     block_mass[dense], u[dense])
-    if len(dense) < n:
-        _draw_filtered(y, top, weights, block_mass.sum(axis=-1), maxima, u, k, p, mp, filtered, tokens)
+    rows = np.flatnonzero(dense)
+    if len(rows):  # 3. the dense rows: a block by the block sums, then a token inside it
+        tokens[rows] = _draw_dense(logits, rows, sums[rows], u[rows], top, scale, edits)
+    if found:  # 4. the filtered rows: their kept candidates, then a token among them
+        row, col, val, wt = (np.concatenate(part) for part in zip(*found))
+        _kept_and_drawn(row, col, val, wt.astype(np.float64), top, mass, u, k, p, mp, tokens)
     return tokens
 
 
-def _draw_blocks(blocks: np.ndarray, block_mass: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Inverse-CDF draws over whole rows: ``blocks`` float32 weights ``(r, nb, B)``, ``block_mass`` their sums."""
-    r, num_blocks, size = blocks.shape
-    block_cdf = np.cumsum(block_mass, axis=-1)  # (r, nb)
-    target = u * block_cdf[:, -1]  # (r,)
-    rows = np.arange(r)
-    block = (block_cdf <= target[:, None]).sum(axis=-1)  # the first block whose cdf passes the target
-    # NOTE(engine): u * total can round up to the total; the last block with mass holds the answer then.
-    block = np.minimum(block, num_blocks - 1 - np.argmax(block_mass[:, ::-1] > 0, axis=-1))
-    below = np.where(block > 0, block_cdf[rows, np.maximum(block - 1, 0)], 0.0)
+def _group_floors(y: np.ndarray, k: np.ndarray, by_groups: np.ndarray, num_groups: int,
+                  top: np.ndarray) -> np.ndarray | None:
+    """Write each row's max of float32 ``y`` ``(m, vocab)`` into ``top``; return the top-k floors of the
+    ``by_groups`` rows (float32 y, ``inf`` elsewhere; None when there are none).
+
+    NOTE(engine): a row's k-th best value is at least the k-th largest of the maxima of any k disjoint groups
+    of its tokens (those maxima are k distinct tokens). The groups are strided (token i in group i % G, over
+    the first 64 G tokens), so their maxima are one vectorized pass over 64 rows of G tokens, which gives the
+    row's max too when every row of the group has a top-k.
+    """
+    m, vocab = y.shape
+    if not by_groups.any():
+        top[:] = y.max(axis=-1)
+        return None
+    idx = np.flatnonzero(by_groups)
+    width = _GROUP_ROWS * num_groups
+    rows = y if len(idx) == m else y[idx]
+    maxima = rows[:, :width].reshape(len(idx), _GROUP_ROWS, num_groups).max(axis=1)  # (r, G)
+    if len(idx) == m:
+        top[:] = maxima.max(axis=-1)
+        if vocab > width:
+            np.maximum(top, y[:, width:].max(axis=-1), out=top)
+    else:
+        top[:] = y.max(axis=-1)
+    kth = num_groups - k[idx]
+    maxima.partition(np.unique(kth), axis=-1)  # every row's k-th largest lands at its own kth
+    floor = np.full(m, np.inf, dtype=np.float32)
+    floor[idx] = maxima[np.arange(len(idx)), kth]
+    return floor
+
+
+def _weights(y: np.ndarray, top: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``exp(y - top)`` of float32 ``y`` ``(m, vocab)`` into ``out[:, :vocab]`` (see _SUBNORMAL); ``out``."""
+    vocab = y.shape[1]
+    w = out[:, :vocab]
+    np.subtract(y, top[:, None], out=w)
+    deep = w.min() < _SUBNORMAL
+    if deep:  # see _SUBNORMAL
+        np.maximum(w, _SUBNORMAL, out=w)
+    np.exp(w, out=w)  # -inf -> 0
+    if deep:  # what was clamped (masked tokens too) goes to exactly 0
+        np.multiply(w, w > _SUBNORMAL_WEIGHT, out=w)
+    return out
+
+
+def _tempered(logits: np.ndarray, lo: int, hi: int, scale: np.ndarray | None,
+              edits: tuple[np.ndarray, np.ndarray, np.ndarray] | None, scratch: np.ndarray | None) -> np.ndarray:
+    """Rows ``lo:hi`` of ``edit(logits) / temperature`` (float32 ``[hi - lo, vocab]``), in ``scratch`` if changed."""
+    if edits is not None:
+        rows, cols, values = edits
+        a, b = np.searchsorted(rows, [lo, hi])
+        if a < b:
+            y = scratch[:hi - lo]
+            np.copyto(y, logits[lo:hi])
+            y[rows[a:b] - lo, cols[a:b]] = values[a:b]
+            if scale is not None:
+                np.divide(y, scale[lo:hi], out=y)
+            return y
+    if scale is None:
+        return logits[lo:hi]
+    return np.divide(logits[lo:hi], scale[lo:hi], out=scratch[:hi - lo])
+
+
+def _draw_dense(logits: np.ndarray, rows: np.ndarray, sums: np.ndarray, u: np.ndarray, top: np.ndarray,
+                scale: np.ndarray | None, edits: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """Inverse-CDF draws over whole rows (``rows`` ascending; ``sums`` their float32 block sums ``(r, nb)``):
+    the block where the cdf of the block sums passes ``u * total``, then the token inside it.
+
+    NOTE(engine): the chosen block's 64 weights are computed again from the logits (the same float32 ops as
+    the group pass's), so the group pass keeps nothing but the sums: fewer numpy calls per group, which count
+    at 262k, where a group is one row.
+    """
+    vocab = logits.shape[1]
+    r = len(rows)
+    cdf = np.cumsum(sums, axis=-1, dtype=np.float64)  # (r, nb)
+    # NOTE(engine): u * total can round up to the total; one step below it, the target falls in the last
+    # block with mass (the first whose cdf reaches the total), never in an empty block past it.
+    target = np.minimum(u * cdf[:, -1], np.nextafter(cdf[:, -1], 0.0))
+    block = (cdf <= target[:, None]).sum(axis=-1)
+    i = np.arange(r)
+    below = np.where(block > 0, cdf[i, np.maximum(block - 1, 0)], 0.0)
+    # the chosen blocks' weights: (r, B)
+    cols = block[:, None] * _BLOCK + np.arange(_BLOCK)
+    x = logits[rows[:, None], np.minimum(cols, vocab - 1)]
+    if edits is not None:
+        e_row, e_col, e_val = edits
+        at = np.minimum(np.searchsorted(rows, e_row), r - 1)
+        hit = (rows[at] == e_row) & (e_col // _BLOCK == block[at])
+        x[at[hit], e_col[hit] % _BLOCK] = e_val[hit]
+    if scale is not None:
+        np.divide(x, scale[rows], out=x)
+    chosen = _weights(x, top[rows], np.empty_like(x))
+    chosen[cols >= vocab] = 0.0
     # NOTE(engine): the target's place inside its block, as a fraction of the block's mass, is laid on the
     # block's own float64 cumsum: no token gains what the float32 block sums lose to rounding.
-    fraction = np.clip((target - below) / block_mass[rows, block], 0.0, 1.0)
-    chosen = blocks[rows, block]  # (r, B)
+    fraction = np.minimum(np.maximum((target - below) / sums[i, block], 0.0), 1.0)
     inner = np.cumsum(chosen, axis=-1, dtype=np.float64)
     offset = (inner <= (fraction * inner[:, -1])[:, None]).sum(axis=-1)
-    last = size - 1 - np.argmax(chosen[:, ::-1] > 0, axis=-1)  # the last token with mass
-    return block * size + np.minimum(offset, last)
+    last = _BLOCK - 1 - np.argmax(chosen[:, ::-1] > 0, axis=-1)  # the last token with mass
+    return block * _BLOCK + np.minimum(offset, last)
 
 
-def _draw_filtered(y: np.ndarray, top: np.ndarray, weights: np.ndarray, mass: np.ndarray, maxima: np.ndarray | None,
-                   u: np.ndarray, k: np.ndarray, p: np.ndarray, mp: np.ndarray, filtered: np.ndarray,
-                   tokens: np.ndarray) -> None:
-    """The rows in ``filtered``: their kept tokens among candidates near the best token, then the draw
-    (written into ``tokens``). ``mass``: each row's total weight; ``maxima``: the weights' strided group
-    maxima ``(n, G)`` when a row has a top-k of at most G."""
-    n, width = weights.shape
-    need_sort = (k > 0) | (p < 1.0)
-    # NOTE(engine): a top-k row's k-th best value is at least the k-th largest of the maxima of any k disjoint
-    # groups of its tokens (those maxima are k distinct tokens), so the weights above that hold the top k:
-    # usually k to 2k candidates, decided at once. The groups are strided (token i in group i % G), so their
-    # maxima are one vectorized pass over _GROUP_ROWS rows of G tokens.
-    num_groups = width // _GROUP_ROWS
-    by_groups = (k > 0) & (k <= num_groups)
-    group_floor = np.zeros(n, dtype=np.float32)
-    if by_groups.any():
-        assert maxima is not None
-        ranked = -np.sort(-maxima[by_groups], axis=-1)  # (rows, G), largest first
-        group_floor[by_groups] = ranked[np.arange(len(ranked)), k[by_groups] - 1]
-    pending = filtered.copy()
-    for cut in _CUTS:
-        if cut is None:  # the last round: every finite token of the rows still pending
-            candidates = (y >= _LOWEST) & pending[:, None]
+def _above(w: np.ndarray, sums: np.ndarray, floor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(row, col)`` of the weights ``w[row, col] >= floor[row]`` (float32 ``(m, width)``, ``(m,)``; ``inf``:
+    none), in row-major order, read from the blocks whose sum ``sums`` ``(m, nb)`` reaches the floor."""
+    num_blocks = sums.shape[1]
+    picked = np.flatnonzero((sums >= floor[:, None]).ravel())  # row * nb + block
+    if 3 * len(picked) > sums.size:  # most blocks qualify: one pass over the rows costs less
+        return np.divmod(np.flatnonzero((w >= floor[:, None]).ravel()), w.shape[1])
+    chunk = w.reshape(-1, _BLOCK)[picked]  # (b, B)
+    hit = np.flatnonzero((chunk >= floor[picked // num_blocks, None]).ravel())
+    block = picked[hit // _BLOCK]
+    row = block // num_blocks
+    return row, (block - row * num_blocks) * _BLOCK + hit % _BLOCK
+
+
+def _candidates(w: np.ndarray, sums: np.ndarray, floor: np.ndarray, top_p_only: np.ndarray, large_k: np.ndarray,
+                k: np.ndarray, p: np.ndarray, min_floor: np.ndarray,
+                mass: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The candidates ``(row, col, weight)`` of one group's rows, ``(row, col)`` ascending, each row's from the
+    first of its floors (``floor``: its first, ``inf`` for a row without filters) that provably holds its whole
+    result (see the NOTE on _FIRST_CUT)."""
+    m = len(floor)
+    row, col = _above(w, sums, floor.astype(np.float32))
+    weight = w[row, col]
+    retry = top_p_only | large_k
+    if not retry.any():  # top-k within the groups and min-p: decided at once
+        return row, col, weight
+    # 1. which rows the first floor decides: the others go on to lower floors
+    if large_k.any():
+        retry &= ~(large_k & (np.bincount(row, minlength=m) >= k))
+    if top_p_only.any():
+        held = np.bincount(row, weights=weight, minlength=m)
+        retry &= ~(top_p_only & ((floor <= min_floor) | (held >= p * mass)))
+    if not retry.any():
+        return row, col, weight
+    parts = []
+    for stage in (1, 2):
+        if not retry.any():
+            break
+        keep = ~retry[row]
+        parts.append((row[keep], col[keep], weight[keep]))
+        # 2. the next floors: 18 nats or the block sums' proven floor, then every token with weight (all of a
+        # top-k row's survivors count for its top-p)
+        floor = np.full(m, np.inf)
+        if stage == 1:
+            floor[large_k & retry] = _SECOND_CUT
+            again = np.flatnonzero(top_p_only & retry)
+            if len(again):
+                # what lies below floor f in block b weighs at most min(sum_b, B f): the highest f whose
+                # bound leaves p of the mass above it
+                bound = np.minimum(sums[again, None, :], _BLOCK * _TOP_P_FLOORS[None, :, None]).sum(axis=-1)
+                proven = bound <= ((1.0 - p[again]) * mass[again])[:, None]
+                chosen = np.where(proven.any(axis=-1), _TOP_P_FLOORS[proven.argmax(axis=-1)], _ANY_WEIGHT)
+                floor[again] = np.maximum(chosen, min_floor[again])
         else:
-            floor = np.where(need_sort, cut, mp * (1.0 - _MARGIN)).astype(np.float32)
-            floor = np.where(by_groups, group_floor, floor)
-            floor[~pending] = np.inf
-            candidates = weights[:, :y.shape[1]] >= floor[:, None]
-        done = _kept_and_drawn(candidates, y, top, weights, mass, u, k, p, mp, need_sort & pending,
-                               cut is None, tokens)
-        pending &= ~done
-        if not pending.any():
-            return
+            floor[large_k & retry] = _ANY_WEIGHT
+            floor[top_p_only & retry] = np.maximum(_ANY_WEIGHT, min_floor[top_p_only & retry])
+        row, col = _above(w, sums, floor.astype(np.float32))
+        weight = w[row, col]
+        if stage == 1:
+            decided = np.ones(m, dtype=bool)
+            decided[large_k] = np.bincount(row, minlength=m)[large_k] >= k[large_k]
+            held = np.bincount(row, weights=weight, minlength=m)
+            decided[top_p_only] = ((floor <= min_floor) | (held >= p * mass))[top_p_only]
+            retry &= ~decided
+        else:
+            retry[:] = False
+    parts.append((row, col, weight))
+    row, col, weight = (np.concatenate(part) for part in zip(*parts))
+    order = np.argsort(row, kind="stable")  # back to row order (stable: each row's cols stay ascending)
+    return row[order], col[order], weight[order]
 
 
-def _ranked(row: np.ndarray, col: np.ndarray, val: np.ndarray) -> np.ndarray:
-    """The order of candidates by row, then value (best first), then token id: the reference's stable sort.
+def _ranked(row: np.ndarray, val: np.ndarray) -> np.ndarray:
+    """The order of candidates (given by row, then token id) by row, then value (best first), then token id:
+    the reference's stable sort.
 
-    NOTE(engine): one sort of int64 keys (row, value's order-preserving bits, token id) instead of a lexsort
-    of three keys (50x faster at a few thousand candidates).
+    NOTE(engine): one sort of int64 keys (row, value's order-preserving bits, candidate index) instead of a
+    lexsort of three keys (50x faster at a few thousand candidates); the candidate index, in the low bits,
+    orders ties by token id within a row, and a plain sort of the keys (2.8x faster than an argsort) gives
+    the permutation back.
     """
-    if row.size and (row[-1] >= 1 << 10 or col.max() >= 1 << 21):  # keys would not fit: the general route
-        return np.lexsort((col, -val, row))
+    size = len(row)
+    if size and (row[-1] >= 1 << 10 or size >= 1 << 21):  # keys would not fit: the general route
+        return np.lexsort((np.arange(size), -val, row))
     bits = (val + np.float32(0.0)).view(np.int32).astype(np.int64)  # + 0.0: -0.0 ties with 0.0, as in the reference
     ordered = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + (1 << 31)  # increasing with val, in [0, 2**32)
-    key = (row << 53) | (((1 << 32) - 1 - ordered) << 21) | col
-    return np.argsort(key)  # keys are distinct: no tie for the sort to break
+    key = (row << 53) | (((1 << 32) - 1 - ordered) << 21) | np.arange(size)
+    return np.sort(key) & ((1 << 21) - 1)  # keys are distinct: no tie for the sort to break
 
 
-def _kept_and_drawn(candidates: np.ndarray, y: np.ndarray, top: np.ndarray, weights: np.ndarray,
+def _kept_and_drawn(row: np.ndarray, col: np.ndarray, val: np.ndarray, weight: np.ndarray, top: np.ndarray,
                     mass: np.ndarray, u: np.ndarray, k: np.ndarray, p: np.ndarray, mp: np.ndarray,
-                    need_sort: np.ndarray, last_round: bool, tokens: np.ndarray) -> np.ndarray:
-    """One round of ``_draw_filtered`` over a boolean ``[n, vocab]`` candidate mask; writes the tokens of the
-    rows it can decide and returns which rows those are."""
-    n, vocab = y.shape
-    flat = np.flatnonzero(candidates.ravel())  # row-major: by row, then token id
-    row, col = np.divmod(flat, vocab)
-    val = y[row, col]  # float32 candidate logits
-    weight = weights[row, col].astype(np.float64)
+                    tokens: np.ndarray) -> None:
+    """Every filtered row's kept tokens among its candidates (``row`` ascending, then ``col``; ``val`` their
+    float32 y, ``weight`` their float64 weights), then its draw, written into ``tokens``."""
+    n = len(top)
     count = np.bincount(row, minlength=n)
     start = np.cumsum(count) - count
-    decided = count > 0
-    keep = np.ones(len(flat), dtype=bool)
-    if need_sort[row].any():
+    keep = np.ones(len(row), dtype=bool)
+    if ((k > 0) | (p < 1.0))[row].any():
         # 1. rank each row's candidates: best first, ties by token id
-        order = _ranked(row, col, val)
+        order = _ranked(row, val)
         s_row, s_val, s_w = row[order], val[order], weight[order]
         # 2. top-k: the k-th best value; everything at least as good stays (ties included)
         has_k = k > 0
         enough = has_k & (count >= k)
-        if not last_round:
-            decided &= ~has_k | enough
         kth = np.full(n, -np.inf, dtype=np.float32)
         kth[enough] = s_val[start[enough] + k[enough] - 1]
         s_keep = s_val >= kth[s_row]
@@ -200,17 +356,12 @@ def _kept_and_drawn(candidates: np.ndarray, y: np.ndarray, top: np.ndarray, weig
         before = csum - kept_w - (csum[first] - kept_w[first])[s_row]  # mass ranked above, within the row
         with np.errstate(invalid="ignore", divide="ignore"):
             s_keep &= ~has_p[s_row] | (before / total[s_row] < p[s_row])
-            if not last_round:
-                row_all = np.zeros(n)
-                row_all[live] = np.add.reduceat(s_w, start[live])
-                decided &= ~(has_p & ~has_k) | (row_all / mass >= p)
         keep[order] = s_keep
     # 4. min-p last: what lies below top + log(min_p) goes (a float64 threshold, as the reference's)
     with np.errstate(divide="ignore"):
         keep &= ~(mp[row] > 0.0) | ~(val < top[row] + np.log(np.where(mp > 0.0, mp, 1.0))[row])
-    # 5. the draw among the kept candidates of the decided rows, in token-id order
-    keep &= decided[row]
-    rows = np.flatnonzero(decided)
+    # 5. the draw among the kept candidates, in token-id order
+    rows = np.flatnonzero(count)
     k_col, k_w = col[keep], weight[keep]
     cdf = np.cumsum(k_w)
     k_count = np.bincount(row[keep], minlength=n)[rows]
@@ -223,4 +374,3 @@ def _kept_and_drawn(candidates: np.ndarray, y: np.ndarray, top: np.ndarray, weig
     for i in np.flatnonzero(k_w[pos] == 0):
         pos[i] = k_start[i] + np.flatnonzero(k_w[k_start[i]:k_end[i]])[-1]
     tokens[rows] = k_col[pos]
-    return decided

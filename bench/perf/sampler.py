@@ -67,8 +67,10 @@ def collect_logits(model_dir: Path, rows: int, threads: int, seed: int = 0) -> n
     per_prompt = max(1, rows // len(PROMPTS))
     out = []
     for i, text in enumerate(PROMPTS):
-        prompt = folder.chat_template.render([{"role": "user", "content": text}])
-        ids = folder.tokenizer.encode(prompt)
+        if folder.chat_template.available:
+            ids = folder.tokenizer.encode(folder.chat_template.render([{"role": "user", "content": text}]))
+        else:  # a base model (gemma3-270m): the text as a completions prompt, BOS and all
+            ids = folder.tokenizer.encode(text, add_special_tokens=True)
         sampler = RequestSampler(SamplingParams(seed=seed + i), ids, io.vocab_size)
         logits = runner.prefill(0, ids, 0)
         pos = len(ids)
