@@ -261,16 +261,21 @@ class RequestSampler:
         self.bias_values = np.array([b for _, b in bias], dtype=np.float32)
         self.output_counts: np.ndarray | None = None
         self.seen_mask: np.ndarray | None = None
-        # NOTE(engine): the penalties touch only tokens seen so far; these lists name them (each id once),
-        # so a step costs the number of distinct tokens seen, not the vocabulary.
-        self._seen_ids: list[int] = []
-        self._output_ids: list[int] = []
+        # NOTE(engine): the penalties touch only tokens seen so far; these arrays name them (each id once, the
+        # first num_* entries; grown by doubling), so a step costs the number of distinct tokens seen, not the
+        # vocabulary, and a batch's penalties are a few vectorized operations over all its rows (_edits).
+        self._seen_ids = np.empty(0, dtype=np.int64)  # prompt and output (the repetition penalty)
+        self._output_ids = np.empty(0, dtype=np.int64)  # output (presence and frequency)...
+        self._output_id_counts = np.empty(0, dtype=np.int32)  # ... and how often each was generated
+        self._output_slot: dict[int, int] = {}  # token id -> its place in _output_ids
+        self.num_seen = self.num_output = 0
         if self.use_penalties:
             self.output_counts = np.zeros(vocab_size, dtype=np.int32)
             self.seen_mask = np.zeros(vocab_size, dtype=bool)
             prompt = np.asarray(prompt_ids, dtype=np.int64)
             self.seen_mask[prompt[(prompt >= 0) & (prompt < vocab_size)]] = True
-            self._seen_ids = np.flatnonzero(self.seen_mask).tolist()
+            self._seen_ids = np.flatnonzero(self.seen_mask)
+            self.num_seen = len(self._seen_ids)
         # A plain request is one argmax of the raw logits.
         self.plain_greedy = self.greedy and not self.use_penalties and len(self.bias_ids) == 0
         self.needs_adjust = self.use_penalties or len(self.bias_ids) > 0
@@ -296,23 +301,6 @@ class RequestSampler:
         if p.min_p > 0.0:
             out = apply_min_p(out, p.min_p)
         return out
-
-    def adjust(self, row: np.ndarray) -> None:
-        """logit_bias and the penalties, in place on one float32 ``[vocab]`` row (a copy the caller owns):
-        ``process``'s first two steps, on the seen tokens only."""
-        p = self.params
-        if len(self.bias_ids):
-            np.add.at(row, self.bias_ids, self.bias_values)
-        if not self.use_penalties:
-            return
-        if p.repetition_penalty != 1.0 and self._seen_ids:
-            seen = np.array(self._seen_ids, dtype=np.int64)
-            vals = row[seen]
-            row[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and self._output_ids:
-            out = np.array(self._output_ids, dtype=np.int64)
-            counts = self.output_counts[out]
-            row[out] -= (p.frequency_penalty * counts + p.presence_penalty * (counts > 0)).astype(row.dtype)
 
     def sample(self, logits: np.ndarray) -> SampleResult:
         """Pick the next token from one row of raw logits (float32 ``[vocab]``); ``sample_batch`` records it
@@ -355,12 +343,27 @@ class RequestSampler:
     def record(self, token_id: int) -> None:
         """Account a token appended to the output (penalty state)."""
         if self.output_counts is not None and 0 <= token_id < self.vocab_size:
-            if self.output_counts[token_id] == 0:
-                self._output_ids.append(token_id)
+            slot = self._output_slot.get(token_id)
+            if slot is None:
+                self._output_slot[token_id] = self.num_output
+                self._output_ids = _appended(self._output_ids, self.num_output, token_id)
+                self._output_id_counts = _appended(self._output_id_counts, self.num_output, 1)
+                self.num_output += 1
+            else:
+                self._output_id_counts[slot] += 1
             self.output_counts[token_id] += 1
             if not self.seen_mask[token_id]:
                 self.seen_mask[token_id] = True
-                self._seen_ids.append(token_id)
+                self._seen_ids = _appended(self._seen_ids, self.num_seen, token_id)
+                self.num_seen += 1
+
+
+def _appended(buf: np.ndarray, size: int, value: int) -> np.ndarray:
+    """``buf`` with ``value`` at ``[size]``: the same array, or one twice as long when it is full."""
+    if size == len(buf):
+        buf = np.concatenate([buf, np.empty(max(16, size), dtype=buf.dtype)])
+    buf[size] = value
+    return buf
 
 
 def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask: np.ndarray | None = None,
@@ -416,27 +419,98 @@ def _sample_rows(logits: np.ndarray, samplers: Sequence[RequestSampler]) -> list
     NOTE(engine): rows are independent: each one's token depends on its own logits, params and rng only,
     so a request gets the same token alone or in any batch. One rng draw per sampled row, in row order.
     """
-    adjusted = logits
-    fix = [i for i, s in enumerate(samplers) if s.needs_adjust]
-    if fix:
-        adjusted = np.array(logits)
-        for i in fix:
-            samplers[i].adjust(adjusted[i])
-    tokens = np.empty(len(samplers), dtype=np.int64)
-    greedy = [i for i, s in enumerate(samplers) if s.greedy]
-    if greedy:
-        tokens[greedy] = np.argmax(adjusted[greedy], axis=-1)
-    drawn = [i for i, s in enumerate(samplers) if not s.greedy]
-    if drawn:
+    n = len(samplers)
+    edits = _edits(logits, samplers)  # logit_bias and the penalties, as sparse edits of the logits
+    tokens = np.empty(n, dtype=np.int64)
+    greedy = np.array([s.greedy for s in samplers])
+    if greedy.any():
+        rows = np.flatnonzero(greedy)
+        chosen = logits[rows]  # a copy: the edits go into it
+        if edits is not None:
+            e_row, e_col, e_val = _edits_of(edits, rows)
+            chosen[e_row, e_col] = e_val
+        tokens[rows] = np.argmax(chosen, axis=-1)
+    if not greedy.all():
+        drawn = np.flatnonzero(~greedy)
         params = [samplers[i].params for i in drawn]
         u = np.array([samplers[i].rng.random() for i in drawn])
-        sub = adjusted if len(drawn) == len(samplers) else adjusted[drawn]
-        filters = [samplers[i].use_filters for i in drawn]
+        sub = logits if len(drawn) == n else logits[drawn]
+        filters = any(samplers[i].use_filters for i in drawn)
         tokens[drawn] = draw_tokens(
             sub, u, temperature=np.array([q.temperature for q in params]),
             # NOTE(engine): a top_k beyond the vocabulary keeps it all (and may not fit an int64: a fuzzed 10**30)
-            top_k=np.array([min(q.top_k, sub.shape[-1]) for q in params]) if any(filters) else None,
-            top_p=np.array([q.top_p for q in params]) if any(filters) else None,
-            min_p=np.array([q.min_p for q in params]) if any(filters) else None)
+            top_k=np.array([min(q.top_k, sub.shape[-1]) for q in params]) if filters else None,
+            top_p=np.array([q.top_p for q in params]) if filters else None,
+            min_p=np.array([q.min_p for q in params]) if filters else None,
+            edits=edits if edits is None or len(drawn) == n else _edits_of(edits, drawn))
     return [SampleResult(int(t), s.logprob_of(logits[i], int(t)) if s.want_logprobs else None)
             for i, (s, t) in enumerate(zip(samplers, tokens))]
+
+
+def _edits(logits: np.ndarray, samplers: Sequence[RequestSampler]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``RequestSampler.process``'s first two steps (logit_bias, then the repetition, presence and frequency
+    penalties) for every row of float32 ``[n, vocab]`` logits at once, on the tokens they touch only:
+    ``(rows, cols, values)``, the new float32 values of ``logits[rows, cols]``, rows ascending, each
+    ``(row, col)`` once; None when no row has any.
+
+    NOTE(engine): every value goes through the reference's float32 operations in its order (float32 adds of
+    the bias, ``x / r`` or ``x * r`` with r in float32, minus the float64 penalty rounded to float32), so the
+    edited row is ``process``'s, bit for bit; the per-row work is gathering each sampler's id arrays.
+    """
+    fix = [i for i, s in enumerate(samplers) if s.needs_adjust]
+    if not fix:
+        return None
+    vocab = logits.shape[1]
+    empty = np.empty(0, dtype=np.int64)
+
+    def keyed(rows: list[int], ids: list[np.ndarray]) -> np.ndarray:  # flat keys row * vocab + id
+        return np.concatenate([empty] + [i * vocab + a for i, a in zip(rows, ids)])
+
+    biased = [i for i in fix if len(samplers[i].bias_ids)]
+    repeated = [i for i in fix if samplers[i].params.repetition_penalty != 1.0 and samplers[i].num_seen]
+    penalized = [i for i in fix if (samplers[i].params.presence_penalty != 0.0
+                                    or samplers[i].params.frequency_penalty != 0.0) and samplers[i].num_output]
+    bias_keys = keyed(biased, [samplers[i].bias_ids for i in biased])
+    seen_keys = keyed(repeated, [samplers[i]._seen_ids[:samplers[i].num_seen] for i in repeated])
+    out_keys = keyed(penalized, [samplers[i]._output_ids[:samplers[i].num_output] for i in penalized])
+    sources = [a for a in (bias_keys, seen_keys, out_keys) if len(a)]
+    if not sources:
+        return None
+    if len(sources) == 1 and sources[0] is not bias_keys:  # by row already, each id once: as they are
+        keys = sources[0]
+
+        def places(a: np.ndarray) -> np.ndarray:
+            return np.arange(len(a))
+    else:  # a logit_bias may name an id twice (np.add.at below), and ids of several sources meet
+        keys = np.unique(np.concatenate(sources))
+
+        def places(a: np.ndarray) -> np.ndarray:
+            return np.searchsorted(keys, a)
+    rows, cols = np.divmod(keys, vocab)
+    values = logits[rows, cols]  # float32
+    if len(bias_keys):
+        bias = np.concatenate([samplers[i].bias_values for i in biased])
+        np.add.at(values, places(bias_keys), bias)
+    if len(seen_keys):
+        at = places(seen_keys)
+        r = np.repeat(np.array([samplers[i].params.repetition_penalty for i in repeated], dtype=np.float32),
+                      [samplers[i].num_seen for i in repeated])
+        v = values[at]
+        values[at] = np.where(v > 0, v / r, v * r)
+    if len(out_keys):
+        at = places(out_keys)
+        sizes = [samplers[i].num_output for i in penalized]
+        counts = np.concatenate([samplers[i]._output_id_counts[:samplers[i].num_output] for i in penalized])
+        frequency = np.repeat([samplers[i].params.frequency_penalty for i in penalized], sizes)
+        presence = np.repeat([samplers[i].params.presence_penalty for i in penalized], sizes)
+        values[at] -= (frequency * counts + presence * (counts > 0)).astype(np.float32)
+    return rows, cols, values
+
+
+def _edits_of(edits: tuple[np.ndarray, np.ndarray, np.ndarray],
+              rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The edits of ``rows`` (ascending), renumbered to their places in ``rows``."""
+    e_row, e_col, e_val = edits
+    at = np.minimum(np.searchsorted(rows, e_row), len(rows) - 1)
+    mine = rows[at] == e_row
+    return at[mine], e_col[mine], e_val[mine]

@@ -181,19 +181,18 @@ def _weights(y: np.ndarray, top: np.ndarray, out: np.ndarray) -> np.ndarray:
 def _tempered(logits: np.ndarray, lo: int, hi: int, scale: np.ndarray | None,
               edits: tuple[np.ndarray, np.ndarray, np.ndarray] | None, scratch: np.ndarray | None) -> np.ndarray:
     """Rows ``lo:hi`` of ``edit(logits) / temperature`` (float32 ``[hi - lo, vocab]``), in ``scratch`` if changed."""
+    y = logits[lo:hi] if scale is None else np.divide(logits[lo:hi], scale[lo:hi], out=scratch[:hi - lo])
     if edits is not None:
         rows, cols, values = edits
         a, b = np.searchsorted(rows, [lo, hi])
         if a < b:
-            y = scratch[:hi - lo]
-            np.copyto(y, logits[lo:hi])
-            y[rows[a:b] - lo, cols[a:b]] = values[a:b]
-            if scale is not None:
-                np.divide(y, scale[lo:hi], out=y)
-            return y
-    if scale is None:
-        return logits[lo:hi]
-    return np.divide(logits[lo:hi], scale[lo:hi], out=scratch[:hi - lo])
+            if scale is None:
+                y = scratch[:hi - lo]
+                np.copyto(y, logits[lo:hi])
+                y[rows[a:b] - lo, cols[a:b]] = values[a:b]
+            else:  # the edited values divided as the rest: elementwise, the same floats as editing first
+                y[rows[a:b] - lo, cols[a:b]] = values[a:b] / scale[rows[a:b], 0]
+    return y
 
 
 def _draw_dense(logits: np.ndarray, rows: np.ndarray, sums: np.ndarray, u: np.ndarray, top: np.ndarray,
@@ -358,8 +357,9 @@ def _kept_and_drawn(row: np.ndarray, col: np.ndarray, val: np.ndarray, weight: n
             s_keep &= ~has_p[s_row] | (before / total[s_row] < p[s_row])
         keep[order] = s_keep
     # 4. min-p last: what lies below top + log(min_p) goes (a float64 threshold, as the reference's)
-    with np.errstate(divide="ignore"):
-        keep &= ~(mp[row] > 0.0) | ~(val < top[row] + np.log(np.where(mp > 0.0, mp, 1.0))[row])
+    if (mp > 0.0).any():
+        with np.errstate(divide="ignore"):
+            keep &= ~(mp[row] > 0.0) | ~(val < top[row] + np.log(np.where(mp > 0.0, mp, 1.0))[row])
     # 5. the draw among the kept candidates, in token-id order
     rows = np.flatnonzero(count)
     k_col, k_w = col[keep], weight[keep]

@@ -1,23 +1,30 @@
 """The sampled path's cost per row: ``engine.sampler.sample_batch`` on real logits at batch 8, beside the
 reference law computed the way the sampler did before issue 25 (the ``apply_*`` transforms and a float64
-cumsum over the whole vocabulary per row), interleaved.
+cumsum over the whole vocabulary per row) and, with ``--before DIR``, another checkout's ``sample_batch``
+(e.g. main's), all interleaved in the same rounds.
 
 Logits come from the model folders given (a real prompt, then tokens sampled at temperature 1: the rows a
-served request sees); a folder's vocabulary sets the width (SmolLM2: 49,152; Gemma 3: 262,144).
+served request sees; a base model without a chat template gets the prompt as plain text); a folder's
+vocabulary sets the width (SmolLM2: 49,152; Gemma 3: 262,144). ``--synthetic`` adds rows of a given width
+shaped like a model's for a vocabulary without a folder at hand.
 
     ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.perf.sampler --model-dir .cache/smollm2-135m-instruct \
-        --model-dir .cache/gemma3-270m --json docs/perf/sampler.json --plot docs/perf/sampler.png
+        --model-dir .cache/gemma3-270m --synthetic 262144 --before /work/main \
+        --json docs/perf/sampler.json --plot docs/perf/sampler.png
 
-Targets (issue 25): <= 0.3 ms a row at 49k and <= 1 ms at 262k, batch 8, temperature 1.
+Targets (issue 25): <= 0.3 ms a row at 49k and <= 1 ms at 262k, batch 8.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
+import subprocess
 import sys
 import time
+from types import ModuleType
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -100,6 +107,33 @@ def reference_draw(logits: np.ndarray, sampler: Any) -> int:
     return int(np.searchsorted(cdf, sampler.rng.random() * cdf[-1], side="right"))
 
 
+def load_sampler(root: Path) -> ModuleType:
+    """``engine.sampler`` of another checkout (its ``engine.sampling`` with it), loaded beside this tree's.
+
+    NOTE(bench): the two modules are executed under their own names while the other checkout's files stand in
+    ``sys.modules``, then this tree's are put back: the other sampler keeps its own ``draw_tokens``. Both
+    share this tree's ``engine.types``.
+    """
+    import engine.sampler  # noqa: F401 - this tree's, to put back afterwards
+    import engine.sampling  # noqa: F401
+
+    saved = {name: sys.modules[name] for name in ("engine.sampling", "engine.sampler")}
+    try:
+        for name in ("engine.sampling", "engine.sampler"):
+            spec = importlib.util.spec_from_file_location(name, root / (name.replace(".", "/") + ".py"))
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.modules.update(saved)
+
+
+def git_sha(root: Path) -> str:
+    out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
 def time_per_row(fn: Callable[[], object], batch: int, min_s: float) -> tuple[float, float]:
     """(wall, CPU) milliseconds per row of one call of ``fn`` (which samples ``batch`` rows), medians of repeats.
 
@@ -118,39 +152,50 @@ def time_per_row(fn: Callable[[], object], batch: int, min_s: float) -> tuple[fl
     return statistics.median(wall) / batch * 1e3, statistics.median(cpu) / batch * 1e3
 
 
-def measure(logits: np.ndarray, batch: int, rounds: int, min_s: float) -> list[dict[str, Any]]:
-    from engine.sampler import RequestSampler, sample_batch
+def measure(logits: np.ndarray, batch: int, rounds: int, min_s: float, before: ModuleType | None = None,
+            cases: Sequence[tuple[str, dict[str, Any]]] = CASES) -> list[dict[str, Any]]:
+    """Every case of CASES, ``rounds`` rounds (each its own ``batch`` rows), the routes interleaved in each round
+    with their order rotating: this tree's ``sample_batch``, ``before``'s (another checkout's sampler module)
+    and the reference route."""
+    from engine import sampler as after
     from engine.types import SamplingParams
 
     vocab = logits.shape[1]
     rng = np.random.default_rng(0)
     results = []
-    for name, fields in CASES:
+    for name, fields in cases:
         params = SamplingParams(**fields)
-        fast, ref = [], []
+        times: dict[str, list[tuple[float, float]]] = {"after": [], "before": [], "reference": []}
         for rnd in range(rounds):
             rows = logits[rng.choice(len(logits), batch, replace=False)]  # [batch, vocab]
-            samplers = [RequestSampler(params, list(range(64)), vocab) for _ in range(batch)]
-
-            def new() -> None:
-                sample_batch(rows, samplers)
-
-            def old() -> None:
-                for row, s in zip(rows, samplers):
-                    reference_draw(row, s)
-
-            pair = (("new", new, fast), ("old", old, ref))
-            for _label, fn, sink in (pair if rnd % 2 == 0 else pair[::-1]):  # interleaved, order alternating
-                sink.append(time_per_row(fn, batch, min_s))
-        cpu, ref_cpu = [c for _, c in fast], [c for _, c in ref]
-        results.append({"case": name, "params": fields, "vocab": vocab, "batch": batch,
-                        "cpu_ms_per_row": statistics.median(cpu), "cpu_ms_per_row_rounds": cpu,
-                        "wall_ms_per_row": statistics.median(w for w, _ in fast),
-                        "reference_cpu_ms_per_row": statistics.median(ref_cpu),
-                        "reference_wall_ms_per_row": statistics.median(w for w, _ in ref)})
-        print(f"  {vocab:>7} {name:<30} {statistics.median(cpu):7.3f} ms/row CPU "
-              f"(wall {results[-1]['wall_ms_per_row']:.3f}; reference {statistics.median(ref_cpu):6.3f}; "
-              f"rounds {', '.join(f'{t:.3f}' for t in cpu)})", file=sys.stderr)
+            routes: list[tuple[str, Callable[[], object]]] = []
+            for label, module in (("after", after), ("before", before)):
+                if module is not None:
+                    # each route its own samplers: the penalties see the tokens that route drew
+                    samplers = [module.RequestSampler(params, list(range(64)), vocab) for _ in range(batch)]
+                    routes.append((label, lambda m=module, s=samplers: m.sample_batch(rows, s)))
+            ref_samplers = [after.RequestSampler(params, list(range(64)), vocab) for _ in range(batch)]
+            routes.append(("reference", lambda: [reference_draw(r, s) for r, s in zip(rows, ref_samplers)]))
+            shift = rnd % len(routes)
+            for label, fn in routes[shift:] + routes[:shift]:  # interleaved, order rotating
+                times[label].append(time_per_row(fn, batch, min_s))
+        cpu = [c for _, c in times["after"]]
+        result = {"case": name, "params": fields, "vocab": vocab, "batch": batch,
+                  "cpu_ms_per_row": statistics.median(cpu), "cpu_ms_per_row_rounds": cpu,
+                  "wall_ms_per_row": statistics.median(w for w, _ in times["after"]),
+                  "reference_cpu_ms_per_row": statistics.median(c for _, c in times["reference"]),
+                  "reference_wall_ms_per_row": statistics.median(w for w, _ in times["reference"])}
+        if times["before"]:
+            result |= {"before_cpu_ms_per_row": statistics.median(c for _, c in times["before"]),
+                       "before_cpu_ms_per_row_rounds": [c for _, c in times["before"]],
+                       "before_wall_ms_per_row": statistics.median(w for w, _ in times["before"])}
+        results.append(result)
+        before_note = (f"; before {result['before_cpu_ms_per_row']:6.3f}, rounds "
+                       f"{', '.join(f'{t:.3f}' for t in result['before_cpu_ms_per_row_rounds'])}"
+                       if times["before"] else "")
+        print(f"  {vocab:>7} {name:<30} {result['cpu_ms_per_row']:7.3f} ms/row CPU "
+              f"(wall {result['wall_ms_per_row']:.3f}; rounds {', '.join(f'{t:.3f}' for t in cpu)}{before_note}; "
+              f"reference {result['reference_cpu_ms_per_row']:6.3f})", file=sys.stderr)
     return results
 
 
@@ -161,15 +206,20 @@ def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    vocabs = sorted({r["vocab"] for r in results})
-    fig, axes = plt.subplots(1, len(vocabs), figsize=(6.5 * len(vocabs), 4.8), squeeze=False)
-    for ax, vocab in zip(axes[0], vocabs):
-        rows = [r for r in results if r["vocab"] == vocab]
+    sources = list(dict.fromkeys(r["model"] for r in results))  # one panel per row source, in run order
+    fig, axes = plt.subplots(1, len(sources), figsize=(6.5 * len(sources), 5.0), squeeze=False)
+    for ax, source in zip(axes[0], sources):
+        rows = [r for r in results if r["model"] == source]
+        vocab = rows[0]["vocab"]
         y = np.arange(len(rows))
-        ax.barh(y + 0.2, [r["reference_cpu_ms_per_row"] for r in rows], 0.4,
-                label="before (float64 cumsum per row)", color="#bbbbbb")
-        ax.barh(y - 0.2, [r["cpu_ms_per_row"] for r in rows], 0.4, label="sample_batch (vectorized)",
-                color="#2b7bba")
+        bars = [("reference_cpu_ms_per_row", "before issue 25 (float64 cumsum per row)", "#bbbbbb")]
+        if "before_cpu_ms_per_row" in rows[0]:
+            bars.append(("before_cpu_ms_per_row", f"before ({rows[0].get('before_git', 'other tree')})", "#9ecae1"))
+        bars.append(("cpu_ms_per_row", f"after ({rows[0].get('git', 'this tree')})", "#2b7bba"))
+        height = 0.8 / len(bars)
+        for j, (key, label, color) in enumerate(bars):
+            ax.barh(y - 0.4 + height * (len(bars) - 1 - j + 0.5), [r[key] for r in rows], height, label=label,
+                    color=color)
         target = 0.3 if vocab < 100_000 else 1.0
         ax.axvline(target, color="#d62728", linestyle="--", label=f"target {target} ms")
         ax.set_yticks(y, [r["case"] for r in rows])
@@ -178,8 +228,8 @@ def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.set_xlabel("CPU ms per row (batch 8, median of rounds)")
-        ax.set_title(f"vocabulary {vocab:,}")
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
+        ax.set_title(f"{source} (vocabulary {vocab:,})")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -196,6 +246,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--min-s", type=float, default=0.3, help="seconds of repeats per timing")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--case", action="append", default=[], choices=[name for name, _ in CASES],
+                        help="only this case (repeatable; default: all)")
+    parser.add_argument("--before", type=Path, metavar="DIR",
+                        help="another checkout whose engine.sampler to time beside this tree's (e.g. main)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args(argv)
@@ -203,19 +257,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         from engine.builder.pull import pull_model
 
         args.model_dir = [pull_model(progress=False)]
-    load = [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    before = load_sampler(args.before) if args.before else None
+    tags = {"git": git_sha(Path(__file__).resolve().parents[2])}
+    if args.before:
+        tags["before_git"] = git_sha(args.before)
+
+    def loadavg() -> list[float]:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+    load = loadavg()
+    sources = [(d.name, lambda d=d: collect_logits(d, args.rows, args.threads)) for d in args.model_dir]
+    sources += [(f"synthetic-{v}", lambda v=v: synthetic_logits(v, args.rows)) for v in args.synthetic]
     results: list[dict[str, Any]] = []
-    for model_dir in args.model_dir:
-        print(f"collecting {args.rows} logit rows from {model_dir}", file=sys.stderr)
-        logits = collect_logits(model_dir, args.rows, args.threads)
-        results += [dict(r, model=model_dir.name) for r in measure(logits, args.batch, args.rounds, args.min_s)]
-    for vocab in args.synthetic:
-        print(f"synthetic rows, vocabulary {vocab}", file=sys.stderr)
-        results += [dict(r, model=f"synthetic-{vocab}")
-                    for r in measure(synthetic_logits(vocab, args.rows), args.batch, args.rounds, args.min_s)]
-    report = {"load_average_before": load,
-              "load_average_after": [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]],
-              "results": results}
+    for source, logits_of in sources:
+        print(f"{source}: {args.rows} logit rows", file=sys.stderr)
+        logits = logits_of()
+        start = loadavg()
+        measured = measure(logits, args.batch, args.rounds, args.min_s, before,
+                           [c for c in CASES if not args.case or c[0] in args.case])
+        results += [dict(r, model=source, load_average=[start, loadavg()], **tags) for r in measured]
+    report = {"load_average_before": load, "load_average_after": loadavg(), **tags, "results": results}
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     if args.plot:

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.sampler import RequestSampler, apply_token_bitmask, sample_batch
+from engine import sampling
+from engine.sampler import RequestSampler, _edits, apply_token_bitmask, sample_batch
 from engine.sampling import draw_tokens
 from engine.types import SamplingParams
 from tests.chi_square import chi_square_p_value, upper_gamma_regularized
@@ -145,3 +146,134 @@ def test_a_row_gets_the_same_token_alone_and_in_any_batch():
         solo = sample_batch(logits[:1], [alone])[0].token_id
         mixed = sample_batch(logits[:1 + len(batch)], [mine, *batch])[0].token_id
         assert solo == mixed
+
+
+penalty_strategy = st.builds(
+    SamplingParams,
+    temperature=st.sampled_from([1.0, 1.0, 0.0, 0.7]),
+    top_k=st.sampled_from([0, 0, 3]),
+    top_p=st.sampled_from([1.0, 1.0, 0.9]),
+    min_p=st.sampled_from([0.0, 0.0, 0.05]),
+    presence_penalty=st.sampled_from([0.0, 0.0, 0.5, -1.0]),
+    frequency_penalty=st.sampled_from([0.0, 0.0, 0.3]),
+    repetition_penalty=st.sampled_from([1.0, 1.0, 1.3, 0.8]),
+    logit_bias=st.sampled_from([(), (), ((3, 2.0), (5, -100.0)), ((7, 1.5), (7, 1.5))]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([64, 300, 2048]), st.lists(penalty_strategy, min_size=1,
+       max_size=8), st.booleans())
+def test_sample_batch_picks_the_reference_token_with_penalties_greedy_rows_and_masks(seed, vocab, params, masked):
+    """A batch of requests over several steps, each its own penalties, logit_bias (an id twice too), greedy
+    or sampled, some rows masked: every step, every row's token is the one the reference law (``process`` on
+    a twin sampler that saw the same tokens, then the float64 inverse CDF at the twin's own draw) gives."""
+    rng = np.random.default_rng(seed)
+    n = len(params)
+    prompt = rng.integers(0, vocab, 12).tolist()
+    mine = [RequestSampler(p, prompt, vocab, rng=np.random.default_rng(seed + i)) for i, p in enumerate(params)]
+    twins = [RequestSampler(p, prompt, vocab, rng=np.random.default_rng(seed + i)) for i, p in enumerate(params)]
+    words = -(-vocab // 32)
+    for _ in range(6):
+        logits = (rng.normal(size=(n, vocab)) * 3).astype(np.float32)
+        bitmask = rng.integers(-2**31, 2**31, (n, words), dtype=np.int64).astype(np.int32)
+        bitmask[:, 0] |= 1  # token 0 stays allowed
+        rows = list(range(0, n, 2)) if masked else []
+        got = [r.token_id for r in sample_batch(logits, mine, bitmask, masked_rows=rows)]
+        want = []
+        for i, twin in enumerate(twins):
+            row = apply_token_bitmask(logits[i], bitmask[i]) if i in rows else logits[i]
+            if twin.greedy:
+                token = int(np.argmax(twin.process(row)))
+            else:
+                token = reference_token(twin, row, twin.rng.random())
+            twin.record(token)
+            want.append(token)
+        assert got == want
+        masked_out = [i for i in rows if not np.isfinite(apply_token_bitmask(logits[i], bitmask[i])[got[i]])]
+        assert not masked_out
+
+
+def test_penalty_edits_are_the_reference_rows_bit_for_bit():
+    """The batch's sparse edits (logit_bias, repetition, presence, frequency, alone and together, after a
+    history of tokens with repeats) give ``process``'s rows exactly: the same float32 operations in order."""
+    rng = np.random.default_rng(7)
+    vocab = 500
+    params = [SamplingParams(presence_penalty=0.5), SamplingParams(frequency_penalty=0.3),
+              SamplingParams(repetition_penalty=1.3), SamplingParams(logit_bias=((3, 2.0), (3, 0.5), (9, -100.0))),
+              SamplingParams(presence_penalty=-0.7, frequency_penalty=0.2, repetition_penalty=0.9,
+                             logit_bias=((3, 2.0),)), SamplingParams()]
+    samplers = [RequestSampler(p, rng.integers(0, vocab, 30).tolist(), vocab) for p in params]
+    for s in samplers:
+        for token in rng.integers(0, 40, 200):  # repeats: counts up to ~10
+            s.record(int(token))
+    logits = (rng.normal(size=(len(params), vocab)) * 4).astype(np.float32)
+    # the whole batch (several kinds of edit meet), each row alone, the output-only rows together
+    for rows_of in [list(range(len(params)))] + [[i] for i in range(len(params) - 1)] + [[0, 1]]:
+        edited = logits[rows_of].copy()
+        rows, cols, values = _edits(logits[rows_of], [samplers[i] for i in rows_of])
+        assert np.all(np.diff(rows) >= 0) and len(set(zip(rows.tolist(), cols.tolist()))) == len(rows)
+        edited[rows, cols] = values
+        for j, i in enumerate(rows_of):
+            assert edited[j].tobytes() == samplers[i].process(logits[i]).tobytes(), f"row {i}: {params[i]}"
+    assert _edits(logits[-1:], samplers[-1:]) is None
+
+
+def test_deep_rows_clamp_exactly_and_never_draw_a_masked_token():
+    """Rows that reach below -87 nats (a low temperature, a logit_bias of -100) get their clamped weights set
+    to exactly 0 (not the subnormals that cost 13-50x): the reference's token for every u, and a masked (-inf)
+    token never (the extreme draws too: 0, and 1 less 2**-53), whatever the filters.
+
+    NOTE(engine): token for token holds where float64 tells the tokens apart: the batch's draw runs one float64
+    cumsum over every row's kept tokens, so a row resolves its cdf to the ulp of the rows' summed mass before
+    it, not of its own, which shows at u within ~1e-15 of 0 or 1 only.
+    """
+    rng = np.random.default_rng(9)
+    vocab = 4096
+    logits = (rng.normal(size=(6, vocab)) * 4).astype(np.float32)
+    logits[:, ::3] = -np.inf  # a grammar mask, its first token included
+    logits[:, 1] = logits[:, 1::3].max(axis=1) - 90.0  # a deep allowed token ahead of the others
+    params = [SamplingParams(temperature=0.05), SamplingParams(temperature=0.2, top_p=0.9),
+              SamplingParams(temperature=0.1, top_k=5), SamplingParams(temperature=0.1, min_p=0.01),
+              SamplingParams(temperature=1.0), SamplingParams(temperature=0.3, top_k=1000)]
+    samplers = [RequestSampler(p, [], vocab) for p in params]
+    for u_value in [0.0, 2**-53, 1e-6, 0.3, 0.7, 1 - 1e-6, 1 - 2**-53, *rng.random(20)]:
+        u = np.full(len(params), u_value)
+        got = draw_tokens(logits, u, temperature=np.array([p.temperature for p in params]),
+                          top_k=np.array([p.top_k for p in params]), top_p=np.array([p.top_p for p in params]),
+                          min_p=np.array([p.min_p for p in params]))
+        assert np.isfinite(logits[np.arange(len(params)), got]).all()
+        if 1e-9 < u_value < 1 - 1e-9:
+            assert got.tolist() == [reference_token(s, row, u_value) for s, row in zip(samplers, logits)]
+
+
+def test_later_floors_hold_the_result(monkeypatch):
+    """Rows whose first floor (9 nats below the best) cannot hold the result: top-p rows whose mass lies
+    10 nats down (the block sums' proven floor), a top-p so close to 1 that no floor is proven (every
+    token with weight), a top-k beyond vocab // 64 (18 nats, then every token). Those floors really run, and
+    every draw is the reference's."""
+    floors_used = []
+    above = sampling._above
+
+    def spy(w, sums, floor):
+        floors_used.extend(floor[np.isfinite(floor)].tolist())
+        return above(w, sums, floor)
+
+    monkeypatch.setattr(sampling, "_above", spy)
+    rng = np.random.default_rng(13)
+    vocab = 4096
+    logits = np.full((4, vocab), -10.0, dtype=np.float32) + rng.normal(size=(4, vocab)).astype(np.float32) * 0.01
+    logits[:, 17] = 0.0  # one strong token holding ~85% of the mass; the rest 10 nats down
+    logits[3, :2000] = -25.0  # the top-k row: 2,000 tokens 25 nats down
+    params = [SamplingParams(top_p=0.9), SamplingParams(top_p=1 - 1e-15), SamplingParams(top_p=0.5),
+              SamplingParams(top_k=3000)]
+    samplers = [RequestSampler(p, [], vocab) for p in params]
+    for _ in range(30):
+        u = rng.random(len(params))
+        got = draw_tokens(logits, u, top_k=np.array([p.top_k for p in params]),
+                          top_p=np.array([p.top_p for p in params]), min_p=np.zeros(len(params)))
+        assert got.tolist() == [reference_token(s, row, x) for s, row, x in zip(samplers, logits, u)]
+    used = set(np.round(np.log(np.array(floors_used, dtype=np.float64)), 3).tolist())
+    assert -9.0 in used and -18.0 in used  # the first cut and the top-k row's second one
+    assert any(-41.0 < f < -9.5 for f in used)  # a proven top-p floor
+    assert min(used) < -80.0  # every token with weight (the float32 tiny)
