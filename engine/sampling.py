@@ -52,6 +52,7 @@ _MARGIN = 1e-4
 # at 0. Three passes more for such a row (0.15 ms at 262k); a masked copy (np.copyto(where=)) costs 10x that.
 _SUBNORMAL = np.float32(-87.0)
 _SUBNORMAL_WEIGHT = np.float32(1.7e-38)
+_DIRECT_MAX = np.float32(80.0)  # the highest y whose exp(y) the weights may hold unshifted (see _weights)
 
 
 def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | None = None,
@@ -99,6 +100,7 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
     scratch = np.empty((step, vocab), dtype=np.float32) if scale is not None or edits is not None else None
     ones = np.ones(_BLOCK, dtype=np.float32)
     top = np.empty(n, dtype=np.float32)
+    shift = np.empty(n, dtype=np.float32)  # weights are exp(y - shift): shift is top or 0 (see _weights)
     sums = np.empty((n, num_blocks), dtype=np.float32)  # block sums of the weights
     mass = np.empty(n)  # a filtered row's total weight
     found: list[tuple[np.ndarray, ...]] = []  # each group's candidates: (row, col, y, weight)
@@ -107,29 +109,37 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
         # 1. y = edit(logits) / temperature (float32, as the reference), its max, the weights and block sums
         y = _tempered(logits, lo, hi, scale, edits, scratch)
         group_floor = _group_floors(y, k[lo:hi], by_groups[lo:hi], num_groups, top[lo:hi])
-        w = _weights(y, top[lo:hi], weights[:hi - lo])
+        w, shift[lo:hi] = _weights(y, top[lo:hi], weights[:hi - lo])
         # NOTE(engine): a matrix-vector product sums the blocks (BLAS, ~1e-7 relative in float32): 5x faster
         # than numpy's sum over a short last axis, whose per-block overhead dominates at 64 elements.
         np.matmul(w.reshape(-1, _BLOCK), ones, out=sums[lo:hi].reshape(-1))
         # 2. the filtered rows' candidates, while the group is in cache
         if filtered[lo:hi].any():
             mass[lo:hi] = sums[lo:hi].sum(axis=-1, dtype=np.float64)
-            floor = first[lo:hi].copy()
+            unit = np.exp((top[lo:hi] - shift[lo:hi]).astype(np.float64))  # the best token's weight
+            floor = first[lo:hi] * unit
             if group_floor is not None:
                 # the weight of a y at the floor, less the margin: every token at or above the floor in y, k of
                 # them at least, is a candidate
                 mine = by_groups[lo:hi]
-                floor[mine] = np.exp(group_floor[mine] - top[lo:hi][mine]) * (1.0 - _MARGIN)
-            row, col, wt = _candidates(w, sums[lo:hi], floor, top_p_only[lo:hi], large_k[lo:hi], k[lo:hi],
-                                       p[lo:hi], min_floor[lo:hi], mass[lo:hi])
-            found.append((row + lo, col, y[row, col], wt))
+                floor[mine] = np.exp(group_floor[mine] - shift[lo:hi][mine]) * (1.0 - _MARGIN)
+            row, col, wt = _candidates(w, sums[lo:hi], floor, unit, top_p_only[lo:hi], large_k[lo:hi], k[lo:hi],
+                                       p[lo:hi], min_floor[lo:hi] * unit, mass[lo:hi])
+            # NOTE(engine): weights relative to the row's best token again, whose float32 weight (the largest
+            # candidate's) becomes exactly 1: the draw's one cumsum over every row's candidates must not let
+            # one row's e^80 swallow the next row's masses, and top-p's ties at the top are the reference's 1s
+            best = np.ones(hi - lo)
+            live = np.flatnonzero(np.diff(row, prepend=-1))  # each row's first candidate
+            best[row[live]] = np.maximum.reduceat(wt, live)
+            found.append((row + lo, col, y[row, col], wt / best[row]))
+            mass[lo:hi] /= best
     tokens = np.empty(n, dtype=np.int64)
     rows = np.flatnonzero(dense)
     if len(rows):  # 3. the dense rows: a block by the block sums, then a token inside it
-        tokens[rows] = _draw_dense(logits, rows, sums[rows], u[rows], top, scale, edits)
+        tokens[rows] = _draw_dense(logits, rows, sums[rows], u[rows], shift, scale, edits)
     if found:  # 4. the filtered rows: their kept candidates, then a token among them
         row, col, val, wt = (np.concatenate(part) for part in zip(*found))
-        _kept_and_drawn(row, col, val, wt.astype(np.float64), top, mass, u, k, p, mp, tokens)
+        _kept_and_drawn(row, col, val, wt, top, mass, u, k, p, mp, tokens)
     return tokens
 
 
@@ -164,18 +174,38 @@ def _group_floors(y: np.ndarray, k: np.ndarray, by_groups: np.ndarray, num_group
     return floor
 
 
-def _weights(y: np.ndarray, top: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``exp(y - top)`` of float32 ``y`` ``(m, vocab)`` into ``out[:, :vocab]`` (see _SUBNORMAL); ``out``."""
+def _weights(y: np.ndarray, top: np.ndarray, out: np.ndarray,
+             shift: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``exp(y - shift)`` of float32 ``y`` ``(m, vocab)`` into ``out[:, :vocab]`` (see _SUBNORMAL); ``(out,
+    shift)``.
+
+    NOTE(engine): ``shift`` is each row's max, or 0 where every row of the group lies within [-87, 80]: then
+    ``exp(y)`` neither overflows (64 weights of at most e^80 sum to < 2^128) nor goes subnormal, and the
+    subtraction's pass is saved (-0.1 ms a row at 262k). The law only sees the weights relative to one
+    another, so the filters' floors are taken relative to the best token's weight, ``exp(top - shift)``.
+    """
     vocab = y.shape[1]
     w = out[:, :vocab]
-    np.subtract(y, top[:, None], out=w)
-    deep = w.min() < _SUBNORMAL
-    if deep:  # see _SUBNORMAL
-        np.maximum(w, _SUBNORMAL, out=w)
-    np.exp(w, out=w)  # -inf -> 0
+    if shift is None:
+        low = y.min(axis=-1)
+        if (low >= _SUBNORMAL).all() and (top <= _DIRECT_MAX).all():
+            shift = np.zeros(len(y), dtype=np.float32)
+        else:
+            shift = top.copy()
+    direct = not shift.any()
+    deep = False
+    if direct:
+        base = y
+    else:
+        np.subtract(y, shift[:, None], out=w)
+        base = w
+        deep = w.min() < _SUBNORMAL
+        if deep:  # see _SUBNORMAL
+            np.maximum(w, _SUBNORMAL, out=w)
+    np.exp(base, out=w)  # -inf -> 0
     if deep:  # what was clamped (masked tokens too) goes to exactly 0
         np.multiply(w, w > _SUBNORMAL_WEIGHT, out=w)
-    return out
+    return out, shift
 
 
 def _tempered(logits: np.ndarray, lo: int, hi: int, scale: np.ndarray | None,
@@ -195,7 +225,7 @@ def _tempered(logits: np.ndarray, lo: int, hi: int, scale: np.ndarray | None,
     return y
 
 
-def _draw_dense(logits: np.ndarray, rows: np.ndarray, sums: np.ndarray, u: np.ndarray, top: np.ndarray,
+def _draw_dense(logits: np.ndarray, rows: np.ndarray, sums: np.ndarray, u: np.ndarray, shift: np.ndarray,
                 scale: np.ndarray | None, edits: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> np.ndarray:
     """Inverse-CDF draws over whole rows (``rows`` ascending; ``sums`` their float32 block sums ``(r, nb)``):
     the block where the cdf of the block sums passes ``u * total``, then the token inside it.
@@ -223,7 +253,7 @@ def _draw_dense(logits: np.ndarray, rows: np.ndarray, sums: np.ndarray, u: np.nd
         x[at[hit], e_col[hit] % _BLOCK] = e_val[hit]
     if scale is not None:
         np.divide(x, scale[rows], out=x)
-    chosen = _weights(x, top[rows], np.empty_like(x))
+    chosen = _weights(x, shift[rows], np.empty_like(x), shift[rows])[0]
     chosen[cols >= vocab] = 0.0
     # NOTE(engine): the target's place inside its block, as a fraction of the block's mass, is laid on the
     # block's own float64 cumsum: no token gains what the float32 block sums lose to rounding.
@@ -239,21 +269,28 @@ def _above(w: np.ndarray, sums: np.ndarray, floor: np.ndarray) -> tuple[np.ndarr
     none), in row-major order, read from the blocks whose sum ``sums`` ``(m, nb)`` reaches the floor."""
     num_blocks = sums.shape[1]
     picked = np.flatnonzero((sums >= floor[:, None]).ravel())  # row * nb + block
+    # NOTE(engine): one scalar compare with the lowest floor, then each hit against its own row's: numpy's
+    # compare against a broadcast column of floors costs 5x a scalar one
+    lowest = floor.min()
     if 3 * len(picked) > sums.size:  # most blocks qualify: one pass over the rows costs less
-        return np.divmod(np.flatnonzero((w >= floor[:, None]).ravel()), w.shape[1])
-    chunk = w.reshape(-1, _BLOCK)[picked]  # (b, B)
-    hit = np.flatnonzero((chunk >= floor[picked // num_blocks, None]).ravel())
-    block = picked[hit // _BLOCK]
-    row = block // num_blocks
-    return row, (block - row * num_blocks) * _BLOCK + hit % _BLOCK
+        row, col = np.divmod(np.flatnonzero((w >= lowest).ravel()), w.shape[1])
+    else:
+        hit = np.flatnonzero((w.reshape(-1, _BLOCK)[picked] >= lowest).ravel())  # in the picked (b, B) blocks
+        block = picked[hit // _BLOCK]
+        row = block // num_blocks
+        col = (block - row * num_blocks) * _BLOCK + hit % _BLOCK
+    if lowest < floor.max():
+        mine = w[row, col] >= floor[row]
+        row, col = row[mine], col[mine]
+    return row, col
 
 
-def _candidates(w: np.ndarray, sums: np.ndarray, floor: np.ndarray, top_p_only: np.ndarray, large_k: np.ndarray,
-                k: np.ndarray, p: np.ndarray, min_floor: np.ndarray,
+def _candidates(w: np.ndarray, sums: np.ndarray, floor: np.ndarray, unit: np.ndarray, top_p_only: np.ndarray,
+                large_k: np.ndarray, k: np.ndarray, p: np.ndarray, min_floor: np.ndarray,
                 mass: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The candidates ``(row, col, weight)`` of one group's rows, ``(row, col)`` ascending, each row's from the
     first of its floors (``floor``: its first, ``inf`` for a row without filters) that provably holds its whole
-    result (see the NOTE on _FIRST_CUT)."""
+    result (see the NOTE on _FIRST_CUT). Floors are weights: ``unit`` is each row's best token's weight."""
     m = len(floor)
     row, col = _above(w, sums, floor.astype(np.float32))
     weight = w[row, col]
@@ -278,14 +315,16 @@ def _candidates(w: np.ndarray, sums: np.ndarray, floor: np.ndarray, top_p_only: 
         # top-k row's survivors count for its top-p)
         floor = np.full(m, np.inf)
         if stage == 1:
-            floor[large_k & retry] = _SECOND_CUT
+            floor[large_k & retry] = _SECOND_CUT * unit[large_k & retry]
             again = np.flatnonzero(top_p_only & retry)
             if len(again):
                 # what lies below floor f in block b weighs at most min(sum_b, B f): the highest f whose
                 # bound leaves p of the mass above it
-                bound = np.minimum(sums[again, None, :], _BLOCK * _TOP_P_FLOORS[None, :, None]).sum(axis=-1)
+                floors = _TOP_P_FLOORS * unit[again, None]  # (r, F)
+                bound = np.minimum(sums[again, None, :], _BLOCK * floors[:, :, None]).sum(axis=-1)
                 proven = bound <= ((1.0 - p[again]) * mass[again])[:, None]
-                chosen = np.where(proven.any(axis=-1), _TOP_P_FLOORS[proven.argmax(axis=-1)], _ANY_WEIGHT)
+                chosen = np.where(proven.any(axis=-1), floors[np.arange(len(again)), proven.argmax(axis=-1)],
+                                  _ANY_WEIGHT)
                 floor[again] = np.maximum(chosen, min_floor[again])
         else:
             floor[large_k & retry] = _ANY_WEIGHT
@@ -324,6 +363,21 @@ def _ranked(row: np.ndarray, val: np.ndarray) -> np.ndarray:
     return np.sort(key) & ((1 << 21) - 1)  # keys are distinct: no tie for the sort to break
 
 
+def _row_cumsum(values: np.ndarray, row: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Each row's own cumsum of float64 ``values`` (grouped by ``row``, row r's from ``start[r]``).
+
+    NOTE(engine): sequential from each row's first value, as the reference's np.cumsum over that row alone,
+    so a cumulative mass that lands exactly on p (ties at the top) rounds as the reference's does; one cumsum
+    over the rows laid side by side in a grid (as wide as the longest row) keeps it vectorized.
+    """
+    within = np.arange(len(values)) - start[row]
+    rows, place = np.unique(row, return_inverse=True)
+    grid = np.zeros((len(rows), within.max() + 1 if len(values) else 0))
+    grid[place, within] = values
+    np.cumsum(grid, axis=1, out=grid)
+    return grid[place, within]
+
+
 def _kept_and_drawn(row: np.ndarray, col: np.ndarray, val: np.ndarray, weight: np.ndarray, top: np.ndarray,
                     mass: np.ndarray, u: np.ndarray, k: np.ndarray, p: np.ndarray, mp: np.ndarray,
                     tokens: np.ndarray) -> None:
@@ -339,27 +393,28 @@ def _kept_and_drawn(row: np.ndarray, col: np.ndarray, val: np.ndarray, weight: n
         s_row, s_val, s_w = row[order], val[order], weight[order]
         # 2. top-k: the k-th best value; everything at least as good stays (ties included)
         has_k = k > 0
-        enough = has_k & (count >= k)
-        kth = np.full(n, -np.inf, dtype=np.float32)
-        kth[enough] = s_val[start[enough] + k[enough] - 1]
-        s_keep = s_val >= kth[s_row]
+        total = mass  # what top-p measures against: the row's mass, or its top-k survivors'
+        if has_k.any():
+            enough = has_k & (count >= k)
+            kth = np.full(n, -np.inf, dtype=np.float32)
+            kth[enough] = s_val[start[enough] + k[enough] - 1]
+            s_keep = s_val >= kth[s_row]
+            s_w = np.where(s_keep, s_w, 0.0)
+            live = count > 0
+            row_kept = np.zeros(n)
+            row_kept[live] = np.add.reduceat(s_w, start[live])
+            total = np.where(has_k, row_kept, mass)
+        else:
+            s_keep = np.ones(len(order), dtype=bool)
         # 3. top-p over the top-k survivors (or the whole row): kept while the mass ranked above is < p
-        has_p = p < 1.0
-        kept_w = np.where(s_keep, s_w, 0.0)
-        csum = np.cumsum(kept_w)
-        live = count > 0
-        row_kept = np.zeros(n)
-        row_kept[live] = np.add.reduceat(kept_w, start[live])
-        total = np.where(has_k, row_kept, mass)
-        first = np.minimum(start, len(order) - 1)
-        before = csum - kept_w - (csum[first] - kept_w[first])[s_row]  # mass ranked above, within the row
-        with np.errstate(invalid="ignore", divide="ignore"):
-            s_keep &= ~has_p[s_row] | (before / total[s_row] < p[s_row])
+        # (every row with candidates holds its best token, of weight 1: no total is 0)
+        if (p < 1.0).any():
+            probs = s_w / total[s_row]
+            s_keep &= _row_cumsum(probs, s_row, start) - probs < p[s_row]
         keep[order] = s_keep
     # 4. min-p last: what lies below top + log(min_p) goes (a float64 threshold, as the reference's)
     if (mp > 0.0).any():
-        with np.errstate(divide="ignore"):
-            keep &= ~(mp[row] > 0.0) | ~(val < top[row] + np.log(np.where(mp > 0.0, mp, 1.0))[row])
+        keep &= ~(mp[row] > 0.0) | ~(val < top[row] + np.log(np.where(mp > 0.0, mp, 1.0))[row])
     # 5. the draw among the kept candidates, in token-id order
     rows = np.flatnonzero(count)
     k_col, k_w = col[keep], weight[keep]

@@ -263,8 +263,8 @@ def test_later_floors_hold_the_result(monkeypatch):
     rng = np.random.default_rng(13)
     vocab = 4096
     logits = np.full((4, vocab), -10.0, dtype=np.float32) + rng.normal(size=(4, vocab)).astype(np.float32) * 0.01
-    logits[:, 17] = 0.0  # one strong token holding ~85% of the mass; the rest 10 nats down
     logits[3, :2000] = -25.0  # the top-k row: 2,000 tokens 25 nats down
+    logits[:, 17] = 0.0  # one strong token holding ~85% of the mass; the rest 10 nats down
     params = [SamplingParams(top_p=0.9), SamplingParams(top_p=1 - 1e-15), SamplingParams(top_p=0.5),
               SamplingParams(top_k=3000)]
     samplers = [RequestSampler(p, [], vocab) for p in params]
