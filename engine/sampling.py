@@ -363,21 +363,6 @@ def _ranked(row: np.ndarray, val: np.ndarray) -> np.ndarray:
     return np.sort(key) & ((1 << 21) - 1)  # keys are distinct: no tie for the sort to break
 
 
-def _row_cumsum(values: np.ndarray, row: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """Each row's own cumsum of float64 ``values`` (grouped by ``row``, row r's from ``start[r]``).
-
-    NOTE(engine): sequential from each row's first value, as the reference's np.cumsum over that row alone,
-    so a cumulative mass that lands exactly on p (ties at the top) rounds as the reference's does; one cumsum
-    over the rows laid side by side in a grid (as wide as the longest row) keeps it vectorized.
-    """
-    within = np.arange(len(values)) - start[row]
-    rows, place = np.unique(row, return_inverse=True)
-    grid = np.zeros((len(rows), within.max() + 1 if len(values) else 0))
-    grid[place, within] = values
-    np.cumsum(grid, axis=1, out=grid)
-    return grid[place, within]
-
-
 def _kept_and_drawn(row: np.ndarray, col: np.ndarray, val: np.ndarray, weight: np.ndarray, top: np.ndarray,
                     mass: np.ndarray, u: np.ndarray, k: np.ndarray, p: np.ndarray, mp: np.ndarray,
                     tokens: np.ndarray) -> None:
@@ -410,7 +395,17 @@ def _kept_and_drawn(row: np.ndarray, col: np.ndarray, val: np.ndarray, weight: n
         # (every row with candidates holds its best token, of weight 1: no total is 0)
         if (p < 1.0).any():
             probs = s_w / total[s_row]
-            s_keep &= _row_cumsum(probs, s_row, start) - probs < p[s_row]
+            csum = np.cumsum(probs)
+            first = np.minimum(start, len(order) - 1)
+            before = csum - probs - (csum[first] - probs[first])[s_row]  # mass ranked above, within the row
+            # NOTE(engine): one cumsum over the rows rounds a row's sums as a cumsum over that row alone (the
+            # reference's) does not; where a row's mass ranked above lands on p within that rounding (ties at
+            # the top, e.g. 10 tied survivors and p = 0.9), the row's own cumsum decides, as the reference's
+            near = np.flatnonzero((np.abs(before - p[s_row]) <= 1e-9) & (p[s_row] < 1.0))
+            for r in np.unique(s_row[near]):
+                mine = slice(start[r], start[r] + count[r])
+                before[mine] = np.cumsum(probs[mine]) - probs[mine]
+            s_keep &= ~(p < 1.0)[s_row] | (before < p[s_row])
         keep[order] = s_keep
     # 4. min-p last: what lies below top + log(min_p) goes (a float64 threshold, as the reference's)
     if (mp > 0.0).any():

@@ -277,3 +277,25 @@ def test_later_floors_hold_the_result(monkeypatch):
     assert -9.0 in used and -18.0 in used  # the first cut and the top-k row's second one
     assert any(-41.0 < f < -9.5 for f in used)  # a proven top-p floor
     assert min(used) < -80.0  # every token with weight (the float32 tiny)
+
+
+def test_top_p_ties_that_land_on_p_round_as_the_reference():
+    """Ten tokens tied at the top, top-k 5 (ties kept) and top-p 0.9: the mass ranked above the tenth is 0.9 in
+    exact arithmetic, 0.8999999999999999 in the reference's cumsum over its row, so the reference keeps it;
+    so must the batch, whatever rows come before it in the batch's one cumsum (the row's own cumsum then
+    decides)."""
+    vocab = 300
+    logits = np.full((3, vocab), -3.0, dtype=np.float32)
+    logits[:, 10:20] = 2.0  # ten ties at the top
+    logits[0, :5] = 1.5  # rows before it with other masses
+    params = [SamplingParams(top_p=0.999), SamplingParams(top_k=200, top_p=0.95),
+              SamplingParams(temperature=0.7, top_k=5, top_p=0.9)]
+    samplers = [RequestSampler(p, [], vocab) for p in params]
+    assert np.count_nonzero(reference_probs(samplers[2], logits[2])) == 10
+    for x in np.linspace(0.005, 0.995, 100):
+        u = np.full(3, x)
+        got = draw_tokens(logits, u, temperature=np.array([p.temperature for p in params]),
+                          top_k=np.array([p.top_k for p in params]), top_p=np.array([p.top_p for p in params]))
+        assert got.tolist() == [reference_token(s, row, x) for s, row in zip(samplers, logits)]
+    assert draw_tokens(logits[2:], np.array([0.995]), temperature=np.array([0.7]), top_k=np.array([5]),
+                       top_p=np.array([0.9]))[0] == 19  # the tenth tie
