@@ -109,7 +109,10 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
         # 1. y = edit(logits) / temperature (float32, as the reference), its max, the weights and block sums
         y = _tempered(logits, lo, hi, scale, edits, scratch)
         group_floor = _group_floors(y, k[lo:hi], by_groups[lo:hi], num_groups, top[lo:hi])
-        w, shift[lo:hi] = _weights(y, top[lo:hi], weights[:hi - lo])
+        # NOTE(engine): unshifted weights put each row's floors on its own scale; a group of several rows with
+        # filters keeps one scale (the best token at 1), so its candidates take one scalar compare (_above)
+        w, shift[lo:hi] = _weights(y, top[lo:hi], weights[:hi - lo],
+                                   top[lo:hi] if hi - lo > 1 and filtered[lo:hi].any() else None)
         # NOTE(engine): a matrix-vector product sums the blocks (BLAS, ~1e-7 relative in float32): 5x faster
         # than numpy's sum over a short last axis, whose per-block overhead dominates at 64 elements.
         np.matmul(w.reshape(-1, _BLOCK), ones, out=sums[lo:hi].reshape(-1))
@@ -128,11 +131,14 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
             # NOTE(engine): weights relative to the row's best token again, whose float32 weight (the largest
             # candidate's) becomes exactly 1: the draw's one cumsum over every row's candidates must not let
             # one row's e^80 swallow the next row's masses, and top-p's ties at the top are the reference's 1s
-            best = np.ones(hi - lo)
-            live = np.flatnonzero(np.diff(row, prepend=-1))  # each row's first candidate
-            best[row[live]] = np.maximum.reduceat(wt, live)
-            found.append((row + lo, col, y[row, col], wt / best[row]))
-            mass[lo:hi] /= best
+            if shift[lo:hi].all():  # shifted: the best token's weight is exp(0) = 1 already
+                found.append((row + lo, col, y[row, col], wt.astype(np.float64)))
+            else:  # unshifted (one row, see above): a row's largest candidate weight is its best token's
+                best = np.zeros(hi - lo)
+                np.maximum.at(best, row, wt)
+                best[best == 0.0] = 1.0  # rows without filters: no candidates
+                found.append((row + lo, col, y[row, col], wt / best[row]))
+                mass[lo:hi] /= best
     tokens = np.empty(n, dtype=np.int64)
     rows = np.flatnonzero(dense)
     if len(rows):  # 3. the dense rows: a block by the block sums, then a token inside it
@@ -186,22 +192,16 @@ def _weights(y: np.ndarray, top: np.ndarray, out: np.ndarray,
     """
     vocab = y.shape[1]
     w = out[:, :vocab]
+    safe = False  # whether y is known to lie within [-87, 80]
     if shift is None:
-        low = y.min(axis=-1)
-        if (low >= _SUBNORMAL).all() and (top <= _DIRECT_MAX).all():
-            shift = np.zeros(len(y), dtype=np.float32)
-        else:
-            shift = top.copy()
-    direct = not shift.any()
-    deep = False
-    if direct:
-        base = y
-    else:
-        np.subtract(y, shift[:, None], out=w)
-        base = w
-        deep = w.min() < _SUBNORMAL
-        if deep:  # see _SUBNORMAL
-            np.maximum(w, _SUBNORMAL, out=w)
+        safe = bool((y.min(axis=-1) >= _SUBNORMAL).all() and (top <= _DIRECT_MAX).all())
+        shift = np.zeros(len(y), dtype=np.float32) if safe else top.copy()
+    base = y
+    if shift.any():
+        base = np.subtract(y, shift[:, None], out=w)
+    deep = not safe and base.min() < _SUBNORMAL
+    if deep:  # see _SUBNORMAL
+        base = np.maximum(base, _SUBNORMAL, out=w)
     np.exp(base, out=w)  # -inf -> 0
     if deep:  # what was clamped (masked tokens too) goes to exactly 0
         np.multiply(w, w > _SUBNORMAL_WEIGHT, out=w)
@@ -402,7 +402,7 @@ def _kept_and_drawn(row: np.ndarray, col: np.ndarray, val: np.ndarray, weight: n
             # reference's) does not; where a row's mass ranked above lands on p within that rounding (ties at
             # the top, e.g. 10 tied survivors and p = 0.9), the row's own cumsum decides, as the reference's
             near = np.flatnonzero((np.abs(before - p[s_row]) <= 1e-9) & (p[s_row] < 1.0))
-            for r in np.unique(s_row[near]):
+            for r in np.unique(s_row[near]) if len(near) else ():
                 mine = slice(start[r], start[r] + count[r])
                 before[mine] = np.cumsum(probs[mine]) - probs[mine]
             s_keep &= ~(p < 1.0)[s_row] | (before < p[s_row])
