@@ -134,9 +134,12 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
             if shift[lo:hi].all():  # shifted: the best token's weight is exp(0) = 1 already
                 found.append((row + lo, col, y[row, col], wt.astype(np.float64)))
             else:  # unshifted (one row, see above): a row's largest candidate weight is its best token's
-                best = np.zeros(hi - lo)
-                np.maximum.at(best, row, wt)
-                best[best == 0.0] = 1.0  # rows without filters: no candidates
+                best = np.ones(hi - lo)
+                if hi - lo == 1:
+                    best[:] = wt.max()
+                elif len(wt):
+                    starts = np.flatnonzero(np.diff(row, prepend=-1))  # each row's first candidate
+                    best[row[starts]] = np.maximum.reduceat(wt, starts)
                 found.append((row + lo, col, y[row, col], wt / best[row]))
                 mass[lo:hi] /= best
     tokens = np.empty(n, dtype=np.int64)
@@ -331,6 +334,8 @@ def _candidates(w: np.ndarray, sums: np.ndarray, floor: np.ndarray, unit: np.nda
             floor[top_p_only & retry] = np.maximum(_ANY_WEIGHT, min_floor[top_p_only & retry])
         row, col = _above(w, sums, floor.astype(np.float32))
         weight = w[row, col]
+        trim = _trimmed(row, weight, top_p_only & np.isfinite(floor), unit, p, mass)
+        row, col, weight = row[trim], col[trim], weight[trim]
         if stage == 1:
             decided = np.ones(m, dtype=bool)
             decided[large_k] = np.bincount(row, minlength=m)[large_k] >= k[large_k]
@@ -341,8 +346,36 @@ def _candidates(w: np.ndarray, sums: np.ndarray, floor: np.ndarray, unit: np.nda
             retry[:] = False
     parts.append((row, col, weight))
     row, col, weight = (np.concatenate(part) for part in zip(*parts))
+    if m == 1:
+        return row, col, weight
     order = np.argsort(row, kind="stable")  # back to row order (stable: each row's cols stay ascending)
     return row[order], col[order], weight[order]
+
+
+def _trimmed(row: np.ndarray, weight: np.ndarray, rows: np.ndarray, unit: np.ndarray, p: np.ndarray,
+             mass: np.ndarray) -> np.ndarray:
+    """Which candidates a top-p row of ``rows`` (a mask) may still keep: those down to where its candidates'
+    mass first holds p of its whole ``mass``, counted in half-nat levels below its best token (``unit``), and
+    one level more; every candidate of the other rows, and of a row whose candidates do not hold p.
+
+    NOTE(engine): a lower floor (the block sums' proven one: 13-20k candidates on a 262k row where 9 nats held
+    93% of the mass) gathers ten times the tokens the nucleus needs; what lies past the level that holds p
+    cannot be kept, and ranking only the rest costs a tenth. The extra level keeps the tokens that a float32
+    exp could order across a level's edge unlike their y, and the margin of 1e-9 the cumsums' rounding.
+    """
+    keep = np.ones(len(row), dtype=bool)
+    mine = np.flatnonzero(rows[row])
+    if not len(mine):
+        return keep
+    r = row[mine]
+    level = np.maximum(np.floor(2.0 * np.log(unit[r] / weight[mine])), 0).astype(np.int64)
+    width = int(level.max()) + 1
+    by_level = np.bincount(r * width + level, weights=weight[mine], minlength=len(rows) * width)
+    held = np.cumsum(by_level.reshape(len(rows), width), axis=1)  # (m, levels): mass down to each level
+    enough = held >= (p * mass * (1.0 + 1e-9))[:, None]
+    last = np.where(enough.any(axis=1), enough.argmax(axis=1) + 1, width)
+    keep[mine] = level <= last[r]
+    return keep
 
 
 def _ranked(row: np.ndarray, val: np.ndarray) -> np.ndarray:
