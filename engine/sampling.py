@@ -32,11 +32,13 @@ _CACHE_FLOATS = 1 << 18
 #   tokens reach, so the k best are among the k to ~2k candidates; decided at once;
 # - min-p alone: min_p itself (less a margin): nothing below it stays;
 # - top-p without top-k: 9 nats below the best (tens to a few hundred tokens on real rows, >= 93% of the
-#   mass), kept when the candidates hold p of the mass; else the highest floor f that the block sums prove
-#   enough (what lies below f in block b weighs at most min(sum_b, B f)); else every token with weight;
+#   mass), kept when the candidates hold p of the mass; else 12.5 nats; else the highest floor f that the
+#   block sums prove enough (what lies below f in block b weighs at most min(sum_b, B f)); else every token
+#   with weight; past the first floor, only the candidates down to where p is held go on (_trimmed);
 # - top-k beyond G: 9 nats, then 18, then every token with weight, kept once k candidates are in.
 _FIRST_CUT = float(np.exp(-9.0))
 _SECOND_CUT = float(np.exp(-18.0))
+_TOP_P_CUT = float(np.exp(-12.5))
 _TOP_P_FLOORS = np.exp(-np.arange(10.0, 41.0))  # top-p's proven floors, highest first (10 to 40 nats)
 _GROUP_ROWS = 64  # top-k: the first 64 G tokens of a row seen as 64 rows of G = vocab // 64 tokens
 _ANY_WEIGHT = np.finfo(np.float32).tiny  # the last floor: every token with weight (see _SUBNORMAL)
@@ -309,17 +311,22 @@ def _candidates(w: np.ndarray, sums: np.ndarray, floor: np.ndarray, unit: np.nda
     if not retry.any():
         return row, col, weight
     parts = []
-    for stage in (1, 2):
+    for stage in (1, 2, 3):
         if not retry.any():
             break
         keep = ~retry[row]
         parts.append((row[keep], col[keep], weight[keep]))
-        # 2. the next floors: 18 nats or the block sums' proven floor, then every token with weight (all of a
-        # top-k row's survivors count for its top-p)
+        # 2. the next floors (see the NOTE on _FIRST_CUT): top-k 18 nats, then every token with weight (all of
+        # a top-k row's survivors count for its top-p); top-p 12.5 nats, the block sums' proven floor, then
+        # every token with weight
         floor = np.full(m, np.inf)
+        large, nucleus = large_k & retry, top_p_only & retry
         if stage == 1:
-            floor[large_k & retry] = _SECOND_CUT * unit[large_k & retry]
-            again = np.flatnonzero(top_p_only & retry)
+            floor[large] = _SECOND_CUT * unit[large]
+            floor[nucleus] = np.maximum(_TOP_P_CUT * unit[nucleus], min_floor[nucleus])
+        elif stage == 2:
+            floor[large] = _ANY_WEIGHT
+            again = np.flatnonzero(nucleus)
             if len(again):
                 # what lies below floor f in block b weighs at most min(sum_b, B f): the highest f whose
                 # bound leaves p of the mass above it
@@ -330,20 +337,16 @@ def _candidates(w: np.ndarray, sums: np.ndarray, floor: np.ndarray, unit: np.nda
                                   _ANY_WEIGHT)
                 floor[again] = np.maximum(chosen, min_floor[again])
         else:
-            floor[large_k & retry] = _ANY_WEIGHT
-            floor[top_p_only & retry] = np.maximum(_ANY_WEIGHT, min_floor[top_p_only & retry])
+            floor[nucleus] = np.maximum(_ANY_WEIGHT, min_floor[nucleus])
         row, col = _above(w, sums, floor.astype(np.float32))
         weight = w[row, col]
-        trim = _trimmed(row, weight, top_p_only & np.isfinite(floor), unit, p, mass)
+        trim = _trimmed(row, weight, nucleus, unit, p, mass)
         row, col, weight = row[trim], col[trim], weight[trim]
-        if stage == 1:
-            decided = np.ones(m, dtype=bool)
-            decided[large_k] = np.bincount(row, minlength=m)[large_k] >= k[large_k]
-            held = np.bincount(row, weights=weight, minlength=m)
-            decided[top_p_only] = ((floor <= min_floor) | (held >= p * mass))[top_p_only]
-            retry &= ~decided
-        else:
-            retry[:] = False
+        # 3. which rows these floors decide
+        decided = ~retry | (floor <= _ANY_WEIGHT)
+        decided |= large & (np.bincount(row, minlength=m) >= k)
+        decided |= nucleus & ((floor <= min_floor) | (np.bincount(row, weights=weight, minlength=m) >= p * mass))
+        retry &= ~decided
     parts.append((row, col, weight))
     row, col, weight = (np.concatenate(part) for part in zip(*parts))
     if m == 1:

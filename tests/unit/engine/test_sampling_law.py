@@ -248,35 +248,42 @@ def test_deep_rows_clamp_exactly_and_never_draw_a_masked_token():
 
 
 def test_later_floors_hold_the_result(monkeypatch):
-    """Rows whose first floor (9 nats below the best) cannot hold the result: top-p rows whose mass lies
-    10 nats down (the block sums' proven floor), a top-p so close to 1 that no floor is proven (every
-    token with weight), a top-k beyond vocab // 64 (18 nats, then every token). Those floors really run, and
-    every draw is the reference's."""
-    floors_used = []
+    """Rows whose first floor (9 nats below the best) cannot hold the result: a top-p row whose mass lies 10
+    nats down (12.5 nats holds it), one 14 nats down (the block sums' proven floor), one 30 nats down with a
+    top-p so close to 1 that no floor is proven (every token with weight), a top-k beyond vocab // 64 (18
+    nats, then every token). Those floors really run, row by row, and every draw is the reference's."""
+    floors_used: list[list[float]] = [[] for _ in range(5)]
     above = sampling._above
 
     def spy(w, sums, floor):
-        floors_used.extend(floor[np.isfinite(floor)].tolist())
+        for i, f in enumerate(floor.tolist()):
+            if np.isfinite(f):
+                floors_used[i].append(round(float(np.log(f)), 3))
         return above(w, sums, floor)
 
     monkeypatch.setattr(sampling, "_above", spy)
     rng = np.random.default_rng(13)
     vocab = 4096
-    logits = np.full((4, vocab), -10.0, dtype=np.float32) + rng.normal(size=(4, vocab)).astype(np.float32) * 0.01
-    logits[3, :2000] = -25.0  # the top-k row: 2,000 tokens 25 nats down
-    logits[:, 17] = 0.0  # one strong token holding ~85% of the mass; the rest 10 nats down
-    params = [SamplingParams(top_p=0.9), SamplingParams(top_p=1 - 1e-15), SamplingParams(top_p=0.5),
-              SamplingParams(top_k=3000)]
+    logits = rng.normal(size=(5, vocab)).astype(np.float32) * 0.01
+    logits[[0, 2, 4]] -= 10.0  # the rest 10 nats down: the best token below holds ~85% of the mass
+    logits[3] -= 14.0  # 14 nats down: the best token holds 99.7%
+    logits[1] -= 30.0
+    logits[4, :2000] = -25.0  # the top-k row: 2,000 tokens 25 nats down
+    logits[:, 17] = 0.0
+    params = [SamplingParams(top_p=0.9), SamplingParams(top_p=1 - 1e-16), SamplingParams(top_p=0.5),
+              SamplingParams(top_p=0.999), SamplingParams(top_k=3000)]
     samplers = [RequestSampler(p, [], vocab) for p in params]
     for _ in range(30):
         u = rng.random(len(params))
         got = draw_tokens(logits, u, top_k=np.array([p.top_k for p in params]),
                           top_p=np.array([p.top_p for p in params]), min_p=np.zeros(len(params)))
         assert got.tolist() == [reference_token(s, row, x) for s, row, x in zip(samplers, logits, u)]
-    used = set(np.round(np.log(np.array(floors_used, dtype=np.float64)), 3).tolist())
-    assert -9.0 in used and -18.0 in used  # the first cut and the top-k row's second one
-    assert any(-41.0 < f < -9.5 for f in used)  # a proven top-p floor
-    assert min(used) < -80.0  # every token with weight (the float32 tiny)
+    tiny = round(float(np.log(np.finfo(np.float32).tiny)), 3)
+    assert set(floors_used[0]) == {-9.0, -12.5}
+    assert set(floors_used[1]) == {-9.0, -12.5, tiny}
+    assert set(floors_used[2]) == {-9.0}
+    assert len(set(floors_used[3])) == 3 and -41.0 < min(floors_used[3]) < -12.5  # a floor the sums prove
+    assert set(floors_used[4]) == {-9.0, -18.0, tiny}
 
 
 def test_top_p_ties_that_land_on_p_round_as_the_reference():
