@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import sampling
-from engine.sampler import RequestSampler, _edits, apply_token_bitmask, sample_batch
+from engine.sampler import RequestSampler, _edits, _sample_rows, apply_token_bitmask, sample_batch
 from engine.sampling import draw_tokens
 from engine.types import SamplingParams
 from tests.chi_square import chi_square_p_value, upper_gamma_regularized
@@ -162,7 +162,7 @@ penalty_strategy = st.builds(
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.sampled_from([64, 300, 2048]), st.lists(penalty_strategy, min_size=1,
+@given(st.integers(0, 2**32 - 1), st.sampled_from([37, 64, 300, 2048]), st.lists(penalty_strategy, min_size=1,
        max_size=8), st.booleans())
 def test_sample_batch_picks_the_reference_token_with_penalties_greedy_rows_and_masks(seed, vocab, params, masked):
     """A batch of requests over several steps, each its own penalties, logit_bias (an id twice too), greedy
@@ -306,3 +306,28 @@ def test_top_p_ties_that_land_on_p_round_as_the_reference():
         assert got.tolist() == [reference_token(s, row, x) for s, row in zip(samplers, logits)]
     assert draw_tokens(logits[2:], np.array([0.995]), temperature=np.array([0.7]), top_k=np.array([5]),
                        top_p=np.array([0.9]))[0] == 19  # the tenth tie
+
+
+@pytest.mark.parametrize("vocab", [300, 4096])
+def test_edits_that_move_the_max_move_the_filters(vocab):
+    """At temperature 1 the penalties and logit_bias are laid over the logits rather than copied in; the row's
+    max must still be the edited row's: a presence penalty on the best token (min-p's threshold falls with
+    it), a logit_bias lifting a low token 0.3 above the rest, also one among the row's last tokens (past
+    64 * (vocab // 64)): min-p then drops a token 1 nat below the old max. Every draw the reference's."""
+    rng = np.random.default_rng(21)
+    logits = (rng.normal(size=(4, vocab)) * 2).astype(np.float32)
+    best = int(np.argmax(logits[0]))
+    for i, token in ((1, 5), (2, vocab - 1)):
+        logits[i, 7] = logits[i].max() - 1.0  # min-p 0.3 (1.2 nats) keeps it from the old max, not the new
+        logits[i, token] = logits[i].max() - 11.7  # the bias of 12 lifts it 0.3 above the rest
+    params = [SamplingParams(presence_penalty=2.0, min_p=0.3), SamplingParams(logit_bias=((5, 12.0),), min_p=0.3),
+              SamplingParams(logit_bias=((vocab - 1, 12.0),), min_p=0.3),
+              SamplingParams(frequency_penalty=2.0, top_k=2, top_p=0.8)]
+    samplers = [RequestSampler(p, [], vocab, rng=np.random.default_rng(i)) for i, p in enumerate(params)]
+    twins = [RequestSampler(p, [], vocab, rng=np.random.default_rng(i)) for i, p in enumerate(params)]
+    for s in samplers[:1] + twins[:1] + samplers[3:] + twins[3:]:
+        s.record(best)
+        s.record(int(np.argmax(logits[3])))
+    for _ in range(40):
+        got = [r.token_id for r in _sample_rows(logits, samplers)]
+        assert got == [reference_token(t, row, t.rng.random()) for t, row in zip(twins, logits)]
