@@ -99,7 +99,7 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
     step = min(n, max(1, _CACHE_FLOATS // vocab))
     weights = np.empty((step, num_blocks * _BLOCK), dtype=np.float32)  # exp(y - top), zero past the vocab
     weights[:, vocab:] = 0.0
-    scratch = np.empty((step, vocab), dtype=np.float32) if scale is not None else None  # y / temperature
+    scratch = np.empty((step, vocab), dtype=np.float32) if scale is not None or edits is not None else None
     ones = np.ones(_BLOCK, dtype=np.float32)
     top = np.empty(n, dtype=np.float32)
     shift = np.empty(n, dtype=np.float32)  # weights are exp(y - shift): shift is top or 0 (see _weights)
@@ -109,12 +109,12 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
     for lo in range(0, n, step):
         hi = min(n, lo + step)
         # 1. y = edit(logits) / temperature (float32, as the reference), its max, the weights and block sums
-        y, patch = _tempered(logits, lo, hi, scale, edits, scratch)
-        group_floor = _group_floors(y, k[lo:hi], by_groups[lo:hi], num_groups, top[lo:hi], patch)
+        y = _tempered(logits, lo, hi, scale, edits, scratch)
+        group_floor = _group_floors(y, k[lo:hi], by_groups[lo:hi], num_groups, top[lo:hi])
         # NOTE(engine): unshifted weights put each row's floors on its own scale; a group of several rows with
         # filters keeps one scale (the best token at 1), so its candidates take one scalar compare (_above)
         w, shift[lo:hi] = _weights(y, top[lo:hi], weights[:hi - lo],
-                                   top[lo:hi] if hi - lo > 1 and filtered[lo:hi].any() else None, patch)
+                                   top[lo:hi] if hi - lo > 1 and filtered[lo:hi].any() else None)
         # NOTE(engine): a matrix-vector product sums the blocks (BLAS, ~1e-7 relative in float32): 5x faster
         # than numpy's sum over a short last axis, whose per-block overhead dominates at 64 elements.
         np.matmul(w.reshape(-1, _BLOCK), ones, out=sums[lo:hi].reshape(-1))
@@ -133,9 +133,8 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
             # NOTE(engine): weights relative to the row's best token again, whose float32 weight (the largest
             # candidate's) becomes exactly 1: the draw's one cumsum over every row's candidates must not let
             # one row's e^80 swallow the next row's masses, and top-p's ties at the top are the reference's 1s
-            val = y[row, col] if patch is None else _patched(y[row, col], row, col, patch, vocab)
             if shift[lo:hi].all():  # shifted: the best token's weight is exp(0) = 1 already
-                found.append((row + lo, col, val, wt.astype(np.float64)))
+                found.append((row + lo, col, y[row, col], wt.astype(np.float64)))
             else:  # unshifted (one row, see above): a row's largest candidate weight is its best token's
                 best = np.ones(hi - lo)
                 if hi - lo == 1:
@@ -143,7 +142,7 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
                 elif len(wt):
                     starts = np.flatnonzero(np.diff(row, prepend=-1))  # each row's first candidate
                     best[row[starts]] = np.maximum.reduceat(wt, starts)
-                found.append((row + lo, col, val, wt / best[row]))
+                found.append((row + lo, col, y[row, col], wt / best[row]))
                 mass[lo:hi] /= best
     tokens = np.empty(n, dtype=np.int64)
     rows = np.flatnonzero(dense)
@@ -155,40 +154,30 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
     return tokens
 
 
-def _group_floors(y: np.ndarray, k: np.ndarray, by_groups: np.ndarray, num_groups: int, top: np.ndarray,
-                  patch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray | None:
-    """Write each row's max of float32 ``y`` ``(m, vocab)`` (with ``patch``'s values, see _tempered) into
-    ``top``; return the top-k floors of the ``by_groups`` rows (float32 y, ``inf`` elsewhere; None when there
-    are none).
+def _group_floors(y: np.ndarray, k: np.ndarray, by_groups: np.ndarray, num_groups: int,
+                  top: np.ndarray) -> np.ndarray | None:
+    """Write each row's max of float32 ``y`` ``(m, vocab)`` into ``top``; return the top-k floors of the
+    ``by_groups`` rows (float32 y, ``inf`` elsewhere; None when there are none).
 
     NOTE(engine): a row's k-th best value is at least the k-th largest of the maxima of any k disjoint groups
     of its tokens (those maxima are k distinct tokens). The groups are strided (token i in group i % G, over
     the first 64 G tokens), so their maxima are one vectorized pass over 64 rows of G tokens, which gives the
-    row's max too when every row of the group has a top-k, or when ``patch`` must be laid over y: the groups
-    it touches are read again with its values.
+    row's max too when every row of the group has a top-k.
     """
     m, vocab = y.shape
-    width = _GROUP_ROWS * num_groups
-    if patch is not None:
-        idx = np.flatnonzero(by_groups)
-        maxima, tail = _patched_maxima(y, patch, num_groups)
-        np.maximum(maxima.max(axis=-1, initial=-np.inf), tail, out=top)
-        if not len(idx):
-            return None
-        maxima = maxima[idx]
-    elif not by_groups.any():
+    if not by_groups.any():
         top[:] = y.max(axis=-1)
         return None
+    idx = np.flatnonzero(by_groups)
+    width = _GROUP_ROWS * num_groups
+    rows = y if len(idx) == m else y[idx]
+    maxima = rows[:, :width].reshape(len(idx), _GROUP_ROWS, num_groups).max(axis=1)  # (r, G)
+    if len(idx) == m:
+        top[:] = maxima.max(axis=-1)
+        if vocab > width:
+            np.maximum(top, y[:, width:].max(axis=-1), out=top)
     else:
-        idx = np.flatnonzero(by_groups)
-        rows = y if len(idx) == m else y[idx]
-        maxima = rows[:, :width].reshape(len(idx), _GROUP_ROWS, num_groups).max(axis=1)  # (r, G)
-        if len(idx) == m:
-            top[:] = maxima.max(axis=-1)
-            if vocab > width:
-                np.maximum(top, y[:, width:].max(axis=-1), out=top)
-        else:
-            top[:] = y.max(axis=-1)
+        top[:] = y.max(axis=-1)
     kth = num_groups - k[idx]
     maxima.partition(np.unique(kth), axis=-1)  # every row's k-th largest lands at its own kth
     floor = np.full(m, np.inf, dtype=np.float32)
@@ -196,45 +185,10 @@ def _group_floors(y: np.ndarray, k: np.ndarray, by_groups: np.ndarray, num_group
     return floor
 
 
-def _patched_maxima(y: np.ndarray, patch: tuple[np.ndarray, np.ndarray, np.ndarray],
-                    num_groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """The strided group maxima ``(m, G)`` of float32 ``y`` with ``patch``'s values laid over it, and each
-    row's max past the first 64 G tokens (``-inf`` where there are none)."""
-    m, vocab = y.shape
-    rows, cols, values = patch
-    width = _GROUP_ROWS * num_groups
-    maxima = y[:, :width].reshape(m, _GROUP_ROWS, num_groups).max(axis=1)  # (m, G)
-    inside = cols < width
-    if inside.any():  # the touched groups again, the patch laid over them: (pairs, 64)
-        pairs, at = np.unique(rows[inside] * num_groups + cols[inside] % num_groups, return_inverse=True)
-        pr, pg = np.divmod(pairs, num_groups)
-        group = y[pr[:, None], pg[:, None] + num_groups * np.arange(_GROUP_ROWS)]
-        group[at, cols[inside] // num_groups] = values[inside]
-        maxima[pr, pg] = group.max(axis=1)
-    tail = np.full(m, -np.inf, dtype=np.float32)
-    if vocab > width:
-        rest = y[:, width:].copy()
-        rest[rows[~inside], cols[~inside] - width] = values[~inside]
-        tail = rest.max(axis=-1)
-    return maxima, tail
-
-
-def _patched(val: np.ndarray, row: np.ndarray, col: np.ndarray, patch: tuple[np.ndarray, np.ndarray, np.ndarray],
-             vocab: int) -> np.ndarray:
-    """Candidate values ``val`` = ``y[row, col]`` with ``patch``'s values where it has one."""
-    keys = patch[0] * vocab + patch[1]
-    order = np.argsort(keys)
-    keys, values = keys[order], patch[2][order]
-    at = np.minimum(np.searchsorted(keys, row * vocab + col), len(keys) - 1)
-    hit = keys[at] == row * vocab + col
-    val[hit] = values[at[hit]]
-    return val
-
-
-def _weights(y: np.ndarray, top: np.ndarray, out: np.ndarray, shift: np.ndarray | None = None,
-             patch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``exp(y - shift)`` of float32 ``y`` ``(m, vocab)`` into ``out[:, :vocab]`` (see _SUBNORMAL), with
-    ``patch``'s values laid over y (see _tempered); ``(out, shift)``.
+def _weights(y: np.ndarray, top: np.ndarray, out: np.ndarray,
+             shift: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``exp(y - shift)`` of float32 ``y`` ``(m, vocab)`` into ``out[:, :vocab]`` (see _SUBNORMAL); ``(out,
+    shift)``.
 
     NOTE(engine): ``shift`` is each row's max, or 0 where every row of the group lies within [-87, 80]: then
     ``exp(y)`` neither overflows (64 weights of at most e^80 sum to < 2^128) nor goes subnormal, and the
@@ -243,54 +197,37 @@ def _weights(y: np.ndarray, top: np.ndarray, out: np.ndarray, shift: np.ndarray 
     """
     vocab = y.shape[1]
     w = out[:, :vocab]
-    lowest = -np.inf if patch is None or not len(patch[2]) else patch[2].min()  # the patch's values
     safe = False  # whether y is known to lie within [-87, 80]
     if shift is None:
-        safe = bool(y.min() >= _SUBNORMAL and (patch is None or lowest >= _SUBNORMAL)
-                    and (top <= _DIRECT_MAX).all())
+        safe = bool((y.min(axis=-1) >= _SUBNORMAL).all() and (top <= _DIRECT_MAX).all())
         shift = np.zeros(len(y), dtype=np.float32) if safe else top.copy()
     base = y
     if shift.any():
         base = np.subtract(y, shift[:, None], out=w)
-    patched = None if patch is None else patch[2] - shift[patch[0]]
-    deep = not safe and (base.min() < _SUBNORMAL or (patched is not None and len(patched)
-                                                      and patched.min() < _SUBNORMAL))
+    deep = not safe and base.min() < _SUBNORMAL
     if deep:  # see _SUBNORMAL
         base = np.maximum(base, _SUBNORMAL, out=w)
     np.exp(base, out=w)  # -inf -> 0
     if deep:  # what was clamped (masked tokens too) goes to exactly 0
         np.multiply(w, w > _SUBNORMAL_WEIGHT, out=w)
-    if patched is not None:  # the patched tokens' weights, the same operations
-        if deep:
-            patched = np.maximum(patched, _SUBNORMAL)
-        patched = np.exp(patched)
-        if deep:
-            patched *= patched > _SUBNORMAL_WEIGHT
-        w[patch[0], patch[1]] = patched
     return out, shift
 
 
 def _tempered(logits: np.ndarray, lo: int, hi: int, scale: np.ndarray | None,
-              edits: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-              scratch: np.ndarray | None) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
-    """Rows ``lo:hi`` of ``edit(logits) / temperature`` (float32 ``[hi - lo, vocab]``, in ``scratch`` when
-    divided), and the edits of those rows that y does not hold yet: ``(rows, cols, values)`` with rows from
-    0, or None.
-
-    NOTE(engine): without a temperature the edits are not copied in: y stays the caller's logits and the
-    edits are laid over what is computed from it (the max, the weights, the candidates' values), which saves
-    copying the rows (0.13 ms a row at 262k, for presence 0.5 at temperature 1).
-    """
+              edits: tuple[np.ndarray, np.ndarray, np.ndarray] | None, scratch: np.ndarray | None) -> np.ndarray:
+    """Rows ``lo:hi`` of ``edit(logits) / temperature`` (float32 ``[hi - lo, vocab]``), in ``scratch`` if changed."""
     y = logits[lo:hi] if scale is None else np.divide(logits[lo:hi], scale[lo:hi], out=scratch[:hi - lo])
     if edits is not None:
         rows, cols, values = edits
         a, b = np.searchsorted(rows, [lo, hi])
         if a < b:
             if scale is None:
-                return y, (rows[a:b] - lo, cols[a:b], values[a:b])
-            # the edited values divided as the rest: elementwise, the same floats as editing first
-            y[rows[a:b] - lo, cols[a:b]] = values[a:b] / scale[rows[a:b], 0]
-    return y, None
+                y = scratch[:hi - lo]
+                np.copyto(y, logits[lo:hi])
+                y[rows[a:b] - lo, cols[a:b]] = values[a:b]
+            else:  # the edited values divided as the rest: elementwise, the same floats as editing first
+                y[rows[a:b] - lo, cols[a:b]] = values[a:b] / scale[rows[a:b], 0]
+    return y
 
 
 def _draw_dense(logits: np.ndarray, rows: np.ndarray, sums: np.ndarray, u: np.ndarray, shift: np.ndarray,
