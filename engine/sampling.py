@@ -199,7 +199,7 @@ def _weights(y: np.ndarray, top: np.ndarray, out: np.ndarray,
     w = out[:, :vocab]
     safe = False  # whether y is known to lie within [-87, 80]
     if shift is None:
-        safe = bool((y.min(axis=-1) >= _SUBNORMAL).all() and (top <= _DIRECT_MAX).all())
+        safe = bool(y.min() >= _SUBNORMAL and top.max() <= _DIRECT_MAX)
         shift = np.zeros(len(y), dtype=np.float32) if safe else top.copy()
     base = y
     if shift.any():
