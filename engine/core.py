@@ -263,7 +263,8 @@ class EngineCore:
             logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
                                         [r.num_computed_tokens for r in batch])
             t1 = clock()
-            results = sample_batch(logits, [r.sampler_state for r in batch], self._bitmask, masked)
+            results = sample_batch(logits, [r.sampler_state for r in batch], self._bitmask, masked,
+                                   summary=self.runner.decode_summary)
         except Exception as exc:
             self._fail(batch, exc)
             return

@@ -131,7 +131,8 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
         prefill_session, prefill_io = _prefill_session(folder, config, opened)
         runner = BucketRunner(session, io, kv, **common, device_alloc=_device_alloc(selected, session),
                               packed_input=opened.packed_input, graph_ids=True, row_chunks=True,
-                              prefill_session=prefill_session, prefill_io=prefill_io)
+                              prefill_session=prefill_session, prefill_io=prefill_io,
+                              row_summary=opened.row_summary)
         kind = "buckets (pointer, captured steps)"
     elif kv.row_views and config.kv_rows != OPAQUE:
         runner = Runner(session, io, kv, **common)
@@ -142,7 +143,8 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
         staged = _staged_prefill_parts(folder, config, opened, kv_shape, allocator) if prefix else {}
         runner = BucketRunner(session, io, kv, **common, prefix_views=prefix,
                               device_alloc=_device_alloc(selected, session) if opened.graph_capture else None,
-                              packed_input=opened.packed_input, graph_ids=opened.graph_capture, **staged)
+                              packed_input=opened.packed_input, graph_ids=opened.graph_capture,
+                              row_summary=opened.row_summary and opened.graph_capture, **staged)
         kind = "buckets" if prefix else "whole buffer"
     if selected is not None:
         try:  # compile the kernels (and capture the decode steps) before the first request

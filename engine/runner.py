@@ -41,6 +41,7 @@ class ModelRunner(Protocol):
     whole_buffer: bool  # every decode run covers a prefix of the rows, not just the running ones
     input_source: str  # where the decode inputs live ("cpu", "ep_host_accessible", "cpu->device", ...)
     logits_source: str  # where the logits are written ("cpu", "ep_host_accessible", "device->cpu")
+    decode_summary: tuple[np.ndarray, np.ndarray] | None  # the last decode's rows: (argmax, log-normalizer)
 
     @property
     def can_copy(self) -> bool:
@@ -112,6 +113,9 @@ class RunnerBase:
     """
 
     whole_buffer = False
+    # The last decode's rows as the device summarized them: (argmax int64 [n], log-normalizer float32 [n]), the
+    # rows of the logits ``decode`` returned; None where the decode graph has no row summary.
+    decode_summary: tuple[np.ndarray, np.ndarray] | None = None
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
                  max_position: int, input_allocator: InputAllocator = host_input) -> None:

@@ -209,3 +209,55 @@ def test_fixed_chunk_shapes_stand_in_for_cuda_give_the_row_view_tokens(pair, tin
         np.testing.assert_allclose(split, whole, rtol=1e-4, atol=1e-4)
     finally:
         engine.shutdown()
+
+
+def test_the_row_summary_of_a_captured_step_stand_in_for_cuda_is_each_rows_argmax_and_log_normalizer(model):
+    """The decode graph the CUDA EP captures, with each row's argmax and log-normalizer as two more outputs
+    (``engine.graph_capture.add_row_summary``), run on the CPU EP through the same fixed-buffer runner: the summary
+    is the argmax and log-sum-exp of the logits the step returns, and greedy tokens and logprobs sampled from it
+    are those of the CPU's own pass over the logits."""
+    from engine.bucket_runner import BucketRunner
+    from engine.graph_capture import capture_graph_bytes
+    from engine.sampler import RequestSampler, sample_batch
+
+    folder, _, _ = model
+    session, _ = create_session(folder, EngineConfig(max_batch=4), model_bytes=capture_graph_bytes(
+        folder, 96, row_summary=True))
+    io = check_graph(folder, session)
+    plain, _ = create_session(folder, EngineConfig(max_batch=4))
+
+    def cpu_alloc(shape, dtype):
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=dtype))
+
+    kv = KVCache(KVShape(folder.num_layers, 4, folder.num_kv_heads, 96, folder.head_size, io.kv_dtype),
+                 HostKVAllocator(POINTER))
+    runner = BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, device_alloc=cpu_alloc,
+                          row_chunks=True, prefill_session=plain, prefill_io=check_graph(folder, plain),
+                          row_summary=True)
+    prompts = [np.random.default_rng(s).integers(3, 500, n).tolist() for s, n in ((3, 21), (4, 9), (5, 14))]
+    last = []
+    for slot, p in enumerate(prompts):
+        for start in range(0, len(p), 16):
+            logits = runner.prefill(slot, p[start:start + 16], start)
+        last.append(int(np.argmax(logits)))
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=True, top_logprobs=3)
+    for i in range(4):
+        slots = [0, 2] if i % 2 else [0, 1, 2]  # a step over part of a bucket, too
+        logits = runner.decode(slots, [last[s] for s in slots], [len(prompts[s]) + i for s in slots])
+        assert runner.decode_summary is not None
+        argmax, log_norm = runner.decode_summary
+        wide = logits.astype(np.float64)
+        np.testing.assert_array_equal(argmax, wide.argmax(axis=-1))
+        reference = wide.max(axis=-1) + np.log(np.exp(wide - wide.max(axis=-1, keepdims=True)).sum(axis=-1))
+        np.testing.assert_allclose(log_norm, reference, rtol=1e-6, atol=1e-5)
+        fresh = [RequestSampler(params, prompts[s], runner.vocab_size) for s in slots]
+        device = sample_batch(logits, fresh, summary=runner.decode_summary)
+        host = sample_batch(logits, [RequestSampler(params, prompts[s], runner.vocab_size) for s in slots])
+        assert [r.token_id for r in device] == [r.token_id for r in host] == argmax.tolist()
+        for d, h in zip(device, host):
+            assert d.logprob.token_id == h.logprob.token_id
+            assert abs(d.logprob.logprob - h.logprob.logprob) < 1e-4
+            assert [t for t, _ in d.logprob.top] == [t for t, _ in h.logprob.top]
+            np.testing.assert_allclose([v for _, v in d.logprob.top], [v for _, v in h.logprob.top], atol=1e-4)
+        for s, t in zip(slots, argmax.tolist()):
+            last[s] = t
