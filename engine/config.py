@@ -48,6 +48,9 @@ class EngineConfig:
         fixed_chunk_shapes: prompt chunks and draft checks in a row run as pieces of fixed lengths, each run
             once at load (``engine.runner.chunk_pieces``: 141 tokens as 128 + 13); None -> on for the CUDA EP,
             whose first run of a length costs 50-85 ms; row-view KV only.
+        batched_prompts: new requests' prompts that fit one run go in together, all but each one's last token as
+            one right-padded first-prompt run (``engine.runner.RowChunks.prompts``), the last tokens within the
+            step's decode run; None -> where fixed chunk shapes are on (CUDA), False -> one chunk run each.
         device_row_summary: captured decode steps also give each row's argmax and log-normalizer, computed on
             the device (``engine.graph_capture.add_row_summary``), so greedy rows and their log-probabilities
             skip the CPU's pass over the logits; None -> on for the CUDA EP, False -> off.
@@ -87,6 +90,7 @@ class EngineConfig:
     matmul_row_groups: int | None = None
     fixed_chunk_shapes: bool | None = None
     device_row_summary: bool | None = None
+    batched_prompts: bool | None = None
     seed: int | None = None
     chat_template: str | None = None
     grammar_compile_timeout_s: float = 10.0

@@ -120,22 +120,26 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
     fixed_shapes = config.fixed_chunk_shapes
     if fixed_shapes is None:  # NOTE(engine): measured on CUDA (see engine.runner.chunk_pieces); MIGraphX pads itself
         fixed_shapes = selected is not None and selected.provider == "cuda"
+    batch_prompts = config.batched_prompts
+    if batch_prompts is None:  # NOTE(engine): where a run's cost is its launches (CUDA), not its compute (the CPU)
+        batch_prompts = fixed_shapes
     common = dict(prefill_chunk=config.prefill_chunk, max_position=max_model_len,
                   input_allocator=make_input_allocator(selected), fixed_shapes=fixed_shapes and kv.row_views,
                   max_verify=config.speculative_tokens + 1 if config.speculative_tokens else 0)
+    rows_common = dict(common, batch_prompts=batch_prompts and kv.row_views)
     runner: ModelRunner
     if kv.addressing == POINTER:
         kv.row_copy = _address_copier(folder, config, selected, kv)
     graphs = kv.addressing == POINTER and (opened.graph_capture or caps.ep_graphs)
     if graphs:
         prefill_session, prefill_io = _prefill_session(folder, config, opened)
-        runner = BucketRunner(session, io, kv, **common, device_alloc=_device_alloc(selected, session),
+        runner = BucketRunner(session, io, kv, **rows_common, device_alloc=_device_alloc(selected, session),
                               packed_input=opened.packed_input, graph_ids=True, row_chunks=True,
                               prefill_session=prefill_session, prefill_io=prefill_io,
                               row_summary=opened.row_summary)
         kind = "buckets (pointer, captured steps)"
     elif kv.row_views and config.kv_rows != OPAQUE:
-        runner = Runner(session, io, kv, **common)
+        runner = Runner(session, io, kv, **rows_common)
         kind = f"rows ({kv.addressing})"
     else:
         # NOTE(engine): kv_rows="opaque" on host KV runs the opaque path with host buffers (its CPU stand-in)

@@ -187,7 +187,7 @@ def test_fixed_chunk_shapes_stand_in_for_cuda_give_the_row_view_tokens(pair, tin
     views, _ = pair
     engine = AsyncEngine.from_model_dir(tiny_model, EngineConfig(kv_rows="pointer", fixed_chunk_shapes=True,
                                                                  max_batch=4, prefill_chunk=64,
-                                                                 speculative_tokens=0))
+                                                                 speculative_tokens=0, batched_prompts=False))
     try:
         runner = engine._core.runner  # test only: nothing runs yet
         chunks = runner.chunks
@@ -261,3 +261,57 @@ def test_the_row_summary_of_a_captured_step_stand_in_for_cuda_is_each_rows_argma
             np.testing.assert_allclose([v for _, v in d.logprob.top], [v for _, v in h.logprob.top], atol=1e-4)
         for s, t in zip(slots, argmax.tolist()):
             last[s] = t
+
+
+@pytest.mark.parametrize("rows,fixed", [("pointer", True), (None, False)], ids=["pointer-fixed", "host-exact"])
+def test_a_burst_of_prompts_run_together_stand_in_for_cuda_gives_the_row_view_tokens(pair, tiny_model: Path,
+                                                                                      rows, fixed):
+    """Batched prompts (the CUDA default): new requests arriving together run all but their last prompt token in
+    one right-padded first-prompt run per group of consecutive slots, and their last tokens decode with the running
+    stream. Held at a DecodeGate while the burst arrives, so the burst lands in one step by construction: a
+    one-token prompt, an n = 2 request, a prompt longer than one run and a reused prefix take the ordinary path
+    beside it. Every request's tokens equal the row-view engine's, and the batched run is counted."""
+    from tests.conftest import DecodeGate
+
+    views, _ = pair
+    gate = DecodeGate()
+    engine = AsyncEngine.from_model_dir(tiny_model, EngineConfig(
+        kv_rows=rows, fixed_chunk_shapes=fixed, batched_prompts=True, max_batch=8, prefill_chunk=96,
+        speculative_tokens=0, fault_injector=gate))
+    try:
+        runner = engine._core.runner  # test only
+        assert runner.can_batch_prompts and runner.max_batched_prompt == (64 if fixed else 96)
+        params = SamplingParams(max_tokens=6, **GREEDY)
+        rng = np.random.default_rng(11)
+        burst = [rng.integers(3, views.vocab_size, n).tolist() for n in (9, 30, 2, 17, 1, 70)]
+        first = rng.integers(3, views.vocab_size, 12).tolist()
+
+        async def scenario(e: AsyncEngine, tag: str, hold: bool):
+            if hold:
+                gate.shut(after=1)
+            running = asyncio.create_task(_collect(e, first, SamplingParams(max_tokens=12, **GREEDY), f"{tag}-r"))
+            if hold:
+                await asyncio.to_thread(gate.wait_held)
+            tasks = [asyncio.create_task(_collect(e, p, params, f"{tag}-{i}")) for i, p in enumerate(burst)]
+            tasks.append(asyncio.create_task(_collect(e, burst[0], SamplingParams(max_tokens=6, n=2, **GREEDY),
+                                                      f"{tag}-n2")))
+            await asyncio.sleep(0.2)
+            if hold:
+                gate.open()
+            outs = [await t for t in tasks]
+            again = await _collect(e, burst[1] + [5, 6], params, f"{tag}-again")  # a reused prefix: start > 0
+            return [_tokens(await running)] + [_tokens(o) for o in outs[:-1]] + \
+                [_tokens(outs[-1], 0), _tokens(outs[-1], 1), _tokens(again)]
+
+        chunks = runner.chunks
+        prompt_runs, prompt_rows = chunks.num_prompt_runs, chunks.num_prompt_rows
+        got = asyncio.run(scenario(engine, "b", True))
+        assert got == asyncio.run(scenario(views, "v", False))
+        assert all(len(t) == 6 for t in got[1:])
+        # the running request's prompt alone in slot 0, then slots 1-4 (9, 30, 2 and 17 tokens) in one run; the
+        # one-token prompt, the 70-token one (its first chunk is what the step's budget leaves), the n = 2 request
+        # and the reused prefix run their own chunks
+        assert chunks.num_prompt_rows - prompt_rows == 5 and chunks.num_prompt_runs - prompt_runs == 2
+    finally:
+        gate.open()
+        engine.shutdown()

@@ -97,13 +97,16 @@ def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu
         outs = asyncio.run(choices())
         n3 = [[t for o in outs if o.index == i for t in o.token_ids] for i in range(3)]
         stats = engine.stats()
+        chunks = runner.chunks
+        prompt_runs = (chunks.num_prompt_runs, chunks.num_prompt_rows) if chunks is not None else None
     finally:
         engine.shutdown()
     comparisons = {"short": [_compare(r, g) for r, g in zip(cpu_reference["short"], short)],
                    "long": [_compare(r, g) for r, g in zip(cpu_reference["long"], long)],
                    "follow": _compare(cpu_reference["follow"], follow)}
     findings[f"rows_by_address_capture_{graph_capture}"] = {"placement": placement, "comparisons": comparisons, "follow_copies": copied,
-                                   "n3_equal": all(c == follow[0] for c in n3), "stats_extra": stats.extra}
+                                   "n3_equal": all(c == follow[0] for c in n3), "stats_extra": stats.extra,
+                                   "batched_prompt_runs_rows": prompt_runs}
     assert placement.provider == "cuda" and placement.kv_rows == "pointer"
     assert placement.device_id == int(cuda_device.default_memory.device_id)
     # the seeds' design on a real GPU: decode inputs written in place in host-accessible memory, logits on the host
