@@ -504,13 +504,15 @@ class RowChunks:
 
     def prompts(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None:
         """Prompt tokens ``[0, len)`` of each of ``slots`` (ascending; rows holding no KV the request needs), in one
-        run per ``prompt_groups`` group: ``[k, S]``, each row right-padded with token 0 to the group's S (a
-        ``PROMPT_SHAPES`` length with fixed shapes), the mask S wide, so GroupQueryAttention takes it as a first
-        prompt, which it runs at any batch (a chunk after a past it runs at batch 1 only).
+        run per ``prompt_groups`` group: ``[k, S]``, each row filled up with token 0 to the group's S (a
+        ``PROMPT_SHAPES`` length with fixed shapes), the mask S wide and all ones, so GroupQueryAttention takes
+        it as a first prompt of S tokens in every row, which it runs at any batch (a chunk after a past it runs
+        at batch 1 only).
 
-        NOTE(engine): a padded position writes KV past the row's prompt, where nothing attends until the row's own
-        next tokens overwrite it (as an idle decode row's dummy token does); real positions attend causally, so
-        they never see the padding: the KV of each row is that of its prompt run alone (bit for bit on the CPU EP).
+        NOTE(engine): the filler writes KV past the row's prompt, where nothing attends until the row's own next
+        tokens overwrite it (as an idle decode row's dummy token does); real positions attend causally, so they
+        never see it: the KV of each row's prompt is that of its prompt run alone (bit for bit on the CPU EP).
+        The filler counts as tokens (not padding) so that no EP's handling of right padding is relied on.
         """
         owner = self.owner
         for at, k in prompt_groups(slots, self.fixed_shapes):
@@ -521,11 +523,9 @@ class RowChunks:
                 raise ValueError(f"a batched prompt holds 1..{owner.max_batched_prompt} tokens, got {lengths}")
             width = next(s for s in PROMPT_SHAPES if s >= longest) if self.fixed_shapes else longest
             ids = np.zeros((k, width), dtype=np.int64)
-            mask = np.zeros((k, width), dtype=np.int64)
             for r, tokens in enumerate(lists):
                 ids[r, :len(tokens)] = tokens
-                mask[r, :len(tokens)] = 1
-            self._run_prompts(rows[0], k, ids, mask)
+            self._run_prompts(rows[0], k, ids, np.ones((k, width), dtype=np.int64))
             owner.slot_len[list(rows)] = lengths
 
     def _run_prompts(self, lo: int, k: int, ids: np.ndarray, mask: np.ndarray) -> None:
