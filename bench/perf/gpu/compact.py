@@ -36,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         record.setdefault("phases", {})[phases.name.removesuffix("-phases.json")] = json.loads(phases.read_text())
     b1 = record.get("http", {}).get("cuda-spec0", {}).get("b1-c1", {}).get("output_tok_s")
     if b1:
-        record["ratios_vs_b1_c1"] = {k: round(v["output_tok_s"] / b1, 2)
-                                     for k, v in record["http"]["cuda-spec0"].items() if k in ("b8-c1", "b8-c8", "b64-c64")}
+        runs = record["http"]["cuda-spec0"]
+        record["ratios_vs_b1_c1"] = {k: round(v["output_tok_s"] / b1, 2) for k, v in runs.items()
+                                     if k in ("b8-c1", "b8-c8", "b64-c64")}
     json.dump(record, sys.stdout, indent=1)
     print()
     return 0

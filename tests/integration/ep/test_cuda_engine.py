@@ -73,16 +73,18 @@ def _near(comparisons: list[dict], tie: float) -> list[dict]:
     return [c for c in comparisons if not (c["equal_prefix"] == NUM_TOKENS or c.get("ref_top2_gap", 0.0) < tie)]
 
 
+@pytest.mark.parametrize("fixed_shapes", [None, False], ids=["fixed_shapes", "exact_chunks"])
 @pytest.mark.parametrize("batched_prompts", [None, False], ids=["batched_prompts", "prompts_alone"])
 @pytest.mark.parametrize("graph_capture", [False, None], ids=["rows", "captured_steps"])
 def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu_reference, findings,
-                                               graph_capture, batched_prompts) -> None:
+                                               graph_capture, batched_prompts, fixed_shapes) -> None:
     """Placement (pointer rows, pinned inputs and logits) and greedy tokens against the CPU EP: three short
     prompts together, then 45-100-token prompts in chunks of 32 straight into their rows, decoded together, then
     a follow-up that reuses a prompt (a device row copy), then n = 3 choices of it. Without capture decode runs
     the running rows; with it (CUDA graphs, one per bucket: the discipline HIP graphs need on AMD) rows [0, b)."""
     engine = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(provider="cuda", graph_capture=graph_capture,
-                                                                       batched_prompts=batched_prompts, **CONFIG))
+                                                                       batched_prompts=batched_prompts,
+                                                                       fixed_chunk_shapes=fixed_shapes, **CONFIG))
     try:
         placement = engine.placement
         runner = engine._core.runner  # test only: the core's runner
@@ -105,7 +107,7 @@ def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu
     comparisons = {"short": [_compare(r, g) for r, g in zip(cpu_reference["short"], short)],
                    "long": [_compare(r, g) for r, g in zip(cpu_reference["long"], long)],
                    "follow": _compare(cpu_reference["follow"], follow)}
-    findings[f"rows_by_address_capture_{graph_capture}_batched_{batched_prompts}"] = {"placement": placement, "comparisons": comparisons, "follow_copies": copied,
+    findings[f"rows_by_address_capture_{graph_capture}_batched_{batched_prompts}_fixed_{fixed_shapes}"] = {"placement": placement, "comparisons": comparisons, "follow_copies": copied,
                                    "n3_equal": all(c == follow[0] for c in n3), "stats_extra": stats.extra,
                                    "batched_prompt_runs_rows": prompt_runs}
     assert placement.provider == "cuda" and placement.kv_rows == "pointer"
