@@ -50,7 +50,7 @@ class BucketRunner(RunnerBase):
             ``gpu_graph_id`` (the bucket size).
         row_chunks: row-view KV (pointer): prompt chunks and draft checks run in the slot's own row on
             ``prefill_session`` (uncaptured: ``gpu_graph_id=-1`` where steps are captured), no staging.
-        fixed_shapes, max_verify, batch_prompts: for the row chunks (see ``RowChunks``).
+        fixed_shapes, max_verify, batch_prompts, prompt_shapes: for the row chunks (see ``RowChunks``).
         row_summary: with ``device_alloc``: the decode graph also outputs each row's argmax and log-normalizer
             (``engine.graph_capture.add_row_summary``); ``decode`` then leaves them in ``decode_summary``.
     """
@@ -63,7 +63,7 @@ class BucketRunner(RunnerBase):
                  staging: KVCache | None = None, prefill_session: ort.InferenceSession | None = None,
                  prefill_io: GraphIO | None = None, copier: RowCopier | None = None, graph_ids: bool = False,
                  row_chunks: bool = False, fixed_shapes: bool = False, max_verify: int = 0,
-                 row_summary: bool = False, batch_prompts: bool = False) -> None:
+                 row_summary: bool = False, batch_prompts: bool = False, prompt_shapes: bool | None = None) -> None:
         super().__init__(session, io, kv, prefill_chunk=prefill_chunk, max_position=max_position,
                          input_allocator=input_allocator)
         n, vocab = self.num_slots, self.vocab_size
@@ -90,7 +90,7 @@ class BucketRunner(RunnerBase):
                 skip = ort.RunOptions()
                 skip.add_run_config_entry("gpu_graph_id", "-1")  # NOTE(engine): ORT's "no capture" annotation
             self.chunks = RowChunks(self, self.prefill_session, self.prefill_io, skip, fixed_shapes=fixed_shapes,
-                                    max_verify=max_verify, batch_prompts=batch_prompts)
+                                    max_verify=max_verify, batch_prompts=batch_prompts, prompt_shapes=prompt_shapes)
         self.decode_logits = np.zeros((n, 1, vocab), dtype=np.float32)
         self.logits_source = "cpu"
         self._decode_bindings: dict[int, ort.IOBinding] = {}

@@ -117,16 +117,22 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
     if config.kv_rows == POINTER and isinstance(allocator, HostKVAllocator):
         allocator = HostKVAllocator(POINTER)  # host memory bound by address: the stand-in for CUDA/HIP rows
     kv = KVCache(kv_shape, allocator)
+    cuda = selected is not None and selected.provider == "cuda"
     fixed_shapes = config.fixed_chunk_shapes
     if fixed_shapes is None:  # NOTE(engine): measured on CUDA (see engine.runner.chunk_pieces); MIGraphX pads itself
-        fixed_shapes = selected is not None and selected.provider == "cuda"
+        from ep.flags import cuda_int4_gemm_on
+
+        # NOTE(engine): only beside the fused INT4 kernels: with ORT's own MatMulNBits kernels (onnxruntime-gpu
+        # 1.31.1, H200) pieces of 14-16 tokens after a past gave greedy tokens unlike the CPU EP's from the 6th on
+        # (tests/integration/ep/test_cuda_engine.py, exact chunks and the fused kernels both match)
+        fixed_shapes = cuda and cuda_int4_gemm_on()
     batch_prompts = config.batched_prompts
     if batch_prompts is None:  # NOTE(engine): where a run's cost is its launches (CUDA), not its compute (the CPU)
-        batch_prompts = fixed_shapes
+        batch_prompts = cuda
     common = dict(prefill_chunk=config.prefill_chunk, max_position=max_model_len,
                   input_allocator=make_input_allocator(selected), fixed_shapes=fixed_shapes and kv.row_views,
                   max_verify=config.speculative_tokens + 1 if config.speculative_tokens else 0)
-    rows_common = dict(common, batch_prompts=batch_prompts and kv.row_views)
+    rows_common = dict(common, batch_prompts=batch_prompts and kv.row_views, prompt_shapes=fixed_shapes or cuda)
     runner: ModelRunner
     if kv.addressing == POINTER:
         kv.row_copy = _address_copier(folder, config, selected, kv)

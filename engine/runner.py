@@ -177,7 +177,7 @@ class RunnerBase:
         if not self.can_batch_prompts:
             return 0
         cap = min(self.prefill_chunk, self.length, PROMPT_SHAPES[-1])
-        return max((s for s in PROMPT_SHAPES if s <= cap), default=0) if self.chunks.fixed_shapes else cap
+        return max((s for s in PROMPT_SHAPES if s <= cap), default=0) if self.chunks.prompt_shapes else cap
 
     def prefill_prompts(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None:
         """The prompts of new requests, ``token_lists[i]`` at positions ``[0, len)`` of ``slots[i]`` (ascending),
@@ -256,12 +256,13 @@ class Runner(RunnerBase):
     With host-accessible memory (``input_allocator``) the decode inputs and logits live there: the CPU writes the
     inputs in place and reads the logits where the run wrote them, with no extra copy.
 
-    Args: see ``RunnerBase``; ``fixed_shapes``, ``max_verify`` and ``batch_prompts``: see ``RowChunks``.
+    Args: see ``RunnerBase``; ``fixed_shapes``, ``max_verify``, ``batch_prompts`` and ``prompt_shapes``: see
+    ``RowChunks``.
     """
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
                  max_position: int, input_allocator: InputAllocator = host_input, fixed_shapes: bool = False,
-                 max_verify: int = 0, batch_prompts: bool = False) -> None:
+                 max_verify: int = 0, batch_prompts: bool = False, prompt_shapes: bool | None = None) -> None:
         if not kv.row_views:
             raise ValueError(f"row views need host or pointer KV; this KV cache is {kv.addressing} "
                              "(engine.bucket_runner.BucketRunner runs opaque buffers)")
@@ -274,7 +275,7 @@ class Runner(RunnerBase):
         self.decode_logits, _ = input_allocator((n, 1, vocab), np.float32)
         self.logits_source = getattr(input_allocator, "source", "cpu")
         self.chunks = RowChunks(self, session, io, fixed_shapes=fixed_shapes, max_verify=max_verify,
-                                batch_prompts=batch_prompts)
+                                batch_prompts=batch_prompts, prompt_shapes=prompt_shapes)
         self._decode_bindings: dict[tuple[int, int], ort.IOBinding] = {}
         # NOTE(engine): with plain CPU inputs over host KV a decode step's mask is only as wide as its longest
         # row: GQA takes total_sequence_length from the mask width and its per-row cost grows with it (~15% of
@@ -475,13 +476,16 @@ class RowChunks:
         fixed_shapes: run each chunk as ``chunk_pieces`` (lengths ``warm_shapes`` runs once at load).
         max_verify: the longest draft check (the tokens of one verify run), for ``warm_shapes``.
         batch_prompts: ``prompts`` runs new requests' prompts together (needs the graph's logits_to_keep).
+        prompt_shapes: those runs take ``PROMPT_SHAPES`` widths and power-of-two row counts, each warmed at load
+            (None: as ``fixed_shapes``).
     """
 
     def __init__(self, owner: RunnerBase, session: ort.InferenceSession, io: GraphIO,
                  run_options: ort.RunOptions | None = None, fixed_shapes: bool = False, max_verify: int = 0,
-                 batch_prompts: bool = False) -> None:
+                 batch_prompts: bool = False, prompt_shapes: bool | None = None) -> None:
         self.owner = owner
         self.fixed_shapes = fixed_shapes
+        self.prompt_shapes = fixed_shapes if prompt_shapes is None else prompt_shapes
         self.max_verify = max_verify
         self.num_runs = 0  # session runs made (a chunk with fixed shapes may take several)
         self.session = session
@@ -515,13 +519,13 @@ class RowChunks:
         The filler counts as tokens (not padding) so that no EP's handling of right padding is relied on.
         """
         owner = self.owner
-        for at, k in prompt_groups(slots, self.fixed_shapes):
+        for at, k in prompt_groups(slots, self.prompt_shapes):
             rows, lists = slots[at:at + k], token_lists[at:at + k]
             lengths = [len(t) for t in lists]
             longest = max(lengths)
             if not (0 < min(lengths) and longest <= owner.max_batched_prompt):
                 raise ValueError(f"a batched prompt holds 1..{owner.max_batched_prompt} tokens, got {lengths}")
-            width = next(s for s in PROMPT_SHAPES if s >= longest) if self.fixed_shapes else longest
+            width = next(s for s in PROMPT_SHAPES if s >= longest) if self.prompt_shapes else longest
             ids = np.zeros((k, width), dtype=np.int64)
             for r, tokens in enumerate(lists):
                 ids[r, :len(tokens)] = tokens
@@ -566,7 +570,7 @@ class RowChunks:
         """With fixed shapes, run every piece length once in slot 0 (which holds nothing yet), and the draft
         checks' up to ``max_verify`` tokens (None: the one given at construction); returns the runs made."""
         if not self.fixed_shapes:
-            return 0
+            return self.warm_prompt_shapes()
         runs = [(num, False) for num in chunk_shapes(self.owner.prefill_chunk)]
         longest = self.max_verify if max_verify is None else max_verify
         runs += [(num, True) for num in chunk_shapes(longest)] if self.keep_last else []
@@ -578,7 +582,7 @@ class RowChunks:
     def warm_prompt_shapes(self) -> int:
         """With fixed shapes and batched prompts, run each ``[k, S]`` a step's budget can ask for once, in rows
         ``[0, k)`` (which hold nothing yet); returns the runs made."""
-        if not (self.fixed_shapes and self.batch_prompts):
+        if not (self.prompt_shapes and self.batch_prompts):
             return 0
         owner, made = self.owner, 0
         limit = max(2 * owner.prefill_chunk, PROMPT_SHAPES[0] * owner.num_slots)

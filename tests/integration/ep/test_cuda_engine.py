@@ -73,21 +73,24 @@ def _near(comparisons: list[dict], tie: float) -> list[dict]:
     return [c for c in comparisons if not (c["equal_prefix"] == NUM_TOKENS or c.get("ref_top2_gap", 0.0) < tie)]
 
 
-@pytest.mark.parametrize("fixed_shapes", [None, False], ids=["fixed_shapes", "exact_chunks"])
+@pytest.mark.parametrize("fixed_shapes", [None, "fused"], ids=["default_chunks", "fused_int4_fixed_shapes"])
 @pytest.mark.parametrize("batched_prompts", [None, False], ids=["batched_prompts", "prompts_alone"])
 @pytest.mark.parametrize("graph_capture", [False, None], ids=["rows", "captured_steps"])
 def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu_reference, findings,
-                                               graph_capture, batched_prompts, fixed_shapes) -> None:
+                                               graph_capture, batched_prompts, fixed_shapes, monkeypatch) -> None:
     """Placement (pointer rows, pinned inputs and logits) and greedy tokens against the CPU EP: three short
     prompts together, then 45-100-token prompts in chunks of 32 straight into their rows, decoded together, then
     a follow-up that reuses a prompt (a device row copy), then n = 3 choices of it. Without capture decode runs
     the running rows; with it (CUDA graphs, one per bucket: the discipline HIP graphs need on AMD) rows [0, b)."""
+    if fixed_shapes == "fused":  # NOTE(test): what a server of --max-batch > 1 runs: the fused kernels, fixed shapes
+        monkeypatch.setenv("ORT_FPA_INTB_GEMM", "1")  # read when the session is made
     engine = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(provider="cuda", graph_capture=graph_capture,
-                                                                       batched_prompts=batched_prompts,
-                                                                       fixed_chunk_shapes=fixed_shapes, **CONFIG))
+                                                                       batched_prompts=batched_prompts, **CONFIG))
     try:
         placement = engine.placement
         runner = engine._core.runner  # test only: the core's runner
+        assert runner.chunks.fixed_shapes == (fixed_shapes == "fused")
+        assert runner.can_batch_prompts == (batched_prompts is None)
         short = asyncio.run(_greedy(engine, PROMPTS))
         long = asyncio.run(_greedy(engine, LONG_PROMPTS))
         copies = runner.kv.row_copy.num_copies
