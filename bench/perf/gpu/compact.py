@@ -15,12 +15,16 @@ from typing import Any
 
 def http_runs(serving: Path) -> dict[str, Any]:
     """name -> the figures of its first level (serving.json: one report per run)."""
+    def r(value: float | None, digits: int) -> float | None:
+        return None if value is None else round(value, digits)
+
     out = {}
     for name, report in json.loads(serving.read_text()).items():
         s = report["runs"][0]["summary"]
-        out[name] = {"output_tok_s": round(s["output_tokens_per_s"], 1), "ttft_p50_ms": round(s["ttft"]["p50_ms"], 1),
-                     "itl_p50_ms": round(s["itl"]["p50_ms"], 2), "itl_p99_ms": round(s["itl"]["p99_ms"], 2),
-                     "itl_max_ms": round(s["itl"]["max_ms"], 1), "tpot_p50_ms": round(s["tpot"]["p50_ms"], 2)}
+        out[name] = {"output_tok_s": r(s["output_tokens_per_s"], 1), "ttft_p50_ms": r(s["ttft"]["p50_ms"], 1),
+                     "itl_p50_ms": r(s["itl"]["p50_ms"], 2), "itl_p99_ms": r(s["itl"]["p99_ms"], 2),
+                     "itl_max_ms": r(s["itl"]["max_ms"], 1), "tpot_p50_ms": r(s["tpot"]["p50_ms"], 2),
+                     "num_ok": s["num_ok"], "num_requests": s["num_requests"]}
     return out
 
 

@@ -73,6 +73,14 @@ def _near(comparisons: list[dict], tie: float) -> list[dict]:
     return [c for c in comparisons if not (c["equal_prefix"] == NUM_TOKENS or c.get("ref_top2_gap", 0.0) < tie)]
 
 
+def _short_near(comparisons: list[dict]) -> list[dict]:
+    """The short prompts' divergences that are not near-ties: NEAR_TIE while the context is short, the long
+    prompts' LONG_NEAR_TIE once it is as long as theirs (45 tokens: fp16 differences grow with the context; with the
+    fused INT4 kernels one short prompt swapped a 0.10-nat tie at its 55th token)."""
+    return [c for p, c in zip(PROMPTS, comparisons)
+            if _near([c], LONG_NEAR_TIE if len(p) + c["equal_prefix"] >= 45 else 0.1)]
+
+
 @pytest.mark.parametrize("fixed_shapes", [None, "fused"], ids=["default_chunks", "fused_int4_fixed_shapes"])
 @pytest.mark.parametrize("batched_prompts", [None, False], ids=["batched_prompts", "prompts_alone"])
 @pytest.mark.parametrize("graph_capture", [False, None], ids=["rows", "captured_steps"])
@@ -125,7 +133,7 @@ def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu
         assert placement.runner == "rows (pointer)" and not placement.whole_buffer
         assert placement.decode_inputs == "ep_host_accessible" and placement.logits == "ep_host_accessible"
     assert len(set(cpu_reference["short"][0][0])) >= 10  # the reference is varied: the comparison means something
-    assert not _near(comparisons["short"], 0.1), comparisons["short"]
+    assert not _short_near(comparisons["short"]), comparisons["short"]
     assert not _near(comparisons["long"] + [comparisons["follow"]], LONG_NEAR_TIE), comparisons
     assert copied >= 1 and stats.extra.get("prefix_cache_hits_total", 1) > 0
     assert all(c == follow[0] for c in n3), "n > 1 choices of a greedy request differ"
