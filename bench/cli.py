@@ -12,7 +12,8 @@ import os
 import sys
 from collections.abc import Callable
 
-from bench.loadgen import HttpBackend, HttpSettings, RemoteUrlError, RssSampler, check_loopback, run_load
+from bench.loadgen import (HttpBackend, HttpSettings, RemoteUrlError, RssSampler, check_loopback, run_load,
+                           run_load_processes)
 from bench.metrics import Slo
 from bench.report import build_report, compare, format_compare, format_summary, load_report, run_entry, write_report
 from bench.features import FEATURE_SCENARIOS
@@ -93,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="hard cap per run in seconds; in-flight requests are cut (default %(default)s)")
     load.add_argument("--request-timeout", type=float, default=300.0,
                       help="cap on one request in seconds (default %(default)s)")
+    load.add_argument("--client-processes", type=_positive_int, default=1,
+                      help="split each closed-loop level's users over this many client processes (HTTP, fixed "
+                      "scenario): one process streams ~4,000 chunks/s before the bench, not the server, is the "
+                      "limit (default 1)")
     load.add_argument("--warmup", type=int, default=1, help="unrecorded requests before the first run (default 1)")
     load.add_argument("--seed", type=int, default=0, help="prompt and arrival seed (default 0)")
     feat = p.add_argument_group("multiturn and copy scenarios")
@@ -262,9 +267,17 @@ async def _run(args: argparse.Namespace) -> dict:
                 sampler = RssSampler(server_pid, interval_s=args.rss_interval,
                                      baseline_after=min(SOAK_BASELINE_REQUESTS, max(1, args.num_requests // 10)))
             label = f"{'c' if 'concurrency' in level else 'rate'}={next(iter(level.values()))}"
-            result = await run_load(backend, specs, args.num_requests, duration_s=args.duration,
-                                    seed=args.seed * 1000 + i, label=label, progress=args.progress,
-                                    rss_sampler=sampler, **level)
+            if args.client_processes > 1 and args.engine is None and "concurrency" in level:
+                if args.scenario != "fixed":
+                    raise _TargetError("--client-processes splits the fixed scenario only")
+                result = await asyncio.to_thread(
+                    run_load_processes, backend.settings, args.scenario, args.num_requests, args.prompt_tokens,
+                    args.output_tokens, processes=args.client_processes, concurrency=level["concurrency"],
+                    seed=args.seed * 1000 + i, duration_s=args.duration, max_connections=max(16, max_users))
+            else:
+                result = await run_load(backend, specs, args.num_requests, duration_s=args.duration,
+                                        seed=args.seed * 1000 + i, label=label, progress=args.progress,
+                                        rss_sampler=sampler, **level)
             runs.append(run_entry(result, slo=slo, extra={"scenario": args.scenario}, **level))
     finally:
         await backend.aclose()

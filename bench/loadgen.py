@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -383,3 +383,57 @@ async def run_load(backend: Backend, specs: Iterable[RequestSpec], num_requests:
                      num_not_sent=num_requests - len(records),
                      rss=rss_sampler.summary() if rss_sampler else None)
 
+
+
+# NOTE(bench): one client process streams about 4,000 chunks/s through the openai SDK before its own CPU is the
+# limit (measured on an H200's host: 64 streams took 9.7 s of client CPU in 8.5 s of wall time, and two processes of
+# 32 streams together got 2x the tokens/s of one: bench/perf/gpu/c64_client.sh). Past that the bench measures
+# itself, so a closed-loop level can be split over client processes, as real users are.
+def run_load_processes(settings: HttpSettings, scenario: str, num_requests: int, prompt_tokens: int,
+                       output_tokens: int, *, processes: int, concurrency: int, seed: int = 0,
+                       duration_s: float | None = None, max_connections: int = 256) -> RunResult:
+    """``run_load`` over ``processes`` client processes started together: process i sends the requests whose index
+    is i modulo ``processes``, with its share of the ``concurrency`` users; the records come back merged on one
+    clock (each process's start, by the wall clock), and the duration runs from the first send to the last end."""
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager, concurrent.futures.ProcessPoolExecutor(processes, mp_context=ctx) as pool:
+        ready = manager.Barrier(processes)  # every child has its client and the model id before any sends
+        futures = [pool.submit(_process_share, settings, scenario, num_requests, prompt_tokens, output_tokens, i,
+                               processes, concurrency, seed, duration_s, max_connections, ready)
+                   for i in range(processes)]
+        shares = [f.result() for f in futures]
+    first = min(t0 for t0, _ in shares)
+    records = []
+    for t0, result in shares:
+        for record in result.records:
+            record.start_s += t0 - first
+            records.append(record)
+    end = max(t0 - first + result.duration_s for t0, result in shares)
+    return RunResult(records=sorted(records, key=lambda r: r.index), duration_s=end,
+                     num_not_sent=sum(result.num_not_sent for _, result in shares))
+
+
+def _process_share(settings: HttpSettings, scenario: str, num_requests: int, prompt_tokens: int, output_tokens: int,
+                   share: int, processes: int, concurrency: int, seed: int, duration_s: float | None,
+                   max_connections: int, ready: Any) -> tuple[float, RunResult]:
+    """One client process of ``run_load_processes``: (its start by the wall clock, its RunResult)."""
+    from bench.scenarios import iter_requests
+
+    async def main() -> tuple[float, RunResult]:
+        backend = HttpBackend(settings, max_connections=max_connections)
+        try:
+            await backend.prepare()
+            specs = [s for s in iter_requests(scenario, num_requests, prompt_tokens, output_tokens, seed=seed)
+                     if s.index % processes == share]
+            users = concurrency // processes + (1 if share < concurrency % processes else 0)
+            await asyncio.to_thread(ready.wait, 120)
+            t0 = time.time()
+            result = await run_load(backend, specs, len(specs), concurrency=max(1, users), duration_s=duration_s,
+                                    progress=False)
+            return t0, result
+        finally:
+            await backend.aclose()
+    return asyncio.run(main())

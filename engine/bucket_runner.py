@@ -50,7 +50,9 @@ class BucketRunner(RunnerBase):
             ``gpu_graph_id`` (the bucket size).
         row_chunks: row-view KV (pointer): prompt chunks and draft checks run in the slot's own row on
             ``prefill_session`` (uncaptured: ``gpu_graph_id=-1`` where steps are captured), no staging.
-        fixed_shapes, max_verify: for the row chunks (see ``RowChunks``).
+        fixed_shapes, max_verify, batch_prompts, prompt_shapes: for the row chunks (see ``RowChunks``).
+        row_summary: with ``device_alloc``: the decode graph also outputs each row's argmax and log-normalizer
+            (``engine.graph_capture.add_row_summary``); ``decode`` then leaves them in ``decode_summary``.
     """
 
     whole_buffer = True
@@ -60,7 +62,8 @@ class BucketRunner(RunnerBase):
                  device_alloc: DeviceAllocator | None = None, packed_input: str | None = None,
                  staging: KVCache | None = None, prefill_session: ort.InferenceSession | None = None,
                  prefill_io: GraphIO | None = None, copier: RowCopier | None = None, graph_ids: bool = False,
-                 row_chunks: bool = False, fixed_shapes: bool = False, max_verify: int = 0) -> None:
+                 row_chunks: bool = False, fixed_shapes: bool = False, max_verify: int = 0,
+                 row_summary: bool = False, batch_prompts: bool = False, prompt_shapes: bool | None = None) -> None:
         super().__init__(session, io, kv, prefill_chunk=prefill_chunk, max_position=max_position,
                          input_allocator=input_allocator)
         n, vocab = self.num_slots, self.vocab_size
@@ -87,7 +90,7 @@ class BucketRunner(RunnerBase):
                 skip = ort.RunOptions()
                 skip.add_run_config_entry("gpu_graph_id", "-1")  # NOTE(engine): ORT's "no capture" annotation
             self.chunks = RowChunks(self, self.prefill_session, self.prefill_io, skip, fixed_shapes=fixed_shapes,
-                                    max_verify=max_verify)
+                                    max_verify=max_verify, batch_prompts=batch_prompts, prompt_shapes=prompt_shapes)
         self.decode_logits = np.zeros((n, 1, vocab), dtype=np.float32)
         self.logits_source = "cpu"
         self._decode_bindings: dict[int, ort.IOBinding] = {}
@@ -111,7 +114,7 @@ class BucketRunner(RunnerBase):
                 if row_chunks:  # NOTE(engine): pointer memory: copy_tensors into host-accessible memory (4x pageable)
                     host_logits = self._host_logits[:b] if b < n else self._host_logits
                 self._device_ios[b] = DeviceDecodeIO(session, stage, io.logits, (b, 1, vocab), device_alloc,
-                                                     host_logits)
+                                                     host_logits, summary=row_summary)
                 if graph_ids and len(self.buckets) > 1:
                     self._run_options[b] = ort.RunOptions()
                     self._run_options[b].add_run_config_entry("gpu_graph_id", str(b))
@@ -138,6 +141,9 @@ class BucketRunner(RunnerBase):
         binding = self._decode_bindings.get(width) or self._make_decode_binding(width)
         logits = self._run_decode(binding, width)  # [width, 1, V]
         self.slot_len[rows] = pos + 1
+        device_io = self._device_ios.get(width)
+        if device_io is not None and device_io.row_argmax is not None:
+            self.decode_summary = (device_io.row_argmax[rows], device_io.row_log_norm[rows])
         if width > len(rows):
             return logits[rows, 0]  # [n, V] (a gather copy)
         return logits[:width, 0]  # [n, V] view

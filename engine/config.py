@@ -47,7 +47,16 @@ class EngineConfig:
             device's default.
         fixed_chunk_shapes: prompt chunks and draft checks in a row run as pieces of fixed lengths, each run
             once at load (``engine.runner.chunk_pieces``: 141 tokens as 128 + 13); None -> on for the CUDA EP,
-            whose first run of a length costs 50-85 ms; row-view KV only.
+            whose first run of a length costs 50-85 ms, when its fused INT4 kernels are on (ORT_FPA_INTB_GEMM;
+            with ORT's own kernels pieces of 14-16 tokens after a past gave tokens unlike the CPU EP's); row-view
+            KV only.
+        batched_prompts: new requests' prompts that fit one run go in together, all but each one's last token as
+            one right-padded first-prompt run (``engine.runner.RowChunks.prompts``), the last tokens within the
+            step's decode run; None -> on for the CUDA EP (runs of fixed widths, warmed at load), False -> one
+            chunk run each.
+        device_row_summary: captured decode steps also give each row's argmax and log-normalizer, computed on
+            the device (``engine.graph_capture.add_row_summary``), so greedy rows and their log-probabilities
+            skip the CPU's pass over the logits; None -> on for the CUDA EP, False -> off.
         seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
         chat_template: replaces the model's chat template: a built-in name (``engine.chat_template.
             BUILTIN_TEMPLATES``) or a Jinja file; None keeps the model's own.
@@ -83,6 +92,8 @@ class EngineConfig:
     graph_capture: bool | None = None
     matmul_row_groups: int | None = None
     fixed_chunk_shapes: bool | None = None
+    device_row_summary: bool | None = None
+    batched_prompts: bool | None = None
     seed: int | None = None
     chat_template: str | None = None
     grammar_compile_timeout_s: float = 10.0

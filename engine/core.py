@@ -230,17 +230,22 @@ class EngineCore:
             self.runner.copy_kv(copy.src, copy.dst, copy.start, copy.end)
         t = clock()
         phase[0] += t - t0
-        if out.decode:
-            self._run_decode(out.decode)
+        prefills: Sequence[PrefillChunk] = out.prefills
+        joined: tuple[PrefillChunk, ...] = ()
+        if prefills and self.runner.can_batch_prompts:
+            joined, prefills = self._run_prompts(prefills)
+            phase[5] += clock() - t
+        if out.decode or joined:
+            self._run_decode(out.decode, joined)
         num_verified = 0
         if out.verify:
             t = clock()
             for verify in out.verify:
                 num_verified += self._run_verify(verify)
             phase[4] += clock() - t
-        if out.prefills:
+        if prefills:
             t = clock()
-            for chunk in out.prefills:  # NOTE(engine): each its own run; a last chunk's first token goes out at once
+            for chunk in prefills:  # NOTE(engine): each its own run; a last chunk's first token goes out at once
                 self._run_prefill(chunk)
             phase[5] += clock() - t
         self._steps += 1
@@ -252,26 +257,59 @@ class EngineCore:
                 num_decoded / elapsed
         self._publish(time.monotonic())
 
-    def _run_decode(self, batch: tuple[Request, ...]) -> None:
+    def _run_prompts(self, chunks: Sequence[PrefillChunk]) -> tuple[tuple[PrefillChunk, ...], list[PrefillChunk]]:
+        """Run the whole prompts among ``chunks`` together but for their last tokens (``runner.prefill_prompts``);
+        returns (those chunks, whose last tokens join this step's decode run, the chunks left to run alone).
+
+        NOTE(engine): a prompt of one chunk (no reused prefix, no n > 1 choices) on a runner that batches prompts.
+        Its last token decodes with the running streams, so a burst of new requests costs one prompt run and no
+        run of its own per request (on CUDA each run is ~200 kernel launches whatever its size).
+        """
+        limit = self.runner.max_batched_prompt
+        batch = sorted((c for c in chunks if c.start == 0 and c.is_last and not c.request.forks
+                        and 2 <= c.num_tokens <= limit + 1), key=lambda c: c.request.slot)
+        if not batch:
+            return (), list(chunks)
+        rest = [c for c in chunks if all(c is not b for b in batch)]
+        try:
+            if self.fault_injector is not None:
+                self.fault_injector(StepInfo(self._steps, "prefill", tuple(c.request.request_id for c in batch)))
+            self.runner.prefill_prompts([c.request.slot for c in batch], [c.token_ids[:-1] for c in batch])
+        except Exception as exc:
+            self._fail([c.request for c in batch], exc)
+            return (), rest
+        self._prompt_total += sum(c.num_tokens - 1 for c in batch)
+        return tuple(batch), rest
+
+    def _run_decode(self, running: tuple[Request, ...], joined: tuple[PrefillChunk, ...] = ()) -> None:
+        """One decode run: a token for each of ``running`` and the last prompt token of each ``joined`` chunk
+        (``_run_prompts``), whose sample is the request's first token."""
         failed: dict[Request, str] = {}  # why a choice's constraint failed (that choice only)
         phase, clock = self._phase, time.perf_counter
         t0 = clock()
+        batch = running
+        positions = {id(c.request): len(c.request.prompt_ids) - 1 for c in joined}
+        if joined:
+            batch = tuple(sorted((*running, *(c.request for c in joined)), key=lambda r: r.slot))
         try:
             masked = self._fill_masks(batch, failed)
             if self.fault_injector is not None:
                 self.fault_injector(StepInfo(self._steps, "decode", tuple(r.request_id for r in batch)))
             logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
-                                        [r.num_computed_tokens for r in batch])
+                                        [positions.get(id(r), r.num_computed_tokens) for r in batch])
             t1 = clock()
-            results = sample_batch(logits, [r.sampler_state for r in batch], self._bitmask, masked)
+            results = sample_batch(logits, [r.sampler_state for r in batch], self._bitmask, masked,
+                                   summary=self.runner.decode_summary)
         except Exception as exc:
             self._fail(batch, exc)
             return
         t2 = clock()
         sampled = {r: res.token_id for r, res in zip(batch, results)}
         complete = self._advance(batch, results, masked, failed)
-        finished = self.scheduler.update_from_output(SchedulerOutput(None, batch), sampled, complete)
+        step = SchedulerOutput(joined[0] if joined else None, running, more_prefills=joined[1:])
+        finished = self.scheduler.update_from_output(step, sampled, complete)
         self._gen_total += len(batch)
+        self._prompt_total += len(joined)
         self._emit([(r, (res,)) for r, res in zip(batch, results)], finished, failed, complete)
         phase[1] += t1 - t0
         phase[2] += t2 - t1

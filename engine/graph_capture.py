@@ -28,6 +28,10 @@ TOTAL_LEN_NAME = "ortserve/total_sequence_length"
 # The packed decode input: int32 [num_slots, 2] = (token id, seqlens_k = KV length after this token - 1) per row,
 # one upload per step instead of three (each host -> WebGPU copy is a queue submission, ~0.4 ms on an H200).
 PACKED_INPUT = "ortserve/step"
+# The decode step's row summary (``capture_graph_bytes(row_summary=True)``): per row of the step's logits, its argmax
+# (int64 [num_slots, 1]) and log-normalizer log(sum(exp(logits))) (float32 [num_slots, 1]), computed on the device.
+ROW_ARGMAX = "ortserve/row_argmax"
+ROW_LOG_NORM = "ortserve/row_log_norm"
 
 # (shape, dtype) -> an OrtValue in device memory (zeroed)
 DeviceAllocator = Callable[[tuple[int, ...], Any], ort.OrtValue]
@@ -42,11 +46,12 @@ class OpenedSession:
     graph_capture: bool
     note: str  # why capture is on or off (logged, and reported in DevicePlacement)
     packed_input: str | None = None  # the graph's decode inputs are packed into this one (see capture_graph_bytes)
+    row_summary: bool = False  # the graph also outputs ROW_ARGMAX and ROW_LOG_NORM (see add_row_summary)
 
 
 def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = False,
                         names: tuple[str, str, str] = ("input_ids", "position_ids", "attention_mask"),
-                        row_groups: int = 0) -> bytes:
+                        row_groups: int = 0, row_summary: bool = False, logits: str = "logits") -> bytes:
     """The decoder graph with nothing left for the CPU EP when every run is ``[num_slots, 1]`` wide.
 
     Only the graph is rewritten (the weights stay in the folder's external data file):
@@ -60,7 +65,10 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
          rotary positions from when position_ids is absent, as it is for a one-token step);
       4. nodes nobody consumes any more are dropped;
       5. ``row_groups`` > 0: every MatMulNBits runs its rows in ``row_groups`` groups of at most
-         ``MATMUL_GROUP_ROWS`` rows, then one on the rest (``split_matmul_rows``).
+         ``MATMUL_GROUP_ROWS`` rows, then one on the rest (``split_matmul_rows``);
+      6. ``row_summary``: two more outputs, ``ROW_ARGMAX`` and ``ROW_LOG_NORM``, each row's argmax and
+         log-normalizer (``add_row_summary``), so a greedy step's tokens and log-probabilities need no pass over
+         the logits on the CPU (the logits still come back whole: sampling stays there).
 
     Args:
         folder: the model folder.
@@ -68,6 +76,8 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
         packed: rewrite the three decode inputs into ``PACKED_INPUT``.
         names: the graph's (input_ids, position_ids, attention_mask) names.
         row_groups: see step 5 (0: off).
+        row_summary: see step 6.
+        logits: the graph's logits output (step 6).
     Returns:
         The serialized model; load it with the external-data folder set to ``folder.path``.
     Raises:
@@ -100,6 +110,8 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
         _pack_decode_inputs(graph, names)
     if row_groups:
         split_matmul_rows(graph, row_groups)
+    if row_summary:
+        add_row_summary(graph, logits)
     # 4. Drop what fed only the old total length (Shape -> Gather -> Cast), iterating to a fixed point.
     graph_outputs = {o.name for o in graph.output}
     while True:
@@ -174,6 +186,35 @@ def split_matmul_rows(graph, groups: int, rows: int = MATMUL_GROUP_ROWS) -> int:
     return count
 
 
+def add_row_summary(graph, logits: str) -> None:
+    """Step 6 of ``capture_graph_bytes``: ``ROW_ARGMAX = ArgMax(logits)`` and
+    ``ROW_LOG_NORM = logits[..., 0] - LogSoftmax(logits)[..., 0]`` (= log(sum(exp(logits)))), both ``[B, S]``.
+
+    NOTE(engine): the normalizer comes from LogSoftmax, one kernel over each row on the CUDA EP (its blockwise
+    softmax); a ReduceMax + Exp + ReduceSum form cost ~6 ms a step at batch 8 on an H200 (docs/perf/GPU.md). A
+    row's log-probability of token t is then ``logits[t] - ROW_LOG_NORM``; ArgMax takes the first index on
+    ties, as numpy's argmax does.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    if logits not in {o.name for o in graph.output}:
+        raise ModelLoadError(f"the graph has no output {logits!r} to summarize")
+    zero = "ortserve/summary_col0"
+    graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), zero))
+    graph.node.extend([
+        helper.make_node("ArgMax", [logits], [ROW_ARGMAX], name="ortserve/row_argmax", axis=-1, keepdims=0),
+        helper.make_node("LogSoftmax", [logits], ["ortserve/log_softmax"], name="ortserve/log_softmax", axis=-1),
+        helper.make_node("Gather", [logits, zero], ["ortserve/logit0"], name="ortserve/logit0", axis=-1),
+        helper.make_node("Gather", ["ortserve/log_softmax", zero], ["ortserve/logprob0"], name="ortserve/logprob0",
+                         axis=-1),
+        helper.make_node("Sub", ["ortserve/logit0", "ortserve/logprob0"], [ROW_LOG_NORM], name="ortserve/log_norm"),
+    ])
+    graph.output.extend([
+        helper.make_tensor_value_info(ROW_ARGMAX, TensorProto.INT64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info(ROW_LOG_NORM, TensorProto.FLOAT, ["batch_size", "sequence_length"]),
+    ])
+
+
 def _pack_decode_inputs(graph, names: tuple[str, str, str]) -> None:
     """Step 3 of ``capture_graph_bytes``: feed the embedding and GQA from ``PACKED_INPUT``.
 
@@ -245,6 +286,10 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
     names = (inputs.get("input_ids", "input_ids"), inputs.get("position_ids", "position_ids"),
              inputs.get("attention_mask", "attention_mask"))
     row_groups = config.matmul_row_groups
+    summary = config.device_row_summary
+    if summary is None:  # NOTE(engine): measured on CUDA; WebGPU's reductions over 128k logits cost 1.8 ms a step
+        summary = selected.provider == "cuda"
+    logits = folder.genai["model"]["decoder"].get("outputs", {}).get("logits", "logits")
     if row_groups is None:  # NOTE(engine): measured on WebGPU's MatMulNBits; CUDA's small-M kernel has no such cliff
         row_groups = default_row_groups(config.max_batch) if selected.provider == "webgpu" else 0
     errors = []
@@ -252,7 +297,8 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
         try:
             session, _ = create_session(folder, config, selected=selected, graph_capture=True,
                                         model_bytes=capture_graph_bytes(folder, kv_length, packed=packed,
-                                                                        names=names, row_groups=row_groups))
+                                                                        names=names, row_groups=row_groups,
+                                                                        row_summary=summary, logits=logits))
             off = nodes_off_ep(session, selected.ep_name)
             if off:
                 raise ModelLoadError(f"nodes outside {selected.ep_name}: {', '.join(sorted(set(off)))}")
@@ -261,9 +307,10 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
             continue
         note = (f"on: decode step [{config.max_batch}, 1], KV length {kv_length}, every node on "
                 f"{selected.ep_name}, {'one packed input' if packed else 'three inputs'}"
-                + (f", MatMulNBits over {row_groups} groups of {MATMUL_GROUP_ROWS} rows + the rest" if row_groups else ""))
+                + (f", MatMulNBits over {row_groups} groups of {MATMUL_GROUP_ROWS} rows + the rest" if row_groups else "")
+                + (", each row's argmax and log-normalizer on the device" if summary else ""))
         log.info("graph capture %s", note)
-        return OpenedSession(session, selected, True, note, PACKED_INPUT if packed else None)
+        return OpenedSession(session, selected, True, note, PACKED_INPUT if packed else None, summary)
     reason = "; ".join(errors)
     if want:
         raise ModelLoadError(f"graph capture on {selected.ep_name} is not possible: {reason}")
@@ -297,28 +344,42 @@ class DeviceDecodeIO:
         host_logits: a float32 host array of ``logits_shape`` (host-accessible memory where the device offers it)
             that ``read_logits`` copies into with ``onnxruntime.copy_tensors`` (pointer memory: CUDA, HIP); None:
             the readback binding's fresh array (WebGPU, see the note above).
+        summary: the graph has the row summary outputs (``add_row_summary``): fixed device buffers for them too,
+            read back with the logits into ``row_argmax`` and ``row_log_norm`` (``[num_slots]`` each).
     """
 
     def __init__(self, session: ort.InferenceSession, staging: Mapping[str, np.ndarray], logits_name: str,
                  logits_shape: tuple[int, ...], allocate: DeviceAllocator,
-                 host_logits: np.ndarray | None = None) -> None:
+                 host_logits: np.ndarray | None = None, summary: bool = False) -> None:
         self._names = list(staging)
         self._staging = [staging[name] for name in self._names]
         self._host = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._staging]  # zero copy
         self._device = [allocate(tuple(a.shape), a.dtype) for a in self._staging]
         self._on_cpu = any(v.device_name().lower() == "cpu" for v in self._device)
-        self._logits_name = logits_name
         self.logits = allocate(tuple(logits_shape), np.float32)
         self._readback = session.io_binding()
         self._readback.bind_ortvalue_output(logits_name, self.logits)
         self._host_logits = host_logits
-        self._host_logits_value = None if host_logits is None else ort.OrtValue.ortvalue_from_numpy(host_logits)
+        rows = logits_shape[0]
+        self._outputs = [(logits_name, self.logits)]
+        self.row_argmax: np.ndarray | None = None  # [rows] int64, the last run's, with ``summary``
+        self.row_log_norm: np.ndarray | None = None  # [rows] float32
+        if summary:
+            self.row_argmax = np.zeros(rows, dtype=np.int64)
+            self.row_log_norm = np.zeros(rows, dtype=np.float32)
+            self._outputs += [(ROW_ARGMAX, allocate((rows, 1), np.int64)),
+                              (ROW_LOG_NORM, allocate((rows, 1), np.float32))]
+            for name, value in self._outputs[1:]:
+                self._readback.bind_ortvalue_output(name, value)
+        self._host_outputs = [] if host_logits is None else [ort.OrtValue.ortvalue_from_numpy(a) for a in (
+            host_logits, *([self.row_argmax[:, None], self.row_log_norm[:, None]] if summary else []))]
 
     def bind(self, binding: ort.IOBinding) -> None:
         """Bind the device inputs and the device logits into the decode step's binding."""
         for name, value in zip(self._names, self._device):
             binding.bind_ortvalue_input(name, value)
-        binding.bind_ortvalue_output(self._logits_name, self.logits)
+        for name, value in self._outputs:
+            binding.bind_ortvalue_output(name, value)
 
     def upload(self) -> None:
         """Copy every staging buffer to its device buffer (before a run)."""
@@ -329,11 +390,16 @@ class DeviceDecodeIO:
         ort.copy_tensors(self._host, self._device)
 
     def read_logits(self) -> np.ndarray:
-        """The last run's logits, float32 ``logits_shape`` (``host_logits``, or a fresh array)."""
+        """The last run's logits, float32 ``logits_shape`` (``host_logits``, or a fresh array); with the summary,
+        its rows' ``row_argmax`` and ``row_log_norm`` too."""
         if self._host_logits is not None and not self._on_cpu:
             # NOTE(engine): a run whose outputs stay on the device may return before the device is done; wait for
             # it, then copy (copy_tensors without a stream is synchronous)
             self._readback.synchronize_outputs()
-            ort.copy_tensors([self.logits], [self._host_logits_value])
+            ort.copy_tensors([value for _, value in self._outputs], self._host_outputs)
             return self._host_logits
-        return self._readback.copy_outputs_to_cpu()[0]
+        out = self._readback.copy_outputs_to_cpu()
+        if self.row_argmax is not None:
+            self.row_argmax[:] = out[1][:, 0]
+            self.row_log_norm[:] = out[2][:, 0]
+        return out[0]

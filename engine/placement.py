@@ -117,24 +117,35 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
     if config.kv_rows == POINTER and isinstance(allocator, HostKVAllocator):
         allocator = HostKVAllocator(POINTER)  # host memory bound by address: the stand-in for CUDA/HIP rows
     kv = KVCache(kv_shape, allocator)
+    cuda = selected is not None and selected.provider == "cuda"
     fixed_shapes = config.fixed_chunk_shapes
     if fixed_shapes is None:  # NOTE(engine): measured on CUDA (see engine.runner.chunk_pieces); MIGraphX pads itself
-        fixed_shapes = selected is not None and selected.provider == "cuda"
+        from ep.flags import cuda_int4_gemm_on
+
+        # NOTE(engine): only beside the fused INT4 kernels: with ORT's own MatMulNBits kernels (onnxruntime-gpu
+        # 1.31.1, H200) pieces of 14-16 tokens after a past gave greedy tokens unlike the CPU EP's from the 6th on
+        # (tests/integration/ep/test_cuda_engine.py, exact chunks and the fused kernels both match)
+        fixed_shapes = cuda and cuda_int4_gemm_on()
+    batch_prompts = config.batched_prompts
+    if batch_prompts is None:  # NOTE(engine): where a run's cost is its launches (CUDA), not its compute (the CPU)
+        batch_prompts = cuda
     common = dict(prefill_chunk=config.prefill_chunk, max_position=max_model_len,
                   input_allocator=make_input_allocator(selected), fixed_shapes=fixed_shapes and kv.row_views,
                   max_verify=config.speculative_tokens + 1 if config.speculative_tokens else 0)
+    rows_common = dict(common, batch_prompts=batch_prompts and kv.row_views, prompt_shapes=fixed_shapes or cuda)
     runner: ModelRunner
     if kv.addressing == POINTER:
         kv.row_copy = _address_copier(folder, config, selected, kv)
     graphs = kv.addressing == POINTER and (opened.graph_capture or caps.ep_graphs)
     if graphs:
         prefill_session, prefill_io = _prefill_session(folder, config, opened)
-        runner = BucketRunner(session, io, kv, **common, device_alloc=_device_alloc(selected, session),
+        runner = BucketRunner(session, io, kv, **rows_common, device_alloc=_device_alloc(selected, session),
                               packed_input=opened.packed_input, graph_ids=True, row_chunks=True,
-                              prefill_session=prefill_session, prefill_io=prefill_io)
+                              prefill_session=prefill_session, prefill_io=prefill_io,
+                              row_summary=opened.row_summary)
         kind = "buckets (pointer, captured steps)"
     elif kv.row_views and config.kv_rows != OPAQUE:
-        runner = Runner(session, io, kv, **common)
+        runner = Runner(session, io, kv, **rows_common)
         kind = f"rows ({kv.addressing})"
     else:
         # NOTE(engine): kv_rows="opaque" on host KV runs the opaque path with host buffers (its CPU stand-in)
@@ -142,7 +153,8 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
         staged = _staged_prefill_parts(folder, config, opened, kv_shape, allocator) if prefix else {}
         runner = BucketRunner(session, io, kv, **common, prefix_views=prefix,
                               device_alloc=_device_alloc(selected, session) if opened.graph_capture else None,
-                              packed_input=opened.packed_input, graph_ids=opened.graph_capture, **staged)
+                              packed_input=opened.packed_input, graph_ids=opened.graph_capture,
+                              row_summary=opened.row_summary and opened.graph_capture, **staged)
         kind = "buckets" if prefix else "whole buffer"
     if selected is not None:
         try:  # compile the kernels (and capture the decode steps) before the first request

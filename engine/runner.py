@@ -41,6 +41,7 @@ class ModelRunner(Protocol):
     whole_buffer: bool  # every decode run covers a prefix of the rows, not just the running ones
     input_source: str  # where the decode inputs live ("cpu", "ep_host_accessible", "cpu->device", ...)
     logits_source: str  # where the logits are written ("cpu", "ep_host_accessible", "device->cpu")
+    decode_summary: tuple[np.ndarray, np.ndarray] | None  # the last decode's rows: (argmax, log-normalizer)
 
     @property
     def can_copy(self) -> bool:
@@ -57,6 +58,14 @@ class ModelRunner(Protocol):
     def verify(self, slot: int, token_ids: Sequence[int], start: int) -> np.ndarray: ...
 
     def copy_kv(self, src: int, dst: int, start: int, end: int) -> None: ...
+
+    @property
+    def can_batch_prompts(self) -> bool:
+        """``prefill_prompts`` runs several new requests' prompts together."""
+
+    max_batched_prompt: int  # the most tokens of one prompt ``prefill_prompts`` takes
+
+    def prefill_prompts(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None: ...
 
     def release(self, slot: int, keep: int = 0) -> None: ...
 
@@ -112,6 +121,10 @@ class RunnerBase:
     """
 
     whole_buffer = False
+    # The last decode's rows as the device summarized them: (argmax int64 [n], log-normalizer float32 [n]), the
+    # rows of the logits ``decode`` returned; None where the decode graph has no row summary.
+    decode_summary: tuple[np.ndarray, np.ndarray] | None = None
+    chunks: RowChunks | None = None  # runs of S tokens in a row (row-view KV only)
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
                  max_position: int, input_allocator: InputAllocator = host_input) -> None:
@@ -153,6 +166,25 @@ class RunnerBase:
 
     def warmup(self) -> None:
         """Run what the first request would otherwise compile (nothing by default)."""
+
+    @property
+    def can_batch_prompts(self) -> bool:
+        return self.chunks is not None and self.chunks.batch_prompts
+
+    @property
+    def max_batched_prompt(self) -> int:
+        """The longest token list ``prefill_prompts`` takes: its padded run fits a chunk and the KV rows."""
+        if not self.can_batch_prompts:
+            return 0
+        cap = min(self.prefill_chunk, self.length, PROMPT_SHAPES[-1])
+        return max((s for s in PROMPT_SHAPES if s <= cap), default=0) if self.chunks.prompt_shapes else cap
+
+    def prefill_prompts(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None:
+        """The prompts of new requests, ``token_lists[i]`` at positions ``[0, len)`` of ``slots[i]`` (ascending),
+        together (``RowChunks.prompts``); no logits: each request's next token (its prompt's last) goes
+        through a decode step, which samples its first output token."""
+        assert self.chunks is not None and self.chunks.batch_prompts
+        self.chunks.prompts(slots, token_lists)
 
     def _bind_host(self, binding: ort.IOBinding, name: str, value: ort.OrtValue) -> None:
         """Bind a host input whose memory the CPU keeps writing (re-bound before each run on a device)."""
@@ -224,12 +256,13 @@ class Runner(RunnerBase):
     With host-accessible memory (``input_allocator``) the decode inputs and logits live there: the CPU writes the
     inputs in place and reads the logits where the run wrote them, with no extra copy.
 
-    Args: see ``RunnerBase``; ``fixed_shapes`` and ``max_verify``: see ``RowChunks``.
+    Args: see ``RunnerBase``; ``fixed_shapes``, ``max_verify``, ``batch_prompts`` and ``prompt_shapes``: see
+    ``RowChunks``.
     """
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
                  max_position: int, input_allocator: InputAllocator = host_input, fixed_shapes: bool = False,
-                 max_verify: int = 0) -> None:
+                 max_verify: int = 0, batch_prompts: bool = False, prompt_shapes: bool | None = None) -> None:
         if not kv.row_views:
             raise ValueError(f"row views need host or pointer KV; this KV cache is {kv.addressing} "
                              "(engine.bucket_runner.BucketRunner runs opaque buffers)")
@@ -241,7 +274,8 @@ class Runner(RunnerBase):
         # faster than pageable memory (33 MB of float32 logits at batch 64 on an H200: 0.6 vs 2.3 ms)
         self.decode_logits, _ = input_allocator((n, 1, vocab), np.float32)
         self.logits_source = getattr(input_allocator, "source", "cpu")
-        self.chunks = RowChunks(self, session, io, fixed_shapes=fixed_shapes, max_verify=max_verify)
+        self.chunks = RowChunks(self, session, io, fixed_shapes=fixed_shapes, max_verify=max_verify,
+                                batch_prompts=batch_prompts, prompt_shapes=prompt_shapes)
         self._decode_bindings: dict[tuple[int, int], ort.IOBinding] = {}
         # NOTE(engine): with plain CPU inputs over host KV a decode step's mask is only as wide as its longest
         # row: GQA takes total_sequence_length from the mask width and its per-row cost grows with it (~15% of
@@ -387,6 +421,27 @@ class Runner(RunnerBase):
 SHAPE_BASE = 16
 
 
+# NOTE(engine): new requests' prompts run together as GroupQueryAttention's first prompt (no past: the mask as wide as
+# the run), [k, S] right-padded: S one of these lengths (at least the longest prompt), k a power of two with fixed
+# shapes; each (k, S) warmed at load where fixed shapes are on.
+PROMPT_SHAPES = (16, 32, 64, 128, 256)
+
+
+def prompt_groups(slots: Sequence[int], fixed_shapes: bool) -> list[tuple[int, int]]:
+    """``(first index, count)`` groups of ascending ``slots``: consecutive slots (rows bound as one range), and with
+    fixed shapes a power of two each, largest first."""
+    groups, i = [], 0
+    while i < len(slots):
+        j = i + 1
+        while j < len(slots) and slots[j] == slots[j - 1] + 1:
+            j += 1
+        while i < j:
+            k = 1 << ((j - i).bit_length() - 1) if fixed_shapes else j - i
+            groups.append((i, k))
+            i += k
+    return groups
+
+
 def chunk_shapes(limit: int) -> list[int]:
     """The run lengths of fixed-shape chunks of at most ``limit`` tokens: d * 16**i <= limit, d in 1..15."""
     shapes, unit = [], 1
@@ -420,12 +475,17 @@ class RowChunks:
         run_options: for every run (``gpu_graph_id=-1`` beside captured decode steps: no capture of a chunk).
         fixed_shapes: run each chunk as ``chunk_pieces`` (lengths ``warm_shapes`` runs once at load).
         max_verify: the longest draft check (the tokens of one verify run), for ``warm_shapes``.
+        batch_prompts: ``prompts`` runs new requests' prompts together (needs the graph's logits_to_keep).
+        prompt_shapes: those runs take ``PROMPT_SHAPES`` widths and power-of-two row counts, each warmed at load
+            (None: as ``fixed_shapes``).
     """
 
     def __init__(self, owner: RunnerBase, session: ort.InferenceSession, io: GraphIO,
-                 run_options: ort.RunOptions | None = None, fixed_shapes: bool = False, max_verify: int = 0) -> None:
+                 run_options: ort.RunOptions | None = None, fixed_shapes: bool = False, max_verify: int = 0,
+                 batch_prompts: bool = False, prompt_shapes: bool | None = None) -> None:
         self.owner = owner
         self.fixed_shapes = fixed_shapes
+        self.prompt_shapes = fixed_shapes if prompt_shapes is None else prompt_shapes
         self.max_verify = max_verify
         self.num_runs = 0  # session runs made (a chunk with fixed shapes may take several)
         self.session = session
@@ -441,6 +501,55 @@ class RowChunks:
         self._past = tuple(zip(io.past_keys, io.past_values))
         self._present = tuple(zip(io.present_keys, io.present_values))
         self._bindings: dict[tuple[int, bool], ort.IOBinding] = {}
+        self.batch_prompts = batch_prompts and self.keep_last
+        self._prompt_bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        self.num_prompt_runs = self.num_prompt_rows = 0  # prompts' runs, and the rows they ran (warm-up included)
+        self._prompt_logits = np.zeros((owner.num_slots, 1, vocab) if self.batch_prompts else (0,), dtype=np.float32)
+
+    def prompts(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None:
+        """Prompt tokens ``[0, len)`` of each of ``slots`` (ascending; rows holding no KV the request needs), in one
+        run per ``prompt_groups`` group: ``[k, S]``, each row filled up with token 0 to the group's S (a
+        ``PROMPT_SHAPES`` length with fixed shapes), the mask S wide and all ones, so GroupQueryAttention takes
+        it as a first prompt of S tokens in every row, which it runs at any batch (a chunk after a past it runs
+        at batch 1 only).
+
+        NOTE(engine): the filler writes KV past the row's prompt, where nothing attends until the row's own next
+        tokens overwrite it (as an idle decode row's dummy token does); real positions attend causally, so they
+        never see it: the KV of each row's prompt is that of its prompt run alone (bit for bit on the CPU EP).
+        The filler counts as tokens (not padding) so that no EP's handling of right padding is relied on.
+        """
+        owner = self.owner
+        for at, k in prompt_groups(slots, self.prompt_shapes):
+            rows, lists = slots[at:at + k], token_lists[at:at + k]
+            lengths = [len(t) for t in lists]
+            longest = max(lengths)
+            if not (0 < min(lengths) and longest <= owner.max_batched_prompt):
+                raise ValueError(f"a batched prompt holds 1..{owner.max_batched_prompt} tokens, got {lengths}")
+            width = next(s for s in PROMPT_SHAPES if s >= longest) if self.prompt_shapes else longest
+            ids = np.zeros((k, width), dtype=np.int64)
+            for r, tokens in enumerate(lists):
+                ids[r, :len(tokens)] = tokens
+            self._run_prompts(rows[0], k, ids, np.ones((k, width), dtype=np.int64))
+            owner.slot_len[list(rows)] = lengths
+
+    def _run_prompts(self, lo: int, k: int, ids: np.ndarray, mask: np.ndarray) -> None:
+        self.num_runs += 1
+        self.num_prompt_runs += 1
+        self.num_prompt_rows += k
+        owner, io = self.owner, self.io
+        binding = self._prompt_bindings.get((lo, k))
+        if binding is None:
+            binding = self.session.io_binding()
+            owner._bind_host(binding, LOGITS_TO_KEEP, self._keep_one)
+            binding.bind_ortvalue_output(io.logits, _value(self._prompt_logits[:k]))  # (not read)
+            owner.kv.bind_rows(binding, self._past, self._present, lo, lo + k)
+            self._prompt_bindings[(lo, k)] = binding
+        binding.bind_ortvalue_input(io.input_ids, ort.OrtValue.ortvalue_from_numpy(ids))
+        binding.bind_ortvalue_input(io.attention_mask, ort.OrtValue.ortvalue_from_numpy(mask))
+        if io.position_ids:
+            pos = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), ids.shape).copy()
+            binding.bind_ortvalue_input(io.position_ids, ort.OrtValue.ortvalue_from_numpy(pos))
+        owner._run(binding, self.session, self.run_options)
 
     def run(self, slot: int, token_ids: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
         """Tokens ``[start, start + S)`` in ``slot``; returns float32 ``[1 or S, V]`` logits (only the last
@@ -461,14 +570,29 @@ class RowChunks:
         """With fixed shapes, run every piece length once in slot 0 (which holds nothing yet), and the draft
         checks' up to ``max_verify`` tokens (None: the one given at construction); returns the runs made."""
         if not self.fixed_shapes:
-            return 0
+            return self.warm_prompt_shapes()
         runs = [(num, False) for num in chunk_shapes(self.owner.prefill_chunk)]
         longest = self.max_verify if max_verify is None else max_verify
         runs += [(num, True) for num in chunk_shapes(longest)] if self.keep_last else []
         for num, verify in runs:
             self._run(0, [0] * num, 0, verify)
         self.owner.slot_len[0] = 0
-        return len(runs)
+        return len(runs) + self.warm_prompt_shapes()
+
+    def warm_prompt_shapes(self) -> int:
+        """With fixed shapes and batched prompts, run each ``[k, S]`` a step's budget can ask for once, in rows
+        ``[0, k)`` (which hold nothing yet); returns the runs made."""
+        if not (self.prompt_shapes and self.batch_prompts):
+            return 0
+        owner, made = self.owner, 0
+        limit = max(2 * owner.prefill_chunk, PROMPT_SHAPES[0] * owner.num_slots)
+        for width in (s for s in PROMPT_SHAPES if s <= owner.max_batched_prompt):
+            k = 1
+            while k <= owner.num_slots and k * width <= limit:
+                self._run_prompts(0, k, np.zeros((k, width), dtype=np.int64), np.ones((k, width), dtype=np.int64))
+                made, k = made + 1, 2 * k
+        owner.slot_len[:] = 0
+        return made
 
     def _run(self, slot: int, token_ids: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
         self.num_runs += 1

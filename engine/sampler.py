@@ -163,15 +163,19 @@ def greedy_pass(logits: np.ndarray, normalizers: bool = False) -> tuple[np.ndarr
 
 
 def batch_logprobs(logits: np.ndarray, token_ids: Sequence[int], top_n: Sequence[int],
-                   top: np.ndarray | None = None, log_sum: np.ndarray | None = None) -> list[TokenLogprob]:
+                   top: np.ndarray | None = None, log_sum: np.ndarray | None = None,
+                   rows: Sequence[int] | None = None) -> list[TokenLogprob]:
     """The log-probability of ``token_ids[i]`` under ``softmax(logits[i])`` for every row of float32 ``[n, V]``
     logits, with the row's ``top_n[i]`` most likely alternatives (``log_softmax``'s values, operation for
-    operation). ``top`` and ``log_sum`` are ``greedy_pass``'s, computed here when not given."""
+    operation). ``top`` and ``log_sum`` are ``greedy_pass``'s, computed here when not given. ``rows``: the rows of
+    ``logits`` meant, one per token (None: all), read in place."""
+    if rows is None:
+        rows = range(len(token_ids))
     if top is None or log_sum is None:
-        _, top, log_sum = greedy_pass(logits, normalizers=True)
+        _, top, log_sum = greedy_pass(logits[list(rows)], normalizers=True)
     out = []
-    for i, (token, k) in enumerate(zip(token_ids, top_n)):
-        row = logits[i]
+    for i, (r, token, k) in enumerate(zip(rows, token_ids, top_n)):
+        row = logits[r]
         alternatives: tuple[tuple[int, float], ...] = ()
         if k > 0:
             k = min(k, row.shape[-1])
@@ -367,7 +371,8 @@ def _appended(buf: np.ndarray, size: int, value: int) -> np.ndarray:
 
 
 def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask: np.ndarray | None = None,
-                 masked_rows: Sequence[int] = ()) -> list[SampleResult]:
+                 masked_rows: Sequence[int] = (),
+                 summary: tuple[np.ndarray, np.ndarray] | None = None) -> list[SampleResult]:
     """Sample one token per row of ``logits`` (float32 ``[n, vocab]``), row i by ``samplers[i]``.
 
     An all-plain-greedy batch is one vectorized argmax; otherwise every sampled row is drawn in one
@@ -377,6 +382,10 @@ def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask
         bitmask: int32 ``[n, words]`` token masks of constrained decoding (see apply_token_bitmask), read
             only for ``masked_rows``; the other rows pay nothing.
         masked_rows: the rows whose mask applies.
+        summary: the rows' argmax and log-normalizer ``log(sum(exp(logits)))`` as the device computed them
+            (``engine.graph_capture.add_row_summary``), or None: an all-greedy batch then takes its tokens
+            and log-probabilities (``logits[token] - normalizer``) from them instead of a pass over the logits,
+            except when masked rows want log-probabilities (those are of the masked distribution).
 
     NOTE(engine): the mask comes first, before logit_bias, the penalties and the greedy shortcut, so no
     transform can bring back a token the grammar forbids. Returned logprobs are those of the masked row
@@ -389,8 +398,12 @@ def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask
         if rows and want:  # the masked rows' logprobs are those of the masked distribution
             logits = np.array(logits)  # NOTE(engine): a copy: the caller's logits stay as they were
             logits[rows] = apply_token_bitmask(logits[rows], bitmask[rows])
-            rows = []
-        tokens, top, log_sum = greedy_pass(logits, normalizers=bool(want))
+            rows, summary = [], None  # (the device's summary is of the unmasked rows)
+        if summary is not None:
+            tokens, top = np.array(summary[0], dtype=np.int64), summary[1]
+            log_sum = np.zeros_like(top)  # (x - normalizer) - 0: the log-probability
+        else:
+            tokens, top, log_sum = greedy_pass(logits, normalizers=bool(want))
         for i in rows:
             # NOTE(engine): exact shortcut: when the grammar allows the row's own argmax, it is the masked
             # argmax too (first index on ties either way); only the other rows pay for the whole mask.
@@ -398,9 +411,9 @@ def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask
                 tokens[i] = np.argmax(apply_token_bitmask(logits[i], bitmask[i]))
         logprobs: dict[int, TokenLogprob] = {}
         if want:
-            logprobs = dict(zip(want, batch_logprobs(logits[want], tokens[want],
+            logprobs = dict(zip(want, batch_logprobs(logits, tokens[want],
                                                      [samplers[i].params.top_logprobs for i in want],
-                                                     top[want], log_sum[want])))
+                                                     top[want], log_sum[want], rows=want)))
         results = [SampleResult(int(t), logprobs.get(i)) for i, t in enumerate(tokens)]
     else:
         if rows:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 from ep.names import MIGRAPHX_BACKED, normalize_provider
@@ -100,6 +100,15 @@ def apply_cuda_int4_gemm(provider: str, max_batch: int, requested: bool | None =
         report = f"{name}={env[name]} ({why})"
     logger.info("backend flags: %s: %s", report, CUDA_INT4_GEMM.description)
     return report
+
+
+def cuda_int4_gemm_on(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the CUDA EP's sessions made from now on take the fused INT4 kernels (ORT_FPA_INTB_GEMM > 0)."""
+    value = (os.environ if env is None else env).get(CUDA_INT4_GEMM.name, "0").strip()
+    try:
+        return int(value, 0) > 0
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)

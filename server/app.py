@@ -48,6 +48,8 @@ def engine_config_from(settings: Settings) -> Any:
         "max_model_len": settings.max_model_len,
         "intra_op_threads": settings.intra_op_threads,
         "graph_capture": settings.graph_capture,
+        "device_row_summary": settings.device_row_summary,
+        "batched_prompts": settings.batched_prompts,
         "chat_template": settings.chat_template,
         "grammar_compile_timeout_s": settings.grammar_compile_timeout_s,
         "prefix_caching": settings.prefix_caching,

@@ -130,6 +130,16 @@ class Settings(BaseSettings):
         None, description="Capture the decode steps as device graphs (WebGPU, CUDA; default: on where the graph "
         "allows it, with a logged fallback; --no-graph-capture turns it off, --graph-capture requires it)."
     )
+    batched_prompts: bool | None = Field(
+        None, description="New requests' prompts go in together: one right-padded run for all but their last "
+        "tokens, which join the step's decode run (default: on with the CUDA EP, where a run costs its kernel "
+        "launches; --no-batched-prompts runs each prompt's chunks on their own)."
+    )
+    device_row_summary: bool | None = Field(
+        None, description="Captured decode steps also compute each row's argmax and log-normalizer on the device "
+        "(default: on with the CUDA EP; greedy tokens and their logprobs then skip a pass over the logits on the "
+        "CPU; --no-device-row-summary turns it off)."
+    )
     gil_switch_interval_ms: float | None = Field(
         None, gt=0, le=100, description="Python's thread switch interval (sys.setswitchinterval) once the model is "
         "loaded (default: 0.5 ms when the model runs on a device, so the engine thread gets the interpreter back "

@@ -7,7 +7,8 @@
 # tests/integration/ep/test_cuda_engine.py (TESTS= picks others). SERVE_ARGS adds server flags (--no-graph-capture).
 # EXTRA_BODY replaces the requests' extra fields (default {"logprobs": 0}: a chunk of a random-weight model's tokens
 # may hold no text, and its logprobs still count it; '{}' measures requests as most clients send them).
-# probe: the time of each device piece (bench/perf/gpu/probe_buckets.py).
+# C8_PROCS / C64_PROCS: client processes of the 8- and 64-stream runs (default 4 each: one process streams ~4,000
+# chunks/s before it is the limit; bench/perf/gpu/c64_client.sh). probe: the time of each device piece (bench/perf/gpu/probe_buckets.py).
 # Results: $OUT/serving-*.json (one `ortserve bench` report per run) and $OUT/serving_log.txt.
 set -o pipefail
 steps=${*:-http engine}
@@ -75,7 +76,7 @@ if [[ " $steps " == *" http "* ]]; then
   log "http: --max-batch 8 (the default)"
   if serve 8; then
     bench b8-c1 $SHORT --concurrency 1 --num-requests 6 --warmup 1
-    bench b8-c8 $SHORT --concurrency 8 --num-requests 32 --warmup 1
+    bench b8-c8 $SHORT --concurrency 8 --num-requests 32 --warmup 1 --client-processes ${C8_PROCS:-4}
     bench b8-prompt1000 --prompt-tokens $LONG --output-tokens 8 --concurrency 1 --num-requests 4 --warmup 1
     # inter-token latency of 7 streams, idle and while 1,000-token prompts arrive one after another
     bench b8-c7-idle --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
@@ -89,7 +90,7 @@ if [[ " $steps " == *" http "* ]]; then
   log "http: --max-batch 1"
   serve 1 && { bench b1-c1 $SHORT --concurrency 1 --num-requests 6 --warmup 1; stop; }
   log "http: --max-batch 64"
-  serve 64 && { bench b64-c64 $SHORT --concurrency 64 --num-requests 64 --warmup 1; stop; }
+  serve 64 && { bench b64-c64 $SHORT --concurrency 64 --num-requests 128 --warmup 1 --client-processes ${C64_PROCS:-4}; stop; }
 fi
 
 if [[ " $steps " == *" engine "* ]]; then

@@ -102,3 +102,17 @@ def test_python_dash_m_bench(peer, tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert load_report(out)["runs"][0]["summary"]["num_ok"] == 2
+
+
+def test_client_processes_split_the_users_and_merge_the_records_on_one_clock(peer, tmp_path):
+    """``--client-processes 2``: two client processes of 2 users each send the 6 requests (indexes split by
+    parity) and one report holds all 6 records, started after the run began and ended within its duration."""
+    report = bench(peer, tmp_path, "split", "peer;ttft=0.05;itl=0.01", "--concurrency", "4",
+                   "--client-processes", "2")
+    run = report["runs"][0]
+    s = run["summary"]
+    assert s["num_ok"] == 6 and s["num_output_tokens"] == 48
+    assert sorted(r["index"] for r in run["records"]) == list(range(6))
+    assert report["settings"]["client_processes"] == 2
+    starts = [r["start_ms"] for r in run["records"]]
+    assert min(starts) >= 0 and all(r["start_ms"] + r["e2e_ms"] <= s["duration_s"] * 1e3 + 1 for r in run["records"])

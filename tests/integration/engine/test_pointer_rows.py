@@ -187,7 +187,7 @@ def test_fixed_chunk_shapes_stand_in_for_cuda_give_the_row_view_tokens(pair, tin
     views, _ = pair
     engine = AsyncEngine.from_model_dir(tiny_model, EngineConfig(kv_rows="pointer", fixed_chunk_shapes=True,
                                                                  max_batch=4, prefill_chunk=64,
-                                                                 speculative_tokens=0))
+                                                                 speculative_tokens=0, batched_prompts=False))
     try:
         runner = engine._core.runner  # test only: nothing runs yet
         chunks = runner.chunks
@@ -208,4 +208,110 @@ def test_fixed_chunk_shapes_stand_in_for_cuda_give_the_row_view_tokens(pair, tin
         assert split.shape == whole.shape == (19, engine.vocab_size)
         np.testing.assert_allclose(split, whole, rtol=1e-4, atol=1e-4)
     finally:
+        engine.shutdown()
+
+
+def test_the_row_summary_of_a_captured_step_stand_in_for_cuda_is_each_rows_argmax_and_log_normalizer(model):
+    """The decode graph the CUDA EP captures, with each row's argmax and log-normalizer as two more outputs
+    (``engine.graph_capture.add_row_summary``), run on the CPU EP through the same fixed-buffer runner: the summary
+    is the argmax and log-sum-exp of the logits the step returns, and greedy tokens and logprobs sampled from it
+    are those of the CPU's own pass over the logits."""
+    from engine.bucket_runner import BucketRunner
+    from engine.graph_capture import capture_graph_bytes
+    from engine.sampler import RequestSampler, sample_batch
+
+    folder, _, _ = model
+    session, _ = create_session(folder, EngineConfig(max_batch=4), model_bytes=capture_graph_bytes(
+        folder, 96, row_summary=True))
+    io = check_graph(folder, session)
+    plain, _ = create_session(folder, EngineConfig(max_batch=4))
+
+    def cpu_alloc(shape, dtype):
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=dtype))
+
+    kv = KVCache(KVShape(folder.num_layers, 4, folder.num_kv_heads, 96, folder.head_size, io.kv_dtype),
+                 HostKVAllocator(POINTER))
+    runner = BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, device_alloc=cpu_alloc,
+                          row_chunks=True, prefill_session=plain, prefill_io=check_graph(folder, plain),
+                          row_summary=True)
+    prompts = [np.random.default_rng(s).integers(3, 500, n).tolist() for s, n in ((3, 21), (4, 9), (5, 14))]
+    last = []
+    for slot, p in enumerate(prompts):
+        for start in range(0, len(p), 16):
+            logits = runner.prefill(slot, p[start:start + 16], start)
+        last.append(int(np.argmax(logits)))
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=True, top_logprobs=3)
+    for i in range(4):
+        slots = [0, 2] if i % 2 else [0, 1, 2]  # a step over part of a bucket, too
+        logits = runner.decode(slots, [last[s] for s in slots], [len(prompts[s]) + i for s in slots])
+        assert runner.decode_summary is not None
+        argmax, log_norm = runner.decode_summary
+        wide = logits.astype(np.float64)
+        np.testing.assert_array_equal(argmax, wide.argmax(axis=-1))
+        reference = wide.max(axis=-1) + np.log(np.exp(wide - wide.max(axis=-1, keepdims=True)).sum(axis=-1))
+        np.testing.assert_allclose(log_norm, reference, rtol=1e-6, atol=1e-5)
+        fresh = [RequestSampler(params, prompts[s], runner.vocab_size) for s in slots]
+        device = sample_batch(logits, fresh, summary=runner.decode_summary)
+        host = sample_batch(logits, [RequestSampler(params, prompts[s], runner.vocab_size) for s in slots])
+        assert [r.token_id for r in device] == [r.token_id for r in host] == argmax.tolist()
+        for d, h in zip(device, host):
+            assert d.logprob.token_id == h.logprob.token_id
+            assert abs(d.logprob.logprob - h.logprob.logprob) < 1e-4
+            assert [t for t, _ in d.logprob.top] == [t for t, _ in h.logprob.top]
+            np.testing.assert_allclose([v for _, v in d.logprob.top], [v for _, v in h.logprob.top], atol=1e-4)
+        for s, t in zip(slots, argmax.tolist()):
+            last[s] = t
+
+
+@pytest.mark.parametrize("rows,fixed", [("pointer", True), (None, False)], ids=["pointer-fixed", "host-exact"])
+def test_a_burst_of_prompts_run_together_stand_in_for_cuda_gives_the_row_view_tokens(pair, tiny_model: Path,
+                                                                                      rows, fixed):
+    """Batched prompts (the CUDA default): new requests arriving together run all but their last prompt token in
+    one right-padded first-prompt run per group of consecutive slots, and their last tokens decode with the running
+    stream. Held at a DecodeGate while the burst arrives, so the burst lands in one step by construction: a
+    one-token prompt, an n = 2 request, a prompt longer than one run and a reused prefix take the ordinary path
+    beside it. Every request's tokens equal the row-view engine's, and the batched run is counted."""
+    from tests.conftest import DecodeGate
+
+    views, _ = pair
+    gate = DecodeGate()
+    engine = AsyncEngine.from_model_dir(tiny_model, EngineConfig(
+        kv_rows=rows, fixed_chunk_shapes=fixed, batched_prompts=True, max_batch=8, prefill_chunk=96,
+        speculative_tokens=0, fault_injector=gate))
+    try:
+        runner = engine._core.runner  # test only
+        assert runner.can_batch_prompts and runner.max_batched_prompt == (64 if fixed else 96)
+        params = SamplingParams(max_tokens=6, **GREEDY)
+        rng = np.random.default_rng(11)
+        burst = [rng.integers(3, views.vocab_size, n).tolist() for n in (9, 30, 2, 17, 1, 70)]
+        first = rng.integers(3, views.vocab_size, 12).tolist()
+
+        async def scenario(e: AsyncEngine, tag: str, hold: bool):
+            if hold:
+                gate.shut(after=1)
+            running = asyncio.create_task(_collect(e, first, SamplingParams(max_tokens=12, **GREEDY), f"{tag}-r"))
+            if hold:
+                await asyncio.to_thread(gate.wait_held)
+            tasks = [asyncio.create_task(_collect(e, p, params, f"{tag}-{i}")) for i, p in enumerate(burst)]
+            tasks.append(asyncio.create_task(_collect(e, burst[0], SamplingParams(max_tokens=6, n=2, **GREEDY),
+                                                      f"{tag}-n2")))
+            await asyncio.sleep(0.2)
+            if hold:
+                gate.open()
+            outs = [await t for t in tasks]
+            again = await _collect(e, burst[1] + [5, 6], params, f"{tag}-again")  # a reused prefix: start > 0
+            return [_tokens(await running)] + [_tokens(o) for o in outs[:-1]] + \
+                [_tokens(outs[-1], 0), _tokens(outs[-1], 1), _tokens(again)]
+
+        chunks = runner.chunks
+        prompt_runs, prompt_rows = chunks.num_prompt_runs, chunks.num_prompt_rows
+        got = asyncio.run(scenario(engine, "b", True))
+        assert got == asyncio.run(scenario(views, "v", False))
+        assert all(len(t) == 6 for t in got[1:])
+        # the running request's prompt alone in slot 0, then slots 1-4 (9, 30, 2 and 17 tokens) in one run; the
+        # one-token prompt, the 70-token one (its first chunk is what the step's budget leaves), the n = 2 request
+        # and the reused prefix run their own chunks
+        assert chunks.num_prompt_rows - prompt_rows == 5 and chunks.num_prompt_runs - prompt_runs == 2
+    finally:
+        gate.open()
         engine.shutdown()

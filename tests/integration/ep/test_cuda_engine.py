@@ -73,18 +73,32 @@ def _near(comparisons: list[dict], tie: float) -> list[dict]:
     return [c for c in comparisons if not (c["equal_prefix"] == NUM_TOKENS or c.get("ref_top2_gap", 0.0) < tie)]
 
 
+def _short_near(comparisons: list[dict]) -> list[dict]:
+    """The short prompts' divergences that are not near-ties: NEAR_TIE while the context is short, the long
+    prompts' LONG_NEAR_TIE once it is as long as theirs (45 tokens: fp16 differences grow with the context; with the
+    fused INT4 kernels one short prompt swapped a 0.10-nat tie at its 55th token)."""
+    return [c for p, c in zip(PROMPTS, comparisons)
+            if _near([c], LONG_NEAR_TIE if len(p) + c["equal_prefix"] >= 45 else 0.1)]
+
+
+@pytest.mark.parametrize("fixed_shapes", [None, "fused"], ids=["default_chunks", "fused_int4_fixed_shapes"])
+@pytest.mark.parametrize("batched_prompts", [None, False], ids=["batched_prompts", "prompts_alone"])
 @pytest.mark.parametrize("graph_capture", [False, None], ids=["rows", "captured_steps"])
 def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu_reference, findings,
-                                               graph_capture) -> None:
+                                               graph_capture, batched_prompts, fixed_shapes, monkeypatch) -> None:
     """Placement (pointer rows, pinned inputs and logits) and greedy tokens against the CPU EP: three short
     prompts together, then 45-100-token prompts in chunks of 32 straight into their rows, decoded together, then
     a follow-up that reuses a prompt (a device row copy), then n = 3 choices of it. Without capture decode runs
     the running rows; with it (CUDA graphs, one per bucket: the discipline HIP graphs need on AMD) rows [0, b)."""
+    if fixed_shapes == "fused":  # NOTE(test): what a server of --max-batch > 1 runs: the fused kernels, fixed shapes
+        monkeypatch.setenv("ORT_FPA_INTB_GEMM", "1")  # read when the session is made
     engine = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(provider="cuda", graph_capture=graph_capture,
-                                                                       **CONFIG))
+                                                                       batched_prompts=batched_prompts, **CONFIG))
     try:
         placement = engine.placement
         runner = engine._core.runner  # test only: the core's runner
+        assert runner.chunks.fixed_shapes == (fixed_shapes == "fused")
+        assert runner.can_batch_prompts == (batched_prompts is None)
         short = asyncio.run(_greedy(engine, PROMPTS))
         long = asyncio.run(_greedy(engine, LONG_PROMPTS))
         copies = runner.kv.row_copy.num_copies
@@ -97,13 +111,16 @@ def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu
         outs = asyncio.run(choices())
         n3 = [[t for o in outs if o.index == i for t in o.token_ids] for i in range(3)]
         stats = engine.stats()
+        chunks = runner.chunks
+        prompt_runs = (chunks.num_prompt_runs, chunks.num_prompt_rows) if chunks is not None else None
     finally:
         engine.shutdown()
     comparisons = {"short": [_compare(r, g) for r, g in zip(cpu_reference["short"], short)],
                    "long": [_compare(r, g) for r, g in zip(cpu_reference["long"], long)],
                    "follow": _compare(cpu_reference["follow"], follow)}
-    findings[f"rows_by_address_capture_{graph_capture}"] = {"placement": placement, "comparisons": comparisons, "follow_copies": copied,
-                                   "n3_equal": all(c == follow[0] for c in n3), "stats_extra": stats.extra}
+    findings[f"rows_by_address_capture_{graph_capture}_batched_{batched_prompts}_fixed_{fixed_shapes}"] = {"placement": placement, "comparisons": comparisons, "follow_copies": copied,
+                                   "n3_equal": all(c == follow[0] for c in n3), "stats_extra": stats.extra,
+                                   "batched_prompt_runs_rows": prompt_runs}
     assert placement.provider == "cuda" and placement.kv_rows == "pointer"
     assert placement.device_id == int(cuda_device.default_memory.device_id)
     # the seeds' design on a real GPU: decode inputs written in place in host-accessible memory, logits on the host
@@ -116,7 +133,7 @@ def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu
         assert placement.runner == "rows (pointer)" and not placement.whole_buffer
         assert placement.decode_inputs == "ep_host_accessible" and placement.logits == "ep_host_accessible"
     assert len(set(cpu_reference["short"][0][0])) >= 10  # the reference is varied: the comparison means something
-    assert not _near(comparisons["short"], 0.1), comparisons["short"]
+    assert not _short_near(comparisons["short"]), comparisons["short"]
     assert not _near(comparisons["long"] + [comparisons["follow"]], LONG_NEAR_TIE), comparisons
     assert copied >= 1 and stats.extra.get("prefix_cache_hits_total", 1) > 0
     assert all(c == follow[0] for c in n3), "n > 1 choices of a greedy request differ"

@@ -46,3 +46,32 @@ def test_greedy_batch_with_logprobs_matches_each_rows_sampler_masks_included():
     assert [r.token_id for r in got] == [r.token_id for r in per_row]
     assert [r.logprob for r in got] == [r.logprob for r in per_row]
     assert got[2].token_id != 5 and got[1].logprob is None
+
+
+def test_a_device_row_summary_gives_the_same_greedy_tokens_and_logprobs_masks_included():
+    """``sample_batch(summary=...)``: the rows' argmax and log-normalizer as a device computes them
+    (engine.graph_capture.add_row_summary) stand in for the pass over the logits; a masked row that wants logprobs
+    makes the batch take the pass (the summary is of the unmasked rows)."""
+    rng = np.random.default_rng(1)
+    logits = (rng.standard_normal((4, 500)) * 3).astype(np.float32)
+    wide = logits.astype(np.float64)
+    summary = (wide.argmax(axis=-1), (wide.max(axis=-1) + np.log(np.exp(
+        wide - wide.max(axis=-1, keepdims=True)).sum(axis=-1))).astype(np.float32))
+    params = [SamplingParams(temperature=0.0, logprobs=True, top_logprobs=i) for i in range(4)]
+
+    def fresh():
+        return [RequestSampler(p, [], 500) for p in params]
+
+    host, device = sample_batch(logits, fresh()), sample_batch(logits, fresh(), summary=summary)
+    assert [r.token_id for r in device] == [r.token_id for r in host]
+    for d, h in zip(device, host):
+        assert abs(d.logprob.logprob - h.logprob.logprob) < 1e-5
+        assert [t for t, _ in d.logprob.top] == [t for t, _ in h.logprob.top]
+    # a summary the batch must not trust once a mask changes a row it reports logprobs for
+    bitmask = np.full((4, 16), -1, dtype=np.int32)
+    bitmask[1, summary[0][1] // 32] &= ~np.int32(1 << (int(summary[0][1]) % 32))  # row 1's argmax is forbidden
+    masked = sample_batch(logits, fresh(), bitmask, [1], summary=summary)
+    plain = sample_batch(logits, fresh(), bitmask, [1])
+    assert masked[1].token_id != summary[0][1]
+    assert [r.token_id for r in masked] == [r.token_id for r in plain]
+    assert [r.logprob for r in masked] == [r.logprob for r in plain]
