@@ -186,13 +186,17 @@ def measure(logits: np.ndarray, batch: int, rounds: int, min_s: float, before: M
                   "reference_cpu_ms_per_row": statistics.median(c for _, c in times["reference"]),
                   "reference_wall_ms_per_row": statistics.median(w for w, _ in times["reference"])}
         if times["before"]:
+            # NOTE(bench): a round's routes see the same rows: their ratio within the round moves less than
+            # either figure does from round to round on a shared machine
+            ratios = [a / b for a, (_, b) in zip(cpu, times["before"])]
             result |= {"before_cpu_ms_per_row": statistics.median(c for _, c in times["before"]),
                        "before_cpu_ms_per_row_rounds": [c for _, c in times["before"]],
-                       "before_wall_ms_per_row": statistics.median(w for w, _ in times["before"])}
+                       "before_wall_ms_per_row": statistics.median(w for w, _ in times["before"]),
+                       "after_over_before_rounds": ratios, "after_over_before": statistics.median(ratios)}
         results.append(result)
         before_note = (f"; before {result['before_cpu_ms_per_row']:6.3f}, rounds "
-                       f"{', '.join(f'{t:.3f}' for t in result['before_cpu_ms_per_row_rounds'])}"
-                       if times["before"] else "")
+                       f"{', '.join(f'{t:.3f}' for t in result['before_cpu_ms_per_row_rounds'])}; "
+                       f"after / before {result['after_over_before']:.2f}" if times["before"] else "")
         print(f"  {vocab:>7} {name:<30} {result['cpu_ms_per_row']:7.3f} ms/row CPU "
               f"(wall {result['wall_ms_per_row']:.3f}; rounds {', '.join(f'{t:.3f}' for t in cpu)}{before_note}; "
               f"reference {result['reference_cpu_ms_per_row']:6.3f})", file=sys.stderr)
