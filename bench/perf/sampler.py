@@ -50,6 +50,9 @@ CASES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("min_p 0.05", {"min_p": 0.05}),
     ("0.8 / top_k 40 / top_p 0.95", {"temperature": 0.8, "top_k": 40, "top_p": 0.95}),
     ("presence 0.5 + top_p 0.9", {"presence_penalty": 0.5, "top_p": 0.9}),
+    # rows that reach below -87 nats, where float32 exp turns subnormal (see engine.sampling._SUBNORMAL)
+    ("temperature 0.3", {"temperature": 0.3}),
+    ("logit_bias -100 x 10", {"logit_bias": tuple((100 + i, -100.0) for i in range(10))}),
 )
 
 
