@@ -263,6 +263,7 @@ class RequestSampler:
         bias = [(t, b) for t, b in params.logit_bias if 0 <= t < vocab_size]
         self.bias_ids = np.array([t for t, _ in bias], dtype=np.int64)
         self.bias_values = np.array([b for _, b in bias], dtype=np.float32)
+        self.bias_unique = len(set(self.bias_ids.tolist())) == len(self.bias_ids)  # (a dict's are)
         self.output_counts: np.ndarray | None = None
         self.seen_mask: np.ndarray | None = None
         # NOTE(engine): the penalties touch only tokens seen so far; these arrays name them (each id once, the
@@ -477,7 +478,9 @@ def _edits(logits: np.ndarray, samplers: Sequence[RequestSampler]) -> tuple[np.n
     empty = np.empty(0, dtype=np.int64)
 
     def keyed(rows: list[int], ids: list[np.ndarray]) -> np.ndarray:  # flat keys row * vocab + id
-        return np.concatenate([empty] + [i * vocab + a for i, a in zip(rows, ids)])
+        if not rows:
+            return empty
+        return np.concatenate(ids) + np.repeat(np.array(rows, dtype=np.int64) * vocab, [len(a) for a in ids])
 
     biased = [i for i in fix if len(samplers[i].bias_ids)]
     repeated = [i for i in fix if samplers[i].params.repetition_penalty != 1.0 and samplers[i].num_seen]
@@ -489,7 +492,8 @@ def _edits(logits: np.ndarray, samplers: Sequence[RequestSampler]) -> tuple[np.n
     sources = [a for a in (bias_keys, seen_keys, out_keys) if len(a)]
     if not sources:
         return None
-    if len(sources) == 1 and sources[0] is not bias_keys:  # by row already, each id once: as they are
+    unique_bias = all(samplers[i].bias_unique for i in biased)
+    if len(sources) == 1 and (sources[0] is not bias_keys or unique_bias):  # by row, each id once: as they are
         keys = sources[0]
 
         def places(a: np.ndarray) -> np.ndarray:

@@ -202,14 +202,15 @@ def test_penalty_edits_are_the_reference_rows_bit_for_bit():
     params = [SamplingParams(presence_penalty=0.5), SamplingParams(frequency_penalty=0.3),
               SamplingParams(repetition_penalty=1.3), SamplingParams(logit_bias=((3, 2.0), (3, 0.5), (9, -100.0))),
               SamplingParams(presence_penalty=-0.7, frequency_penalty=0.2, repetition_penalty=0.9,
-                             logit_bias=((3, 2.0),)), SamplingParams()]
+                             logit_bias=((3, 2.0),)),
+              SamplingParams(logit_bias=((9, 1.5), (2, -3.0))), SamplingParams()]
     samplers = [RequestSampler(p, rng.integers(0, vocab, 30).tolist(), vocab) for p in params]
     for s in samplers:
         for token in rng.integers(0, 40, 200):  # repeats: counts up to ~10
             s.record(int(token))
     logits = (rng.normal(size=(len(params), vocab)) * 4).astype(np.float32)
     # the whole batch (several kinds of edit meet), each row alone, the output-only rows together
-    for rows_of in [list(range(len(params)))] + [[i] for i in range(len(params) - 1)] + [[0, 1]]:
+    for rows_of in [list(range(len(params)))] + [[i] for i in range(len(params) - 1)] + [[0, 1], [5, 6]]:
         edited = logits[rows_of].copy()
         rows, cols, values = _edits(logits[rows_of], [samplers[i] for i in rows_of])
         assert np.all(np.diff(rows) >= 0) and len(set(zip(rows.tolist(), cols.tolist()))) == len(rows)
