@@ -1,7 +1,7 @@
 """The sampled path's cost per row: ``engine.sampler.sample_batch`` on real logits at batch 8, beside the
 reference law computed the way the sampler did before issue 25 (the ``apply_*`` transforms and a float64
-cumsum over the whole vocabulary per row) and, with ``--before DIR``, another checkout's ``sample_batch``
-(e.g. main's), all interleaved in the same rounds.
+cumsum over the whole vocabulary per row) and, with ``--before``, another checkout's or git revision's
+``sample_batch`` (e.g. main's, or the commit before a change), all interleaved in the same rounds.
 
 Logits come from the model folders given (a real prompt, then tokens sampled at temperature 1: the rows a
 served request sees; a base model without a chat template gets the prompt as plain text); a folder's
@@ -9,7 +9,7 @@ vocabulary sets the width (SmolLM2: 49,152; Gemma 3: 262,144). ``--synthetic`` a
 shaped like a model's for a vocabulary without a folder at hand.
 
     ORTSERVE_CACHE_DIR=.cache .venv/bin/python -m bench.perf.sampler --model-dir .cache/smollm2-135m-instruct \
-        --model-dir .cache/gemma3-270m --synthetic 262144 --before /work/main \
+        --model-dir .cache/gemma3-270m --synthetic 262144 --before aa03f97 \
         --json docs/perf/sampler.json --plot docs/perf/sampler.png
 
 Targets (issue 25): <= 0.3 ms a row at 49k and <= 1 ms at 262k, batch 8.
@@ -23,6 +23,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from types import ModuleType
 from collections.abc import Callable, Sequence
@@ -132,9 +133,23 @@ def load_sampler(root: Path) -> ModuleType:
         sys.modules.update(saved)
 
 
-def git_sha(root: Path) -> str:
-    out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+def git_sha(root: Path, rev: str = "HEAD") -> str:
+    out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", rev], capture_output=True, text=True)
     return out.stdout.strip() or "unknown"
+
+
+def checkout_of(before: str, tmp: Path) -> tuple[Path, str]:
+    """``--before``'s tree and git SHA: a directory as it is, or a revision of this repository, whose two
+    sampler modules are written out under ``tmp`` (no checkout, no worktree)."""
+    if Path(before).is_dir():
+        return Path(before), git_sha(Path(before))
+    root = Path(__file__).resolve().parents[2]
+    for name in ("engine/sampling.py", "engine/sampler.py"):
+        out = subprocess.run(["git", "-C", str(root), "show", f"{before}:{name}"], capture_output=True, text=True,
+                             check=True)
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_text(out.stdout)
+    return tmp, git_sha(root, before)
 
 
 def time_per_row(fn: Callable[[], object], batch: int, min_s: float) -> tuple[float, float]:
@@ -255,8 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--case", action="append", default=[], choices=[name for name, _ in CASES],
                         help="only this case (repeatable; default: all)")
-    parser.add_argument("--before", type=Path, metavar="DIR",
-                        help="another checkout whose engine.sampler to time beside this tree's (e.g. main)")
+    parser.add_argument("--before", metavar="DIR_OR_REV",
+                        help="another checkout (a directory) or a git revision of this repository whose "
+                             "engine.sampler to time beside this tree's, in the same rounds")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args(argv)
@@ -264,10 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from engine.builder.pull import pull_model
 
         args.model_dir = [pull_model(progress=False)]
-    before = load_sampler(args.before) if args.before else None
     tags = {"git": git_sha(Path(__file__).resolve().parents[2])}
+    before = None
     if args.before:
-        tags["before_git"] = git_sha(args.before)
+        tree, tags["before_git"] = checkout_of(args.before, Path(tempfile.mkdtemp(prefix="sampler-before-")))
+        before = load_sampler(tree)
 
     def loadavg() -> list[float]:
         return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]

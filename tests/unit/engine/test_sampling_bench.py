@@ -20,6 +20,13 @@ def test_another_checkout_loads_beside_this_one():
     assert sys.modules["engine.sampling"] is engine.sampling and sys.modules["engine.sampler"] is engine.sampler
 
 
+def test_a_revision_loads_without_a_checkout(tmp_path):
+    tree, sha = bench.checkout_of("HEAD", tmp_path)
+    assert tree == tmp_path and sha == bench.git_sha(Path(__file__).resolve().parents[3])
+    other = bench.load_sampler(tree)
+    assert other.__file__ == str(tmp_path / "engine" / "sampler.py") and hasattr(other, "sample_batch")
+
+
 def test_a_short_run_reports_every_route(tmp_path):
     root = Path(__file__).resolve().parents[3]
     out = tmp_path / "sampler.json"
