@@ -51,9 +51,9 @@ class EngineConfig:
             with ORT's own kernels pieces of 14-16 tokens after a past gave tokens unlike the CPU EP's); row-view
             KV only.
         batched_prompts: new requests' prompts that fit one run go in together, all but each one's last token as
-            one right-padded first-prompt run (``engine.runner.RowChunks.prompts``), the last tokens within the
-            step's decode run; None -> on for the CUDA EP (runs of fixed widths, warmed at load), False -> one
-            chunk run each.
+            one first-prompt run filled up to a common width (``engine.runner.RowChunks.prompts``), the last
+            tokens within the step's decode run; None -> on for the CUDA EP (runs of fixed widths, warmed at
+            load), False -> one chunk run each.
         device_row_summary: captured decode steps also give each row's argmax and log-normalizer, computed on
             the device (``engine.graph_capture.add_row_summary``), so greedy rows and their log-probabilities
             skip the CPU's pass over the logits; None -> on for the CUDA EP, False -> off.

@@ -422,8 +422,8 @@ SHAPE_BASE = 16
 
 
 # NOTE(engine): new requests' prompts run together as GroupQueryAttention's first prompt (no past: the mask as wide as
-# the run), [k, S] right-padded: S one of these lengths (at least the longest prompt), k a power of two with fixed
-# shapes; each (k, S) warmed at load where fixed shapes are on.
+# the run), [k, S] filled up with token 0: with prompt shapes S is one of these lengths (at least the longest prompt)
+# and k a power of two, each (k, S) warmed at load (RowChunks.warm_prompt_shapes).
 PROMPT_SHAPES = (16, 32, 64, 128, 256)
 
 

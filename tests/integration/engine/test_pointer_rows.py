@@ -87,6 +87,11 @@ def model(tiny_model: Path):
     return folder, session, check_graph(folder, session)
 
 
+def _cpu_alloc(shape, dtype):
+    """The fixed-buffer runner's "device" allocator on the CPU EP: zeroed host OrtValues."""
+    return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=dtype))
+
+
 def _runner(model, slots: int, addressing: str) -> Runner:
     folder, session, io = model
     kv = KVCache(KVShape(folder.num_layers, slots, folder.num_kv_heads, 96, folder.head_size, io.kv_dtype),
@@ -154,12 +159,9 @@ def test_bucketed_fixed_buffer_steps_over_rows_by_address_stand_in_for_cuda_and_
 
     folder, session, io = model
 
-    def cpu_alloc(shape, dtype):
-        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=dtype))
-
     kv = KVCache(KVShape(folder.num_layers, 4, folder.num_kv_heads, 96, folder.head_size, io.kv_dtype),
                  HostKVAllocator(POINTER))
-    fixed = BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, device_alloc=cpu_alloc,
+    fixed = BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, device_alloc=_cpu_alloc,
                          row_chunks=True)
     assert fixed.buckets == (1, 2, 4) and fixed.can_verify and fixed.device_io is not None
     views = _runner(model, 4, "host")
@@ -226,12 +228,9 @@ def test_the_row_summary_of_a_captured_step_stand_in_for_cuda_is_each_rows_argma
     io = check_graph(folder, session)
     plain, _ = create_session(folder, EngineConfig(max_batch=4))
 
-    def cpu_alloc(shape, dtype):
-        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=dtype))
-
     kv = KVCache(KVShape(folder.num_layers, 4, folder.num_kv_heads, 96, folder.head_size, io.kv_dtype),
                  HostKVAllocator(POINTER))
-    runner = BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, device_alloc=cpu_alloc,
+    runner = BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, device_alloc=_cpu_alloc,
                           row_chunks=True, prefill_session=plain, prefill_io=check_graph(folder, plain),
                           row_summary=True)
     prompts = [np.random.default_rng(s).integers(3, 500, n).tolist() for s, n in ((3, 21), (4, 9), (5, 14))]
