@@ -29,7 +29,9 @@ import numpy as np
 class BareLoop:
     """Greedy decode of B rows with one IOBinding per shape; the engine's session options."""
 
-    def __init__(self, model_dir: Path, batch: int, threads: int, max_length: int) -> None:
+    def __init__(self, model_dir: Path, batch: int, threads: int, max_length: int,
+                 profile_prefix: str | None = None) -> None:
+        """``profile_prefix``: turn on ONNX Runtime's profiler, its JSON written from that prefix (op_profile)."""
         import onnxruntime as ort
 
         from engine.config import EngineConfig
@@ -37,8 +39,11 @@ class BareLoop:
 
         self.ort = ort
         folder = read_model_folder(model_dir)
-        self.session = ort.InferenceSession(str(folder.model_file), session_options(EngineConfig(
-            intra_op_threads=threads)), providers=["CPUExecutionProvider"])
+        options = session_options(EngineConfig(intra_op_threads=threads))
+        if profile_prefix is not None:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
+        self.session = ort.InferenceSession(str(folder.model_file), options, providers=["CPUExecutionProvider"])
         self.io = check_graph(folder, self.session)
         self.batch, self.length = batch, max_length
         shape = (batch, folder.num_kv_heads, max_length, folder.head_size)
