@@ -24,6 +24,7 @@ ROUNDS=${ROUNDS:-3}
 OURS_PORT=${OURS_PORT:-8041}
 PEER_PORT=${PEER_PORT:-8042}
 OURS_ARGS=${OURS_ARGS:-}
+OURS_CMD=${OURS_CMD:-$ROOT/.venv/bin/ortserve}  # e.g. "$PY -m server" to serve this tree's code from another venv
 : "${LLAMA_SERVER:?set LLAMA_SERVER to a llama-server binary (see the header)}"
 export ORTSERVE_CACHE_DIR=${ORTSERVE_CACHE_DIR:-$ROOT/.cache}
 log() { echo "[compare_llama_server] $(date +%H:%M:%S) $*" >&2; }
@@ -37,7 +38,7 @@ log "model folder $MODEL_DIR, gguf $GGUF, results $OUT"
 source "$ROOT/bench/perf/servers.sh"  # PIDS, stop_servers (on exit), wait_ready
 
 # shellcheck disable=SC2086
-"$ROOT/.venv/bin/ortserve" serve --model "$MODEL_DIR" --host 127.0.0.1 --port "$OURS_PORT" --provider cpu \
+$OURS_CMD serve --model "$MODEL_DIR" --host 127.0.0.1 --port "$OURS_PORT" --provider cpu \
   --intra-op-threads "$THREADS" --max-batch "$SLOTS" --max-model-len "$CTX" --log-level warning $OURS_ARGS \
   > "$OUT/ortserve.log" 2>&1 &
 PIDS+=($!); OURS_PID=$!

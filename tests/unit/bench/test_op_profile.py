@@ -33,3 +33,11 @@ def test_per_op_figures_leave_out_the_warm_up_runs() -> None:
 def test_too_few_runs_is_an_error_naming_them() -> None:
     with pytest.raises(ValueError, match="2 profiled runs"):
         summarize([_run(0, 1), _run(1, 1)], warmup_runs=2)
+
+
+def test_spec_cost_counts_checks_in_decode_steps() -> None:
+    from bench.perf.spec_cost import tokens_per_step
+
+    counts = {"tokens": 20, "decode": 10, "checks": {2: 2, 4: 1}}
+    # checks of 2 cost 1.5 steps, of 4 interpolated between 3 (2.0) and 5 (3.0): 2.5; 10 + 3 + 2.5 = 15.5 steps
+    assert tokens_per_step(counts, {1: 1.0, 2: 1.5, 3: 2.0, 5: 3.0}) == 20 / 15.5
