@@ -73,9 +73,14 @@ class EngineConfig:
             streams it costs a run of its own instead of one row of the shared decode run.
         max_prefills_per_step: the most requests whose prompt chunks share one step's token budget (0: as
             many as it holds; 1: one request's chunk per step, the others wait a step each).
+        engine_process: run the engine core (session, KV cache, scheduler, samplers) in a process of its own
+            (``engine.core_process``), so that it never waits for the interpreter lock held by the event loop;
+            tokenizing, detokenizing and stop strings stay in the caller's process. None -> on where the model runs
+            on a device, off on the host CPU (``engine.core_client.use_engine_process``).
         fault_injector: TEST-ONLY hook, called on the core thread with a ``StepInfo`` just before each model
             run; an exception it raises fails exactly that run's requests (finish_reason ERROR), as a device
-            error would, and the engine goes on. None (the default) costs nothing.
+            error would, and the engine goes on. None (the default) costs nothing. With ``engine_process`` it runs
+            in the engine process, so it must pickle (a module-level class or function: tests/pacing.py).
     """
 
     provider: str = "cpu"
@@ -102,6 +107,7 @@ class EngineConfig:
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     speculative_max_batch: int = 1
     max_prefills_per_step: int = 0
+    engine_process: bool | None = None
     fault_injector: Callable[[StepInfo], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
