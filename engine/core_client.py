@@ -21,8 +21,7 @@ from engine.config import EngineConfig
 from engine.core import CoreSnapshot, Sink
 from engine.core_process import run_engine_process
 from engine.core_wire import (
-    ABORT, ADD, DEAD, FAILED, GRAMMAR, OUT, READY, SHUTDOWN, SNAP, CoreFacts, decode_exception, decode_outputs, dumps,
-    loads,
+    ABORT, ADD, DEAD, GRAMMAR, OUT, READY, SHUTDOWN, SNAP, CoreFacts, decode_exception, decode_outputs, dumps, loads,
 )
 from engine.model_loader import ModelFolder
 from engine.scheduler import Request
@@ -182,7 +181,7 @@ class EngineCoreClient:
                     reason = decode_exception(message[1])
         except (EOFError, OSError):
             pass
-        except BaseException as exc:  # noqa: BLE001 - a bug here: the engine cannot be reached any more
+        except BaseException as exc:  # a bug here: the engine cannot be reached any more
             log.exception("the engine client's reader failed")
             reason = EngineDeadError(f"the engine client's reader failed: {exc!r}")
         self._proc.join(_REAP_S)  # reaped now: no zombie, and its exit code is known

@@ -280,7 +280,7 @@ class _OrderedFeed:
             constraints: Sequence[GrammarConstraint | None] = [None] * params.n
             if params.structured is not None:
                 constraints = [self.structured.constraint_sync(params.structured) for _ in range(params.n)]
-        except Exception as exc:  # noqa: BLE001 - the parent compiled it; still, one request only
+        except Exception as exc:  # the parent compiled it; still, one request only
             log.exception("request %s: its grammar did not compile in the engine process", request_id)
             self.sink([CoreOutput(request_id, (), FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}", seq=seq,
                                   exception=exc)])

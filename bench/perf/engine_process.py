@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     table = summarize(runs)
     print(table)
     if args.out:
-        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=False)
         Path(args.out).write_text(json.dumps({"git": git.stdout.strip(), "settings": vars(args), "runs": runs},
                                              indent=1))
     return 0

@@ -26,7 +26,7 @@ from tests.integration.engine.test_engine import GREEDY, collect, prompts, run, 
 from tests.pacing import ProcessDecodeGate
 
 # the session `engine` fixture's settings (tests/integration/engine/conftest.py), so the tokens can be compared
-CONFIG = dict(max_batch=8, max_queue=16, prefill_chunk=16, seed=0)
+CONFIG = {"max_batch": 8, "max_queue": 16, "prefill_chunk": 16, "seed": 0}
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
           "required": ["name", "age"], "additionalProperties": False}

@@ -60,7 +60,7 @@ def test_streams_and_n_choices_equal_the_in_process_server(api_server: RunningSe
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
     assert streamed(proc_server) == streamed(api_server)
-    kwargs = dict(max_tokens=10, n=3, seed=5, temperature=1.0, extra_body={"ignore_eos": True})
+    kwargs = {"max_tokens": 10, "n": 3, "seed": 5, "temperature": 1.0, "extra_body": {"ignore_eos": True}}
     choices = [[c.message.content for c in r.client().chat.completions.create(model="tiny", messages=HI, **kwargs)
                 .choices] for r in (api_server, proc_server)]
     assert choices[1] == choices[0] and len(set(choices[1])) > 1
