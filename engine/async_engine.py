@@ -1,7 +1,8 @@
-"""AsyncEngine: the asyncio face of the engine (generate/abort/stats) over the EngineCore thread.
+"""AsyncEngine: the asyncio face of the engine (generate/abort/stats) over the EngineCore thread, in this process or
+in an engine process of its own (EngineConfig.engine_process: engine.core_client).
 
-The server's only engine entry point. Never blocks the event loop; talks to the core through its inbox
-and receives outputs via loop.call_soon_threadsafe.
+The server's only engine entry point. Never blocks the event loop; talks to the core through its inbox (or the
+engine process's pipe) and receives outputs via loop.call_soon_threadsafe.
 """
 
 from __future__ import annotations
