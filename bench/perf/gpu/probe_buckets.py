@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = AsyncEngine.from_model_dir(args.model, EngineConfig(provider=args.provider, max_batch=args.max_batch,
                                                                  prefill_chunk=args.prefill_chunk,
                                                                  kv_rows="opaque" if args.whole_buffer else None,
-                                                                 matmul_row_groups=args.row_groups))
+                                                                 matmul_row_groups=args.row_groups,
+                                                                 engine_process=False))  # probes the runner
     result: dict = {"load_s": round(time.perf_counter() - t0, 2), "placement": str(engine.placement),
                     "max_batch": args.max_batch, "row_groups": args.row_groups}
     try:
