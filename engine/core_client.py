@@ -9,12 +9,15 @@ in-process; what follows (OutputProcessor, stop strings) is unchanged.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing
+import multiprocessing.util
 import pickle
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 
 from engine.config import EngineConfig
@@ -28,6 +31,18 @@ from engine.scheduler import Request
 from engine.types import EngineDeadError, EngineError, ModelLoadError, StructuredOutput
 
 log = logging.getLogger(__name__)
+
+# NOTE(engine): engines nobody shut down are stopped at interpreter exit. multiprocessing's own exit handler would
+# SIGTERM its daemon children (ignored by an engine process) and join them without a timeout while this process still
+# holds the pipe, i.e. forever; this handler is registered after it, so it runs first.
+_LIVE: weakref.WeakSet[EngineCoreClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_engines() -> None:
+    for client in list(_LIVE):
+        client.shutdown(timeout_s=10.0)
+
 
 # NOTE(engine): how long shutdown waits for the reader and the process after the core is joined in the child (the
 # child joins its core within the caller's timeout first).
@@ -74,6 +89,7 @@ class EngineCoreClient:
         finally:
             child_conn.close()  # NOTE(engine): only the child holds its end now, so its exit is EOF here
         self.facts = self._wait_ready()
+        _LIVE.add(self)
 
     def _wait_ready(self) -> CoreFacts:
         try:

@@ -287,3 +287,22 @@ def test_shutdown_ends_streams_and_joins_the_engine_process(tiny_model) -> None:
     assert eng._core.exitcode == 0  # test only: it ended by itself and was joined
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def test_a_process_that_exits_without_shutdown_stops_its_engine_process(tiny_model) -> None:
+    # NOTE: multiprocessing's exit handler alone would SIGTERM the engine process (which ignores it) and join it
+    # forever; engine.core_client's handler shuts it down first.
+    import subprocess
+    import sys
+
+    from tests.integration.server.conftest import ROOT
+
+    script = ("import sys; from engine.async_engine import AsyncEngine; from engine.config import EngineConfig\n"
+              f"eng = AsyncEngine.from_model_dir({str(tiny_model)!r}, EngineConfig(max_batch=2, engine_process=True))\n"
+              "print(eng.engine_pid, flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    pid = int(done.stdout.split()[-1])
+    with pytest.raises(ProcessLookupError):  # ended (and reaped by its parent before that exited)
+        os.kill(pid, 0)
