@@ -1,6 +1,7 @@
 """`python -m bench.perf.engine_process`: the engine in the server's process vs in its own (--engine-process), on the
 CPU, through HTTP: two servers of the same model side by side, `ortserve bench` at 1 and at N streams against each in
-turn, the order alternating per round (a shared, noisy machine hits both alike); per-round ratios.
+short runs ordered A B B A within every round (load that comes and goes on a shared machine hits both alike); a
+round's figure per mode is the mean of its two runs, and the ratios are taken within each round.
 
 Each run also records the CPU seconds the server used (its process and the engine process, from /proc) per output
 token. Writes a JSON report (--out) and prints the table docs/perf/cpu.md shows.
@@ -80,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []
     try:
         for rnd in range(args.rounds):
-            order = list(MODES) if rnd % 2 == 0 else list(MODES)[::-1]
-            for concurrency, num in ((1, 6), (args.streams, 2 * args.streams)):
-                for name in order:
+            first, second = list(MODES) if rnd % 2 == 0 else list(MODES)[::-1]
+            for concurrency, num in ((1, 3), (args.streams, args.streams)):
+                for name in (first, second, second, first):
                     proc, port = servers[name]
                     cpu0, load = _tree_cpu_s(proc.pid), os.getloadavg()[0]
                     s = _bench(port, concurrency, num, args, tmp / "run.json")
@@ -115,7 +116,11 @@ def summarize(runs: list[dict]) -> str:
     for streams in sorted({r["streams"] for r in runs}):
         for key, label in (("output_tok_s", "output tok/s"), ("itl_p50_ms", "ITL p50 ms"),
                            ("ttft_p50_ms", "TTFT p50 ms"), ("cpu_ms_per_token", "server CPU ms / token")):
-            by = {(r["round"], r["mode"]): r[key] for r in runs if r["streams"] == streams}
+            by: dict[tuple[int, str], float] = {}
+            for r in runs:
+                if r["streams"] == streams:  # the mean of a round's two runs of each mode
+                    by[r["round"], r["mode"]] = (by[r["round"], r["mode"]] + r[key]) / 2 \
+                        if (r["round"], r["mode"]) in by else r[key]
             rounds = sorted({rnd for rnd, _ in by})
             ratios = [by[rnd, "engine process"] / by[rnd, "in-process"] for rnd in rounds]
             med = {m: statistics.median(by[rnd, m] for rnd in rounds) for m in MODES}
