@@ -196,3 +196,34 @@ def test_a_killed_server_leaves_no_engine_process(api_model: Path) -> None:
         server.proc.kill()
         server.proc.wait(10)
         assert _gone(child), "the engine process outlived the server"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads the process tree from /proc")
+def test_ctrl_c_to_the_process_group_stops_both_processes(api_model: Path, tmp_path: Path) -> None:
+    """Ctrl-C in a terminal sends SIGINT to every process of the foreground group: the engine process ignores it,
+    the server shuts down as on SIGTERM, stops the engine process and reaps it (no zombie, no orphan)."""
+    import subprocess
+    import sys
+
+    from tests.integration.server.conftest import ROOT, free_socket, wait_healthy
+
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    log = (tmp_path / "serve.log").open("w+")
+    proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--model", str(api_model), "--provider", "cpu",
+                             "--port", str(port), "--log-level", "warning", "--engine-process"],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                            stderr=log, start_new_session=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", lambda: proc.poll() is None, 120)
+        child = _engine_child(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(30) in (0, -signal.SIGINT)
+        assert _gone(child, 5.0)
+        log.seek(0)
+        assert "Traceback" not in log.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
