@@ -218,7 +218,9 @@ class EngineCoreClient:
 
 
 # NOTE(engine): automatic engine_process on the host CPU (the CPU EP, and OpenVINO, which is asked for by name and may
-# run there): measured on 2 cores, docs/perf/cpu.md "The engine in its own process".
+# run there). Measured on 2 shared cores (docs/perf/cpu.md, "The engine in its own process"): no slower (CPU per token
+# 0.95x, output tok/s 1.07-1.14x median, rounds spread 0.87-1.51), but no gain shown beyond the noise; off until a
+# quiet run says otherwise.
 CPU_ENGINE_PROCESS = False
 
 
