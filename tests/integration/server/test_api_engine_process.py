@@ -222,7 +222,11 @@ def test_ctrl_c_to_the_process_group_stops_both_processes(api_model: Path, tmp_p
         assert proc.wait(30) in (0, -signal.SIGINT)
         assert _gone(child, 5.0)
         log.seek(0)
-        assert "Traceback" not in log.read()
+        text = log.read()
+        # NOTE: uvicorn re-raises the SIGINT it handled once shut down, which prints a KeyboardInterrupt traceback
+        # (in-process too); nothing else may be logged
+        assert "ERROR" not in text and "engine" not in text, text[-3000:]
+        assert not text.strip() or text.strip().endswith("KeyboardInterrupt"), text[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
