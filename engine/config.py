@@ -73,6 +73,8 @@ class EngineConfig:
             streams it costs a run of its own instead of one row of the shared decode run.
         max_prefills_per_step: the most requests whose prompt chunks share one step's token budget (0: as
             many as it holds; 1: one request's chunk per step, the others wait a step each).
+        min_prefix_reuse: the shortest cached prefix a prompt reuses (None: automatic, ``engine.prefix_cache.
+            MIN_REUSE_BATCHED_PROMPTS`` where new prompts run together, 1 elsewhere).
         fault_injector: TEST-ONLY hook, called on the core thread with a ``StepInfo`` just before each model
             run; an exception it raises fails exactly that run's requests (finish_reason ERROR), as a device
             error would, and the engine goes on. None (the default) costs nothing.
@@ -102,6 +104,7 @@ class EngineConfig:
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     speculative_max_batch: int = 1
     max_prefills_per_step: int = 0
+    min_prefix_reuse: int | None = None
     fault_injector: Callable[[StepInfo], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -123,6 +126,8 @@ class EngineConfig:
                f"must be in [0, {MAX_SPECULATIVE_TOKENS}]", self.speculative_tokens)
         _check(self.max_prefills_per_step >= 0, "max_prefills_per_step", "must be >= 0 (0: as the budget holds)",
                self.max_prefills_per_step)
+        _check(self.min_prefix_reuse is None or self.min_prefix_reuse >= 1, "min_prefix_reuse", "must be >= 1",
+               self.min_prefix_reuse)
         _check(self.speculative_max_batch >= 1, "speculative_max_batch", "must be >= 1", self.speculative_max_batch)
 
 
