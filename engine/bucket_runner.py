@@ -27,16 +27,7 @@ from engine.device_kv import RowCopier, batch_buckets, bucket_for
 from engine.graph_capture import DeviceAllocator, DeviceDecodeIO
 from engine.kv_cache import KVCache
 from engine.model_loader import GraphIO
-from engine.runner import (
-    LOGITS_TO_KEEP,
-    InputAllocator,
-    RowChunks,
-    RunnerBase,
-    _value,
-    chunk_pieces,
-    chunk_shapes,
-    host_input,
-)
+from engine.runner import LOGITS_TO_KEEP, InputAllocator, RowChunks, RunnerBase, _value, host_input
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +50,7 @@ class BucketRunner(RunnerBase):
             ``gpu_graph_id`` (the bucket size).
         row_chunks: row-view KV (pointer): prompt chunks and draft checks run in the slot's own row on
             ``prefill_session`` (uncaptured: ``gpu_graph_id=-1`` where steps are captured), no staging.
-        fixed_shapes, max_verify, batch_prompts, prompt_shapes: for the row chunks (see ``RowChunks``);
-            ``fixed_shapes`` also runs a staged chunk as ``chunk_pieces`` (each length warmed at load).
+        fixed_shapes, max_verify, batch_prompts, prompt_shapes: for the row chunks (see ``RowChunks``).
         row_summary: with ``device_alloc``: the decode graph also outputs each row's argmax and log-normalizer
             (``engine.graph_capture.add_row_summary``); ``decode`` then leaves them in ``decode_summary``.
     """
@@ -92,7 +82,6 @@ class BucketRunner(RunnerBase):
         self.prefill_logits = np.zeros((1 if self.stage_keep_last else prefill_chunk) * vocab, dtype=np.float32)
         self._keep_one = ort.OrtValue.ortvalue_from_numpy(np.ones(1, dtype=np.int64))
         self.chunks: RowChunks | None = None
-        self.fixed_shapes = fixed_shapes
         if row_chunks:
             if not kv.row_views:
                 raise ValueError(f"row chunks need row-view KV; this KV cache is {kv.addressing}")
@@ -181,9 +170,6 @@ class BucketRunner(RunnerBase):
             self.chunks.warm_shapes()
         elif self.staging is not None:
             self._run_staged([0, 0], 0)
-            if self.fixed_shapes:
-                for num in chunk_shapes(self.prefill_chunk):
-                    self._run_staged([0] * num, 0)
             self._staged = None
 
     def prefill(self, slot: int, token_ids: Sequence[int], start: int, also: Sequence[int] = ()) -> np.ndarray:
@@ -239,13 +225,7 @@ class BucketRunner(RunnerBase):
         stage = self._stage_buffers
         if start > 0 and self._staged != (slot, start):
             self.copier.copy(self._kv_buffers, slot, stage, 0)
-        if self.fixed_shapes:  # NOTE(engine): lengths warmed at load; a device's first run of a length compiles it
-            at = 0
-            for num in chunk_pieces(len(token_ids)):
-                logits = self._run_staged(token_ids[at:at + num], start + at)
-                at += num
-        else:
-            logits = self._run_staged(token_ids, start)
+        logits = self._run_staged(token_ids, start)
         for dst in (slot, *also):
             self.copier.copy(stage, 0, self._kv_buffers, dst)
             self.slot_len[dst] = start + len(token_ids)

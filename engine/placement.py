@@ -130,7 +130,7 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
     if batch_prompts is None:  # NOTE(engine): where a run's cost is its launches (CUDA), not its compute (the CPU)
         batch_prompts = cuda
     common = dict(prefill_chunk=config.prefill_chunk, max_position=max_model_len,
-                  input_allocator=make_input_allocator(selected), fixed_shapes=bool(fixed_shapes),
+                  input_allocator=make_input_allocator(selected), fixed_shapes=fixed_shapes and kv.row_views,
                   max_verify=config.speculative_tokens + 1 if config.speculative_tokens else 0)
     rows_common = dict(common, batch_prompts=batch_prompts and kv.row_views, prompt_shapes=fixed_shapes or cuda)
     runner: ModelRunner

@@ -143,36 +143,3 @@ def test_opaque_kv_path_on_cpu_reuses_a_prefix_and_n_choices_share_the_prompt(pa
     assert second[-1].num_cached_tokens >= len(base) - 2
     choices = asyncio.run(_collect(whole, follow, SamplingParams(max_tokens=8, n=3, **GREEDY), "n3"))
     assert [_tokens(choices, i) for i in range(3)] == [cold] * 3
-
-
-def test_opaque_kv_path_on_cpu_runs_staged_chunks_as_fixed_pieces_with_the_row_view_tokens(pair, tiny_model: Path):
-    """``fixed_chunk_shapes`` on the staged path (WebGPU's): a chunk runs in the staging row as pieces of the
-    lengths warmed at load (43 tokens = 32 + 11: two runs, one copy out), and every token equals the row-view
-    engine's."""
-    from engine.runner import chunk_shapes
-
-    rows, _ = pair
-    fixed = AsyncEngine.from_model_dir(tiny_model, EngineConfig(kv_rows="opaque", max_batch=8, prefill_chunk=48,
-                                                                speculative_tokens=0, fixed_chunk_shapes=True))
-    try:
-        runner = fixed._core.runner  # test only: the core's runner
-        assert runner.fixed_shapes and runner.staging is not None
-        ps = _prompts(rows.vocab_size, 3, 43, seed=5)  # 43, 46, 49 tokens
-        params = SamplingParams(max_tokens=8, **GREEDY)
-        calls, original = [], runner._run_staged
-
-        def spy(token_ids, start):
-            calls.append(len(token_ids))
-            return original(token_ids, start)
-
-        runner._run_staged = spy
-        copies_before = runner.copier.num_copies
-        got = [_tokens(asyncio.run(_collect(fixed, p, params, f"f{i}"))) for i, p in enumerate(ps)]
-        expected = [_tokens(asyncio.run(_collect(rows, p, params, f"r{i}"))) for i, p in enumerate(ps)]
-        assert got == expected
-        # every prompt token ran once, in pieces of warmed lengths; no 43-49-token prompt fits one piece
-        assert sum(calls) == sum(len(p) for p in ps) and all(n in chunk_shapes(48) for n in calls)
-        assert len(calls) >= 2 * len(ps) and 43 not in calls
-        assert runner.copier.num_copies - copies_before >= len(ps)
-    finally:
-        fixed.shutdown()
