@@ -45,6 +45,13 @@ def min_prefix_reuse(config: EngineConfig, runner: Any) -> int:
     return MIN_REUSE_BATCHED_PROMPTS if runner.can_batch_prompts else 1
 
 
+def max_prefills_per_step(config: EngineConfig, runner: Any) -> int:
+    """The most requests whose prompt chunks run in one step: the configured number, else the runner's."""
+    if config.max_prefills_per_step is not None:
+        return config.max_prefills_per_step
+    return runner.max_prefills_per_step
+
+
 class AsyncEngine:
     """Continuous-batching generation for one model on one device.
 
@@ -71,7 +78,7 @@ class AsyncEngine:
                               prefix_caching=config.prefix_caching, can_copy=runner.can_copy,
                               speculative_tokens=speculative_tokens,
                               speculative_max_batch=config.speculative_max_batch,
-                              low_slots=len(runner.buckets) > 1, max_prefills=config.max_prefills_per_step,
+                              low_slots=len(runner.buckets) > 1, max_prefills=max_prefills_per_step(config, runner),
                               min_prefix_reuse=min_prefix_reuse(config, runner))
         self.kv_cache_bytes = kv.shape.nbytes
         self._processor = OutputProcessor()

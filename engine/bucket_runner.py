@@ -71,6 +71,10 @@ class BucketRunner(RunnerBase):
         self.buckets = batch_buckets(n) if prefix_views else (n,)
         self.copier = copier
         self.staging = staging if copier is not None else None
+        # NOTE(engine): a staged chunk is a run of its own at the EP's uncaptured cost (WebGPU, H200, 1B: 17-18 ms
+        # for 16-256 tokens alike, docs/perf/issue22/s5); several in one step stalled running streams 50-75 ms
+        # when prompts arrived together, so one request's chunk per step where prompts are staged
+        self.max_prefills_per_step = 1 if self.staging is not None else 0
         self._kv_buffers = kv.buffers
         self._stage_buffers = self.staging.buffers if self.staging is not None else []
         self.prefill_session = prefill_session or session

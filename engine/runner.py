@@ -68,6 +68,8 @@ class ModelRunner(Protocol):
         """``prefill_prompts`` runs several new requests' prompts together."""
 
     max_batched_prompt: int  # the most tokens of one prompt ``prefill_prompts`` takes
+    # the most requests whose prompt chunks one step should run (0: as many as the token budget holds)
+    max_prefills_per_step: int
 
     def prefill_prompts(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None: ...
 
@@ -128,6 +130,7 @@ class RunnerBase:
     # The last decode's rows as the device summarized them: (argmax int64 [n], log-normalizer float32 [n]), the
     # rows of the logits ``decode`` returned; None where the decode graph has no row summary.
     decode_summary: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    max_prefills_per_step = 0
     chunks: RowChunks | None = None  # runs of S tokens in a row (row-view KV only)
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
