@@ -336,3 +336,59 @@ def test_a_burst_of_prompts_run_together_stand_in_for_cuda_gives_the_row_view_to
     finally:
         gate.open()
         engine.shutdown()
+
+
+def test_captured_chunks_stand_in_for_cuda_give_the_row_chunks_kv_and_tokens(model):
+    """Prompt chunks through a staging row, as CUDA runs them captured (``engine.captured_chunks``: the decoder
+    graph with its total length fixed, one graph per piece length, the staging row copied in before a chunk after
+    a past and back into the slot after every chunk), run on the CPU EP with host rows bound by address: each
+    chunk's logits and the slots' KV equal chunks run straight in their rows, and greedy decoding afterwards gives
+    the same tokens. Two prompts' chunks interleave, so the staging row changes hands (copied in again)."""
+    import dataclasses
+
+    from engine.bucket_runner import BucketRunner
+    from engine.captured_chunks import CapturedChunks
+    from engine.graph_capture import capture_graph_bytes
+    from engine.runner import host_input
+
+    folder, plain, plain_io = model
+    length, chunk = 96, 40
+    config = EngineConfig(max_batch=4)
+    decode, _ = create_session(folder, config, model_bytes=capture_graph_bytes(folder, length, row_summary=True))
+    chunks, _ = create_session(folder, config, model_bytes=capture_graph_bytes(folder, length, keep_last=True))
+    shape = KVShape(folder.num_layers, 4, folder.num_kv_heads, length, folder.head_size, plain_io.kv_dtype)
+    kv = KVCache(shape, HostKVAllocator(POINTER))
+    copy_session, _ = create_session(folder, config, model_bytes=address_copy_graph_bytes(
+        len(kv.buffers), shape.dtype, (1, shape.num_kv_heads, length, shape.head_size)))
+    kv.row_copy = AddressRowCopier(copy_session, kv)
+    staging = KVCache(dataclasses.replace(shape, num_slots=1), HostKVAllocator(POINTER))
+    captured = CapturedChunks(chunks, check_graph(folder, chunks), kv, staging, kv.row_copy, chunk, _cpu_alloc,
+                              host_input)
+    runner = BucketRunner(decode, check_graph(folder, decode), kv, prefill_chunk=chunk, max_position=length,
+                          device_alloc=_cpu_alloc, row_chunks=True, prefill_session=plain, prefill_io=plain_io,
+                          row_summary=True, captured_chunks=captured)
+    reference = Runner(plain, plain_io, KVCache(shape, HostKVAllocator()), prefill_chunk=chunk, max_position=length)
+    assert runner.min_prefix_reuse > 1 and not runner.can_batch_prompts
+    prompts = [np.random.default_rng(s).integers(3, 500, n).tolist() for s, n in ((31, 53), (32, 70), (33, 9))]
+    # slot 0's first chunk, slot 1's, then slot 0's second (its row copied back into the staging row), ...
+    order = [(0, 0), (1, 0), (0, 40), (1, 40), (2, 0)]
+    copies = kv.row_copy.num_copies
+    for slot, start in order:
+        part = prompts[slot][start:start + chunk]
+        got = runner.prefill(slot, part, start)
+        want = reference.prefill(slot, part, start)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert captured.num_runs == sum(len(chunk_pieces(len(prompts[s][a:a + chunk]))) for s, a in order)
+    assert kv.row_copy.num_copies - copies == len(order) + 2  # one copy out per chunk, two copies in
+    for slot, p in enumerate(prompts):
+        for got, want in zip(kv.buffers, reference.kv.buffers):
+            np.testing.assert_allclose(got.numpy()[slot, :, :len(p)], want.numpy()[slot, :, :len(p)],
+                                       rtol=1e-4, atol=1e-4)
+    tokens: dict[str, list[list[int]]] = {"captured": [], "reference": []}
+    for name, r in (("captured", runner), ("reference", reference)):  # the last two prompt tokens again, then decode
+        nxt = [int(np.argmax(r.prefill(s, p[-2:], len(p) - 2))) for s, p in enumerate(prompts)]
+        for i in range(4):
+            logits = r.decode([0, 1, 2], nxt, [len(p) + i for p in prompts])
+            nxt = [int(t) for t in np.argmax(logits, axis=-1)]
+            tokens[name].append(nxt)
+    assert tokens["captured"] == tokens["reference"]
