@@ -19,6 +19,7 @@ from engine.core import PHASES, CoreOutput, EngineCore
 from engine.detokenizer import IncrementalDetokenizer
 from engine.model_loader import ModelFolder, read_model_folder
 from engine.output_processor import OutputProcessor, RequestState, merge_by_choice
+from engine.prefix_cache import MIN_REUSE_BATCHED_PROMPTS
 from engine.scheduler import Request, Scheduler
 from engine.structured_output import GrammarConstraint, StructuredOutputBackend
 from engine.tokenizer import Tokenizer
@@ -37,10 +38,11 @@ log = logging.getLogger(__name__)
 
 
 def min_prefix_reuse(config: EngineConfig, runner: Any) -> int:
-    """The shortest cached prefix a prompt reuses: the configured one, else the runner's."""
+    """The shortest cached prefix a prompt reuses: the configured one, else ``MIN_REUSE_BATCHED_PROMPTS`` where
+    new prompts run together (a reused prefix takes a prompt out of that run), else any match."""
     if config.min_prefix_reuse is not None:
         return config.min_prefix_reuse
-    return runner.min_prefix_reuse
+    return MIN_REUSE_BATCHED_PROMPTS if runner.can_batch_prompts else 1
 
 
 def max_prefills_per_step(config: EngineConfig, runner: Any) -> int:

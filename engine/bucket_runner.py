@@ -23,11 +23,9 @@ from collections.abc import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from engine.captured_chunks import CapturedChunks
 from engine.device_kv import RowCopier, batch_buckets, bucket_for
 from engine.graph_capture import DeviceAllocator, DeviceDecodeIO
 from engine.kv_cache import KVCache
-from engine.prefix_cache import MIN_REUSE_BATCHED_PROMPTS
 from engine.model_loader import GraphIO
 from engine.runner import LOGITS_TO_KEEP, InputAllocator, RowChunks, RunnerBase, _value, host_input
 
@@ -55,8 +53,6 @@ class BucketRunner(RunnerBase):
         fixed_shapes, max_verify, batch_prompts, prompt_shapes: for the row chunks (see ``RowChunks``).
         row_summary: with ``device_alloc``: the decode graph also outputs each row's argmax and log-normalizer
             (``engine.graph_capture.add_row_summary``); ``decode`` then leaves them in ``decode_summary``.
-        captured_chunks: with ``row_chunks``: prompt chunks run as captured graphs through a staging row
-            (``engine.captured_chunks``); draft checks stay uncaptured in their rows.
     """
 
     whole_buffer = True
@@ -67,8 +63,7 @@ class BucketRunner(RunnerBase):
                  staging: KVCache | None = None, prefill_session: ort.InferenceSession | None = None,
                  prefill_io: GraphIO | None = None, copier: RowCopier | None = None, graph_ids: bool = False,
                  row_chunks: bool = False, fixed_shapes: bool = False, max_verify: int = 0,
-                 row_summary: bool = False, batch_prompts: bool = False, prompt_shapes: bool | None = None,
-                 captured_chunks: CapturedChunks | None = None) -> None:
+                 row_summary: bool = False, batch_prompts: bool = False, prompt_shapes: bool | None = None) -> None:
         super().__init__(session, io, kv, prefill_chunk=prefill_chunk, max_position=max_position,
                          input_allocator=input_allocator)
         n, vocab = self.num_slots, self.vocab_size
@@ -91,7 +86,6 @@ class BucketRunner(RunnerBase):
         self.prefill_logits = np.zeros((1 if self.stage_keep_last else prefill_chunk) * vocab, dtype=np.float32)
         self._keep_one = ort.OrtValue.ortvalue_from_numpy(np.ones(1, dtype=np.int64))
         self.chunks: RowChunks | None = None
-        self.captured_chunks = captured_chunks
         if row_chunks:
             if not kv.row_views:
                 raise ValueError(f"row chunks need row-view KV; this KV cache is {kv.addressing}")
@@ -138,14 +132,6 @@ class BucketRunner(RunnerBase):
         return self.copier is not None or self.kv.addressable or self.kv.row_copy is not None
 
     @property
-    def min_prefix_reuse(self) -> int:
-        """As ``RunnerBase``'s; with captured chunks too: a reused prefix costs row copies (0.15 ms each on an H200)
-        where computing a short one in a captured chunk costs less."""
-        if self.captured_chunks is not None:
-            return MIN_REUSE_BATCHED_PROMPTS
-        return super().min_prefix_reuse
-
-    @property
     def can_verify(self) -> bool:
         # NOTE(engine): a draft check is S > 1 tokens in one row; GQA runs that at batch 1 only
         return self.chunks is not None
@@ -186,8 +172,6 @@ class BucketRunner(RunnerBase):
             self.chunks.run(0, [0, 0], 0, all_logits=False)
             self.slot_len[0] = 0
             self.chunks.warm_shapes()
-            if self.captured_chunks is not None:
-                self.captured_chunks.warmup()
         elif self.staging is not None:
             self._run_staged([0, 0], 0)
             self._staged = None
@@ -197,12 +181,6 @@ class BucketRunner(RunnerBase):
         or without a copier one token per run (``also``: slots that end up with the same KV, computed in the same
         runs). Returns the float32 ``[vocab]`` logits of the chunk's last token."""
         self._check_chunk(len(token_ids))
-        if self.captured_chunks is not None:
-            logits = self.captured_chunks.run(slot, token_ids, start)
-            self.slot_len[slot] = start + len(token_ids)
-            for other in also:
-                self.copy_kv(slot, other, start, start + len(token_ids))
-            return logits
         if self.chunks is not None:
             logits = self.chunks.run(slot, token_ids, start, all_logits=False)[-1]
             for other in also:
@@ -228,16 +206,12 @@ class BucketRunner(RunnerBase):
             self.kv.copy_positions(src, dst, start, end)
         if self._staged is not None and self._staged[0] == dst:
             self._staged = None
-        if self.captured_chunks is not None:
-            self.captured_chunks.forget(dst)
         self.slot_len[dst] = max(int(self.slot_len[dst]), end)
 
     def release(self, slot: int, keep: int = 0) -> None:
         super().release(slot, keep)
         if self._staged is not None and self._staged[0] == slot:
             self._staged = None
-        if self.captured_chunks is not None:
-            self.captured_chunks.forget(slot)
 
     # -- internals -------------------------------------------------------------------------------------
 

@@ -54,9 +54,6 @@ class EngineConfig:
             one first-prompt run filled up to a common width (``engine.runner.RowChunks.prompts``), the last
             tokens within the step's decode run; None -> on for the CUDA EP (runs of fixed widths, warmed at
             load), False -> one chunk run each.
-        captured_chunks: prompt chunks run as captured device graphs, one per piece length, in a staging row
-            copied into the slot (``engine.captured_chunks``); None -> on for the CUDA EP when its decode steps
-            are captured (batched prompts are then off unless asked for), False -> uncaptured in their rows.
         device_row_summary: captured decode steps also give each row's argmax and log-normalizer, computed on
             the device (``engine.graph_capture.add_row_summary``), so greedy rows and their log-probabilities
             skip the CPU's pass over the logits; None -> on for the CUDA EP, False -> off.
@@ -100,7 +97,6 @@ class EngineConfig:
     fixed_chunk_shapes: bool | None = None
     device_row_summary: bool | None = None
     batched_prompts: bool | None = None
-    captured_chunks: bool | None = None
     seed: int | None = None
     chat_template: str | None = None
     grammar_compile_timeout_s: float = 10.0

@@ -124,7 +124,7 @@ class AddressRowCopier:
         self.session = session
         self.kv = kv
         self.num_copies = 0
-        self._bindings: dict[tuple[int, ...], ort.IOBinding] = {}
+        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
 
     def __call__(self, src_row: int, dst_row: int) -> None:
         if src_row == dst_row:
@@ -137,20 +137,6 @@ class AddressRowCopier:
                 base = value.data_ptr()
                 self.kv.bind_address(binding, f"src_{i}", f"dst_{i}", base + src_row * row_bytes, 1,
                                      output_ptr=base + dst_row * row_bytes)
-        self.session.run_with_iobinding(binding)
-        self.num_copies += 1
-
-    def copy_rows(self, src: Any, src_row: int, dst: Any, dst_row: int) -> None:
-        """Row ``src_row`` of KV cache ``src`` into row ``dst_row`` of KV cache ``dst`` (same shape but rows, same
-        device: a staging row and the engine's KV, ``engine.captured_chunks``)."""
-        key = (id(src), src_row, id(dst), dst_row)
-        binding = self._bindings.get(key)
-        if binding is None:
-            binding = self._bindings[key] = self.session.io_binding()
-            row_bytes = self.kv.shape.row_bytes
-            for i, (a, b) in enumerate(zip(src.buffers, dst.buffers)):
-                self.kv.bind_address(binding, f"src_{i}", f"dst_{i}", a.data_ptr() + src_row * row_bytes, 1,
-                                     output_ptr=b.data_ptr() + dst_row * row_bytes)
         self.session.run_with_iobinding(binding)
         self.num_copies += 1
 

@@ -16,7 +16,6 @@ import onnxruntime as ort
 
 from engine.config import EngineConfig
 from engine.model_loader import ModelFolder, create_session
-from engine.runner import LOGITS_TO_KEEP
 from engine.types import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -54,8 +53,7 @@ class OpenedSession:
 
 def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = False,
                         names: tuple[str, str, str] = ("input_ids", "position_ids", "attention_mask"),
-                        row_groups: int = 0, row_summary: bool = False, logits: str = "logits",
-                        keep_last: bool = False) -> bytes:
+                        row_groups: int = 0, row_summary: bool = False, logits: str = "logits") -> bytes:
     """The decoder graph with nothing left for the CPU EP when every run is ``[num_slots, 1]`` wide.
 
     Only the graph is rewritten (the weights stay in the folder's external data file):
@@ -83,8 +81,6 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
         row_groups: see step 5 (0: off).
         row_summary: see step 6.
         logits: the graph's logits output (step 6).
-        keep_last: ``logits_to_keep`` becomes 1, not its default (every position): runs of S > 1 tokens whose
-            last position's logits are all that is read (``engine.captured_chunks``).
     Returns:
         The serialized model; load it with the external-data folder set to ``folder.path``.
     Raises:
@@ -104,10 +100,6 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
     kept = [i for i in graph.input if i.name not in init_names]
     del graph.input[:]
     graph.input.extend(kept)
-    if keep_last:
-        for t in graph.initializer:
-            if t.name == LOGITS_TO_KEEP:
-                t.CopyFrom(numpy_helper.from_array(np.ones(1, dtype=np.int64), LOGITS_TO_KEEP))
     # 2. GQA's total length from a constant.
     rewired = 0
     for node in graph.node:

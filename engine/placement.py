@@ -32,10 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.bucket_runner import BucketRunner
-from engine.captured_chunks import CapturedChunks
 from engine.config import EngineConfig
 from engine.device_kv import AddressRowCopier, RowCopier, address_copy_graph_bytes, row_copy_graph_bytes
-from engine.graph_capture import CAPTURE_PROVIDERS, OpenedSession, capture_graph_bytes, nodes_off_ep, open_session
+from engine.graph_capture import CAPTURE_PROVIDERS, OpenedSession, open_session
 from engine.kv_cache import HOST, OPAQUE, POINTER, HostKVAllocator, KVAllocator, KVCache, KVShape, make_kv_allocator
 from engine.model_loader import ModelFolder, check_graph, create_session, resolve_max_model_len
 from engine.runner import ModelRunner, Runner, make_input_allocator
@@ -140,16 +139,11 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
     graphs = kv.addressing == POINTER and (opened.graph_capture or caps.ep_graphs)
     if graphs:
         prefill_session, prefill_io = _prefill_session(folder, config, opened)
-        captured = None
-        if opened.graph_capture and config.captured_chunks is not False:  # engine-driven capture (CUDA graphs)
-            captured = _captured_chunks(folder, config, opened, kv, kv_length, allocator)
-            if captured is not None and config.batched_prompts is None:
-                rows_common["batch_prompts"] = False  # NOTE(engine): a captured chunk costs less than a shared run
         runner = BucketRunner(session, io, kv, **rows_common, device_alloc=_device_alloc(selected, session),
                               packed_input=opened.packed_input, graph_ids=True, row_chunks=True,
                               prefill_session=prefill_session, prefill_io=prefill_io,
-                              row_summary=opened.row_summary, captured_chunks=captured)
-        kind = "buckets (pointer, captured steps" + (", captured chunks)" if captured is not None else ")")
+                              row_summary=opened.row_summary)
+        kind = "buckets (pointer, captured steps)"
     elif kv.row_views and config.kv_rows != OPAQUE:
         runner = Runner(session, io, kv, **rows_common)
         kind = f"rows ({kv.addressing})"
@@ -188,33 +182,6 @@ def _address_copier(folder: ModelFolder, config: EngineConfig, selected: Any, kv
     graph = address_copy_graph_bytes(len(kv.buffers), s.dtype, (1, s.num_kv_heads, s.length, s.head_size))
     copy_session, _ = create_session(folder, config, selected=selected, model_bytes=graph)
     return AddressRowCopier(copy_session, kv)
-
-
-def _captured_chunks(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, kv: KVCache, kv_length: int,
-                     allocator: KVAllocator) -> CapturedChunks | None:
-    """Prompt chunks as captured graphs (``engine.captured_chunks``): a session of the decoder's graph with its total
-    length fixed and logits_to_keep 1, a one-row staging KV and the row copier; None (logged) where the graph
-    leaves nodes off the device, or with ``config.captured_chunks`` None and a failure to set it up."""
-    selected = opened.selected
-    inputs = folder.genai["model"]["decoder"].get("inputs", {})
-    names = (inputs.get("input_ids", "input_ids"), inputs.get("position_ids", "position_ids"),
-             inputs.get("attention_mask", "attention_mask"))
-    try:
-        graph = capture_graph_bytes(folder, kv_length, packed=False, names=names, keep_last=True)
-        session, _ = create_session(folder, config, selected=selected, graph_capture=True, model_bytes=graph)
-        off = nodes_off_ep(session, selected.ep_name)
-        if off:
-            raise ModelLoadError(f"nodes outside {selected.ep_name}: {', '.join(sorted(set(off)))}")
-        chunk_io = check_graph(folder, session)
-    except ModelLoadError as exc:
-        if config.captured_chunks:
-            raise
-        log.warning("prompt chunks run uncaptured: %s", exc)
-        return None
-    staging = KVCache(dataclasses.replace(kv.shape, num_slots=1), allocator)
-    log.info("prompt chunks as captured graphs through a staging row (%s)", selected.ep_name)
-    return CapturedChunks(session, chunk_io, kv, staging, kv.row_copy, config.prefill_chunk,
-                          _device_alloc(selected, session), make_input_allocator(selected))
 
 
 def _prefill_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSession) -> tuple[Any, Any]:

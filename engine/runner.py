@@ -19,7 +19,6 @@ import numpy as np
 import onnxruntime as ort
 
 from engine.kv_cache import KVCache
-from engine.prefix_cache import MIN_REUSE_BATCHED_PROMPTS
 from engine.model_loader import GraphIO
 
 log = logging.getLogger(__name__)
@@ -71,7 +70,6 @@ class ModelRunner(Protocol):
     max_batched_prompt: int  # the most tokens of one prompt ``prefill_prompts`` takes
     # the most requests whose prompt chunks one step should run (0: as many as the token budget holds)
     max_prefills_per_step: int
-    min_prefix_reuse: int  # the shortest cached prefix worth reusing (engine.prefix_cache)
 
     def prefill_prompts(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None: ...
 
@@ -179,11 +177,6 @@ class RunnerBase:
     @property
     def can_batch_prompts(self) -> bool:
         return self.chunks is not None and self.chunks.batch_prompts
-
-    @property
-    def min_prefix_reuse(self) -> int:
-        """Any match, except where new prompts run together: a reused prefix takes a prompt out of that run."""
-        return MIN_REUSE_BATCHED_PROMPTS if self.can_batch_prompts else 1
 
     @property
     def max_batched_prompt(self) -> int:

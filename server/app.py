@@ -50,7 +50,6 @@ def engine_config_from(settings: Settings) -> Any:
         "graph_capture": settings.graph_capture,
         "device_row_summary": settings.device_row_summary,
         "batched_prompts": settings.batched_prompts,
-        "captured_chunks": settings.captured_chunks,
         "chat_template": settings.chat_template,
         "grammar_compile_timeout_s": settings.grammar_compile_timeout_s,
         "prefix_caching": settings.prefix_caching,

@@ -135,11 +135,6 @@ class Settings(BaseSettings):
         "tokens, which join the step's decode run (default: on with the CUDA EP, where a run costs its kernel "
         "launches; --no-batched-prompts runs each prompt's chunks on their own)."
     )
-    captured_chunks: bool | None = Field(
-        None, description="Prompt chunks run as captured device graphs through a staging KV row, copied into "
-        "their slot (default: on with the CUDA EP when its decode steps are captured, and new prompts then run "
-        "one by one this way instead of together; --no-captured-chunks runs them uncaptured in their rows)."
-    )
     device_row_summary: bool | None = Field(
         None, description="Captured decode steps also compute each row's argmax and log-normalizer on the device "
         "(default: on with the CUDA EP; greedy tokens and their logprobs then skip a pass over the logits on the "

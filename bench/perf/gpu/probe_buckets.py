@@ -54,8 +54,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="ORT_FPA_INTB_GEMM as the server sets it (ep.flags.apply_cuda_int4_gemm)")
     ap.add_argument("--fixed-chunk-shapes", choices=("auto", "on", "off"), default="auto",
                     help="EngineConfig.fixed_chunk_shapes (chunks as pieces of warmed lengths)")
-    ap.add_argument("--captured-chunks", choices=("auto", "on", "off"), default="auto",
-                    help="EngineConfig.captured_chunks (prompt chunks as captured graphs through a staging row)")
     ap.add_argument("--gil-load", action="store_true", help="time prompts and decode steps with a busy Python thread too")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -67,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                  kv_rows="opaque" if args.whole_buffer else None,
                                                                  matmul_row_groups=args.row_groups,
                                                                  fixed_chunk_shapes={"auto": None, "on": True, "off": False}[
-                                                                     args.fixed_chunk_shapes],
-                                                                 captured_chunks={"auto": None, "on": True, "off": False}[
-                                                                     args.captured_chunks]))
+                                                                     args.fixed_chunk_shapes]))
     result: dict = {"load_s": round(time.perf_counter() - t0, 2), "placement": str(engine.placement),
                     "max_batch": args.max_batch, "row_groups": args.row_groups}
     try:

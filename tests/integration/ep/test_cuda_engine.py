@@ -84,31 +84,23 @@ def _short_near(comparisons: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize("fixed_shapes", [None, "fused"], ids=["default_chunks", "fused_int4_fixed_shapes"])
-@pytest.mark.parametrize("prompts", ["default", "batched", "alone"])
+@pytest.mark.parametrize("batched_prompts", [None, False], ids=["batched_prompts", "prompts_alone"])
 @pytest.mark.parametrize("graph_capture", [False, None], ids=["rows", "captured_steps"])
 def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu_reference, findings,
-                                               graph_capture, prompts, fixed_shapes, monkeypatch) -> None:
+                                               graph_capture, batched_prompts, fixed_shapes, monkeypatch) -> None:
     """Placement (pointer rows, pinned inputs and logits) and greedy tokens against the CPU EP: three short
     prompts together, then 45-100-token prompts in chunks of 32 straight into their rows, decoded together, then
     a follow-up that reuses a prompt (a device row copy), then n = 3 choices of it. Without capture decode runs
     the running rows; with it (CUDA graphs, one per bucket: the discipline HIP graphs need on AMD) rows [0, b)."""
     if fixed_shapes == "fused":  # NOTE(test): what a server of --max-batch > 1 runs: the fused kernels, fixed shapes
         monkeypatch.setenv("ORT_FPA_INTB_GEMM", "1")  # read when the session is made
-    # default: captured chunks where the steps are captured (batched prompts where they are not); batched: new
-    # prompts run together; alone: each prompt's chunks uncaptured in its row
-    if prompts == "default" and graph_capture is False:
-        pytest.skip("captured chunks need captured steps; the rows path's default is the batched case")
-    captured_chunks = None if prompts == "default" else False
-    batched_prompts = False if prompts == "alone" else None
-    engine = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(
-        provider="cuda", graph_capture=graph_capture, batched_prompts=batched_prompts, captured_chunks=captured_chunks,
-        **CONFIG))
+    engine = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(provider="cuda", graph_capture=graph_capture,
+                                                                       batched_prompts=batched_prompts, **CONFIG))
     try:
         placement = engine.placement
         runner = engine._core.runner  # test only: the core's runner
         assert runner.chunks.fixed_shapes == (fixed_shapes == "fused")
-        assert runner.can_batch_prompts == (prompts == "batched")
-        assert (getattr(runner, "captured_chunks", None) is not None) == (prompts == "default")
+        assert runner.can_batch_prompts == (batched_prompts is None)
         short = asyncio.run(_greedy(engine, PROMPTS))
         long = asyncio.run(_greedy(engine, LONG_PROMPTS))
         copies = runner.kv.row_copy.num_copies
@@ -128,7 +120,7 @@ def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu
     comparisons = {"short": [_compare(r, g) for r, g in zip(cpu_reference["short"], short)],
                    "long": [_compare(r, g) for r, g in zip(cpu_reference["long"], long)],
                    "follow": _compare(cpu_reference["follow"], follow)}
-    findings[f"rows_by_address_capture_{graph_capture}_prompts_{prompts}_fixed_{fixed_shapes}"] = {"placement": placement, "comparisons": comparisons, "follow_copies": copied,
+    findings[f"rows_by_address_capture_{graph_capture}_batched_{batched_prompts}_fixed_{fixed_shapes}"] = {"placement": placement, "comparisons": comparisons, "follow_copies": copied,
                                    "n3_equal": all(c == follow[0] for c in n3), "stats_extra": stats.extra,
                                    "batched_prompt_runs_rows": prompt_runs}
     assert placement.provider == "cuda" and placement.kv_rows == "pointer"
@@ -136,7 +128,7 @@ def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu
     # the seeds' design on a real GPU: decode inputs written in place in host-accessible memory, logits on the host
     if graph_capture is None:
         assert placement.graph_capture, placement.graph_capture_note
-        assert placement.runner.startswith("buckets (pointer, captured steps") and runner.buckets == (1, 2, 4, 8)
+        assert placement.runner == "buckets (pointer, captured steps)" and runner.buckets == (1, 2, 4, 8)
         assert placement.decode_inputs == "ep_host_accessible->device"
         assert placement.logits == "device->ep_host_accessible"
     else:
