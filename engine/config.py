@@ -76,9 +76,14 @@ class EngineConfig:
             ``max_prefills_per_step``).
         min_prefix_reuse: the shortest cached prefix a prompt reuses (None: automatic, ``engine.prefix_cache.
             MIN_REUSE_BATCHED_PROMPTS`` where new prompts run together, 1 elsewhere).
+        engine_process: run the engine core (session, KV cache, scheduler, samplers) in a process of its own
+            (``engine.core_process``), so that it never waits for the interpreter lock held by the event loop;
+            tokenizing, detokenizing and stop strings stay in the caller's process. None -> on where the model runs
+            on a device, off on the host CPU (``engine.core_client.use_engine_process``).
         fault_injector: TEST-ONLY hook, called on the core thread with a ``StepInfo`` just before each model
             run; an exception it raises fails exactly that run's requests (finish_reason ERROR), as a device
-            error would, and the engine goes on. None (the default) costs nothing.
+            error would, and the engine goes on. None (the default) costs nothing. With ``engine_process`` it runs
+            in the engine process, so it must pickle (a module-level class or function: tests/pacing.py).
     """
 
     provider: str = "cpu"
@@ -106,6 +111,7 @@ class EngineConfig:
     speculative_max_batch: int = 1
     max_prefills_per_step: int | None = None
     min_prefix_reuse: int | None = None
+    engine_process: bool | None = None
     fault_injector: Callable[[StepInfo], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -190,6 +190,11 @@ class Settings(BaseSettings):
     )
 
     # --- process -----------------------------------------------------------------------------------
+    engine_process: bool | None = Field(
+        None, description="Run the engine core (session, KV cache, scheduler, samplers) in a process of its own, so "
+        "it never waits for the interpreter lock while the server streams (default: on when the model runs on a "
+        "device, off on the CPU; --no-engine-process keeps it in the server's process)."
+    )
     shutdown_grace_s: float = Field(
         10.0, ge=0.0, le=3600.0, description="On SIGTERM, seconds running requests get to finish before abort."
     )

@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                  kv_rows="opaque" if args.whole_buffer else None,
                                                                  matmul_row_groups=args.row_groups,
                                                                  fixed_chunk_shapes={"auto": None, "on": True, "off": False}[
-                                                                     args.fixed_chunk_shapes]))
+                                                                     args.fixed_chunk_shapes],
+                                                                 engine_process=False))  # probes the runner
     result: dict = {"load_s": round(time.perf_counter() - t0, 2), "placement": str(engine.placement),
                     "max_batch": args.max_batch, "row_groups": args.row_groups}
     try:
