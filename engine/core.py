@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from engine.runner import Runner
-from engine.sampler import RequestSampler, SampleResult, sample_batch
+from engine.sampler import RequestSampler, SampleResult, needs_logits, sample_batch
 from engine.scheduler import Finished, PrefillChunk, Request, Scheduler, SchedulerOutput, Verify
 from engine.types import EngineDeadError, EngineError, FinishReason, StepInfo, TokenLogprob
 
@@ -312,11 +312,12 @@ class EngineCore:
             masked = self._fill_masks(batch, failed)
             if self.fault_injector is not None:
                 self.fault_injector(StepInfo(self._steps, "decode", tuple(r.request_id for r in batch)))
+            samplers = [r.sampler_state for r in batch]
             logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
-                                        [positions.get(id(r), r.num_computed_tokens) for r in batch])
+                                        [positions.get(id(r), r.num_computed_tokens) for r in batch],
+                                        logits=needs_logits(samplers, masked))
             t1 = clock()
-            results = sample_batch(logits, [r.sampler_state for r in batch], self._bitmask, masked,
-                                   summary=self.runner.decode_summary)
+            results = sample_batch(logits, samplers, self._bitmask, masked, summary=self.runner.decode_summary)
         except Exception as exc:
             self._fail(batch, exc)
             return

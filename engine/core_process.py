@@ -30,6 +30,7 @@ from engine.core_wire import (
     loads,
 )
 from engine.model_loader import ModelFolder, read_model_folder
+from engine.prefix_cache import MIN_REUSE_BATCHED_PROMPTS
 from engine.scheduler import Request, Scheduler
 from engine.structured_output import GrammarConstraint, StructuredOutputBackend
 from engine.types import EngineDeadError, FinishReason
@@ -52,6 +53,21 @@ class BuiltCore:
     speculative_tokens: int
 
 
+def min_prefix_reuse(config: EngineConfig, runner: Any) -> int:
+    """The shortest cached prefix a prompt reuses: the configured one, else ``MIN_REUSE_BATCHED_PROMPTS`` where
+    new prompts run together (a reused prefix takes a prompt out of that run), else any match."""
+    if config.min_prefix_reuse is not None:
+        return config.min_prefix_reuse
+    return MIN_REUSE_BATCHED_PROMPTS if runner.can_batch_prompts else 1
+
+
+def max_prefills_per_step(config: EngineConfig, runner: Any) -> int:
+    """The most requests whose prompt chunks run in one step: the configured number, else the runner's."""
+    if config.max_prefills_per_step is not None:
+        return config.max_prefills_per_step
+    return runner.max_prefills_per_step
+
+
 def build_core(folder: ModelFolder, config: EngineConfig, sink: Sink,
                between_steps: Callable[[bool], None] | None = None) -> BuiltCore:
     """Sessions, KV cache and runner for the device (``placement.load``), the scheduler, the grammar backend and the
@@ -69,7 +85,8 @@ def build_core(folder: ModelFolder, config: EngineConfig, sink: Sink,
                           prefix_caching=config.prefix_caching, can_copy=runner.can_copy,
                           speculative_tokens=speculative_tokens,
                           speculative_max_batch=config.speculative_max_batch,
-                          low_slots=len(runner.buckets) > 1, max_prefills=config.max_prefills_per_step)
+                          low_slots=len(runner.buckets) > 1, max_prefills=max_prefills_per_step(config, runner),
+                          min_prefix_reuse=min_prefix_reuse(config, runner))
     # NOTE(engine): grammars compile in the backend's worker threads (its tokenizer is built on first use),
     # never on the core thread; the core only fills masks and advances constraints.
     structured = StructuredOutputBackend(

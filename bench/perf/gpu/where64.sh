@@ -84,4 +84,4 @@ for kind in ("gil", "idle"):
     for (t, f), n in by_leaf.most_common(25):
         print(f"  {100 * n / total:5.1f}%  {t[:28]:28s} {f[:110]}")
 EOF
-rm -f "$OUT"/m0.txt "$OUT"/m1.txt
+grep -hE "^(vllm:prefix_cache|ortserve_generation_tokens_total|ortserve_engine_steps_total)" "$OUT/m0.txt" "$OUT/m1.txt"

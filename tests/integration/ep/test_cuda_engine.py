@@ -55,7 +55,9 @@ def findings(tmp_path_factory: pytest.TempPathFactory):
     (out / "cuda_engine.json").write_text(json.dumps(data, indent=2, default=str))
 
 
-CONFIG = dict(max_batch=8, prefill_chunk=32, seed=0, speculative_tokens=0)
+# NOTE(test): min_prefix_reuse=1: the follow-up reuses a 45+-token prompt, under the batched-prompt runner's own
+# threshold (engine.prefix_cache.MIN_REUSE_BATCHED_PROMPTS); this test is about the copy being right
+CONFIG = dict(max_batch=8, prefill_chunk=32, seed=0, speculative_tokens=0, min_prefix_reuse=1)
 
 
 @pytest.fixture(scope="module")

@@ -167,7 +167,7 @@ def test_webgpu_chunked_prefill_buckets_and_prefix_copies_match_cpu(webgpu_devic
         runner = engine._core.runner
         widths = []
         original = runner._run_decode
-        runner._run_decode = lambda binding, width: (widths.append(width), original(binding, width))[1]
+        runner._run_decode = lambda binding, width, *rest: (widths.append(width), original(binding, width, *rest))[1]
         got = asyncio.run(_greedy(engine, LONG_PROMPTS))
         together = set(widths)
         widths.clear()
