@@ -24,7 +24,8 @@ from engine.config import EngineConfig
 from engine.core import CoreSnapshot, Sink
 from engine.core_process import run_engine_process
 from engine.core_wire import (
-    ABORT, ADD, DEAD, GRAMMAR, OUT, READY, SHUTDOWN, SNAP, CoreFacts, decode_exception, decode_outputs, dumps, loads,
+    ABORT, ADD, DEAD, GRAMMAR, OUT, READY, SHUTDOWN, SNAP, CoreFacts, FrameReader, decode_exception, decode_outputs,
+    dumps, loads,
 )
 from engine.model_loader import ModelFolder
 from engine.scheduler import Request
@@ -183,18 +184,23 @@ class EngineCoreClient:
         """Reader thread: outputs to the sink, snapshots to ``snapshot``; at EOF, reap the process and fail what is
         left (``dead`` first, then one more call of the sink)."""
         reason: BaseException | None = None
+        frames = FrameReader(self._conn.fileno())
         try:
             while True:
-                message = loads(self._conn.recv_bytes())
-                kind = message[0]
-                if kind == OUT:
-                    if message[2] is not None:
-                        self.snapshot, self.process_cpu_s = message[2], message[3]
-                    self._sink(decode_outputs(message[1]))
-                elif kind == SNAP:
-                    self.snapshot, self.process_cpu_s = message[1], message[2]
-                elif kind == DEAD:
-                    reason = decode_exception(message[1])
+                outputs: list = []
+                for data in frames.read():  # what one read brought: several steps' outputs go on together
+                    message = loads(data)
+                    kind = message[0]
+                    if kind == OUT:
+                        if message[2] is not None:
+                            self.snapshot, self.process_cpu_s = message[2], message[3]
+                        outputs += decode_outputs(message[1])
+                    elif kind == SNAP:
+                        self.snapshot, self.process_cpu_s = message[1], message[2]
+                    elif kind == DEAD:
+                        reason = decode_exception(message[1])
+                if outputs:
+                    self._sink(outputs)
         except (EOFError, OSError):
             pass
         except BaseException as exc:  # a bug here: the engine cannot be reached any more

@@ -13,7 +13,9 @@ tokens), ``("snap", snapshot, process CPU s)``, ``("dead", exception)`` (the cor
 
 from __future__ import annotations
 
+import os
 import pickle
+import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,6 +53,47 @@ def dumps(message: tuple) -> bytes:
 
 def loads(data: bytes) -> tuple:
     return pickle.loads(data)
+
+
+class FrameReader:
+    """The messages a ``multiprocessing.Connection``'s ``send_bytes`` framed (a 4-byte big-endian length, or -1 and
+    an 8-byte one), read from its file descriptor: every whole message one ``os.read`` brings.
+
+    NOTE(engine): ``Connection.recv_bytes`` reads a message in two reads (its length, then its body), and each read
+    drops and retakes the interpreter lock, which the server's event loop may hold for up to the switch interval. One
+    read per wake-up, and all the messages it brought handed on together. Measured on 2 shared cores with the loop
+    busy 0.2 ms per message and a 0.5 ms switch interval (the device setting): send -> loop callback p50 91-93 us
+    against 104-135, p99 157-165 us against 176-2280.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buffer = bytearray()
+
+    def read(self) -> list[bytes]:
+        """The next messages (at least one); raises EOFError once the other end has closed."""
+        messages: list[bytes] = []
+        while not messages:
+            data = os.read(self.fd, 1 << 20)
+            if not data:
+                raise EOFError
+            buffer = self._buffer
+            buffer += data
+            pos, end = 0, len(buffer)
+            while end - pos >= 4:
+                (size,) = struct.unpack_from("!i", buffer, pos)
+                head = 4
+                if size == -1:
+                    if end - pos < 12:
+                        break
+                    (size,) = struct.unpack_from("!Q", buffer, pos + 4)
+                    head = 12
+                if end - pos - head < size:
+                    break
+                messages.append(bytes(buffer[pos + head:pos + head + size]))
+                pos += head + size
+            del buffer[:pos]
+        return messages
 
 
 # -- step outputs --------------------------------------------------------------------------------------------------
