@@ -19,6 +19,7 @@ for _ in $(seq 240); do
   sleep 0.5
 done
 pids=$(pgrep -f "port $port" | tr '\n' ' ')
+pids="$pids $(for p in $pids; do pgrep -P "$p"; done | tr '\n' ' ')"  # the engine process (--engine-process)
 b() {  # b STREAMS REQUESTS PROCS NAME
   timeout 150 python3 -m server bench --url http://127.0.0.1:$port/v1 --endpoint completions --no-progress \
     --extra-body "${BODY:-{\"logprobs\": 0\}}" --prompt-tokens 25 --output-tokens 128 --concurrency "$1" \
