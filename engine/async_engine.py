@@ -1,7 +1,8 @@
-"""AsyncEngine: the asyncio face of the engine (generate/abort/stats) over the EngineCore thread.
+"""AsyncEngine: the asyncio face of the engine (generate/abort/stats) over the EngineCore thread, in this process or
+in an engine process of its own (EngineConfig.engine_process: engine.core_client).
 
-The server's only engine entry point. Never blocks the event loop; talks to the core through its inbox
-and receives outputs via loop.call_soon_threadsafe.
+The server's only engine entry point. Never blocks the event loop; talks to the core through its inbox (or the
+engine process's pipe) and receives outputs via loop.call_soon_threadsafe.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine import placement
 from engine.chat_template import ChatTemplate
 from engine.config import EngineConfig
 from engine.core import PHASES, CoreOutput, EngineCore
+from engine.core_client import EngineCoreClient, use_engine_process
+from engine.core_process import build_core
 from engine.detokenizer import IncrementalDetokenizer
 from engine.model_loader import ModelFolder, read_model_folder
 from engine.output_processor import OutputProcessor, RequestState, merge_by_choice
-from engine.scheduler import Request, Scheduler
+from engine.runner import ModelRunner
+from engine.scheduler import Request
 from engine.structured_output import GrammarConstraint, StructuredOutputBackend
 from engine.tokenizer import Tokenizer
 from engine.types import (
@@ -51,33 +54,37 @@ class AsyncEngine:
     def __init__(self, folder: ModelFolder, config: EngineConfig) -> None:
         self.config = config
         self.folder = folder
-        loaded = placement.load(folder, config)
-        runner = self.runner = loaded.runner
-        self.placement, self.max_model_len, self.vocab_size = loaded.placement, loaded.max_model_len, loaded.vocab_size
-        kv = runner.kv
-        # NOTE(engine): a draft check is a run of S > 1 tokens in one row; whole-buffer mode runs every row at
-        # S = 1 (GroupQueryAttention refuses S > 1 with a past at batch > 1), so no speculation there.
-        speculative_tokens = config.speculative_tokens if runner.can_verify else 0
-        scheduler = Scheduler(config.max_batch, config.max_queue + config.max_batch, config.prefill_chunk,
-                              prefix_caching=config.prefix_caching, can_copy=runner.can_copy,
-                              speculative_tokens=speculative_tokens,
-                              speculative_max_batch=config.speculative_max_batch,
-                              low_slots=len(runner.buckets) > 1, max_prefills=config.max_prefills_per_step)
-        self.kv_cache_bytes = kv.shape.nbytes
         self._processor = OutputProcessor()
         self._seq = 0
-        # NOTE(engine): grammars compile in the backend's worker threads (its tokenizer is built on first use),
-        # never on the core thread; the core only fills masks and advances constraints.
-        self.structured = StructuredOutputBackend(
-            self.tokenizer.hf, self.vocab_size, self.eos_token_ids,
-            compile_timeout_s=config.grammar_compile_timeout_s, cache_size=config.grammar_cache_size)
-        self._core = EngineCore(runner, scheduler, self._on_core_outputs, seed=config.seed,
-                                fault_injector=config.fault_injector, structured=self.structured)
-        self._core.start()
         self._closed = False
+        self.engine_process = use_engine_process(config)
+        self._core: EngineCore | EngineCoreClient
+        if self.engine_process:
+            # NOTE(engine): the session, KV cache, scheduler and samplers live in a process of their own
+            # (engine.core_process); this one keeps tokenizing, detokenizing, stop strings and HTTP.
+            client = EngineCoreClient(folder, config, self._on_core_outputs)
+            facts = client.facts
+            self._runner: ModelRunner | None = None
+            self.placement, self.max_model_len, self.vocab_size = facts.placement, facts.max_model_len, facts.vocab_size
+            self.kv_cache_bytes, speculative_tokens = facts.kv_cache_bytes, facts.speculative_tokens
+            # the parent's own backend only validates specs (a bad one is a 400 before any output); the engine
+            # process compiles each spec again for its matchers
+            self.structured = StructuredOutputBackend(
+                self.tokenizer.hf, self.vocab_size, self.eos_token_ids,
+                compile_timeout_s=config.grammar_compile_timeout_s, cache_size=config.grammar_cache_size)
+            self._core = client
+        else:
+            built = build_core(folder, config, self._on_core_outputs)
+            self._runner, self.placement = built.loaded.runner, built.loaded.placement
+            self.max_model_len, self.vocab_size = built.loaded.max_model_len, built.loaded.vocab_size
+            self.kv_cache_bytes, speculative_tokens = built.loaded.runner.kv.shape.nbytes, built.speculative_tokens
+            self.structured = built.structured
+            self._core = built.core
+        self._core.start()
         log.info("engine ready: %s, max_model_len %d, %d slots, KV %.1f MiB, prefix caching %s, "
-                 "speculative tokens %d", folder.model_name, self.max_model_len, config.max_batch,
-                 self.kv_cache_bytes / 2**20, "on" if config.prefix_caching else "off", speculative_tokens)
+                 "speculative tokens %d%s", folder.model_name, self.max_model_len, config.max_batch,
+                 self.kv_cache_bytes / 2**20, "on" if config.prefix_caching else "off", speculative_tokens,
+                 f", engine process {self._core.pid}" if isinstance(self._core, EngineCoreClient) else "")
 
     @classmethod
     def from_model_dir(cls, path: str | Path, config: EngineConfig | None = None) -> AsyncEngine:
@@ -111,6 +118,19 @@ class AsyncEngine:
     def generation_config(self) -> dict[str, Any]:
         """generation_config.json (the model's default sampling settings)."""
         return self.folder.generation_config
+
+    @property
+    def runner(self) -> ModelRunner:
+        """The model runner (in-process engines only: with ``engine_process`` it lives in the engine process)."""
+        if self._runner is None:
+            raise AttributeError("AsyncEngine.runner: the runner lives in the engine process (EngineConfig."
+                                 "engine_process); only its placement is known here (AsyncEngine.placement)")
+        return self._runner
+
+    @property
+    def engine_pid(self) -> int | None:
+        """The engine process's id (None in-process)."""
+        return self._core.pid if isinstance(self._core, EngineCoreClient) else None
 
     def check_prompt(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> None:
         """Raises PromptTooLongError when no token fits after the prompt; InvalidRequestError for an
@@ -152,6 +172,8 @@ class AsyncEngine:
             raise EngineOverloadedError()
         constraints: list[GrammarConstraint | None] = [None] * params.n
         if params.structured is not None:
+            if isinstance(self._core, EngineCoreClient):
+                self._core.prepare_grammar(params.structured)  # the engine process compiles it meanwhile
             # compiled (or taken from the cache) before the request reaches the core: a bad spec is an
             # InvalidRequestError here, before any output exists; the other choices copy the compiled one
             constraints = [await self.structured.constraint_for(params.structured) for _ in range(params.n)]
@@ -228,12 +250,14 @@ class AsyncEngine:
                    "spec_draft_tokens_total": float(snap.spec_draft_tokens_total),
                    "spec_accepted_tokens_total": float(snap.spec_accepted_tokens_total),
                    "engine_thread_cpu_s": snap.thread_cpu_s,
+                   **({"engine_process_cpu_s": self._core.process_cpu_s}
+                      if isinstance(self._core, EngineCoreClient) else {}),
                    **{f"engine_phase_{name}_s": value for name, value in zip(PHASES, snap.phase_s)}},
             num_kv_tokens_used=snap.num_kv_tokens_running, num_kv_tokens_cached=snap.num_kv_tokens_cached,
             num_kv_tokens_total=self.config.max_batch * self.max_model_len)
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Abort what is in flight and join the engine thread (idempotent)."""
+        """Abort what is in flight and join the engine thread, or stop and reap the engine process (idempotent)."""
         if not self._closed:
             self._closed = True
             self._core.shutdown(timeout_s)
@@ -249,7 +273,8 @@ class AsyncEngine:
         if self._closed:
             raise EngineDeadError("the engine is shut down")
         if not self._core.alive:
-            raise EngineDeadError(f"the engine thread has stopped: {self._core.dead!r}")
+            raise EngineDeadError(f"the engine {'process' if self.engine_process else 'thread'} has stopped: "
+                                  f"{self._core.dead!r}")
 
     def _on_core_outputs(self, outputs: list[CoreOutput]) -> None:
         """Core thread: hand a step's outputs to the loop(s) that own the requests (one wake-up per loop).

@@ -71,6 +71,10 @@ class BucketRunner(RunnerBase):
         self.buckets = batch_buckets(n) if prefix_views else (n,)
         self.copier = copier
         self.staging = staging if copier is not None else None
+        # NOTE(engine): a staged chunk is a run of its own at the EP's uncaptured cost (WebGPU, H200, 1B: 17-18 ms
+        # for 16-256 tokens alike, docs/perf/issue22/s5); several in one step stalled running streams 50-75 ms
+        # when prompts arrived together, so one request's chunk per step where prompts are staged
+        self.max_prefills_per_step = 1 if self.staging is not None else 0
         self._kv_buffers = kv.buffers
         self._stage_buffers = self.staging.buffers if self.staging is not None else []
         self.prefill_session = prefill_session or session
@@ -132,18 +136,24 @@ class BucketRunner(RunnerBase):
         # NOTE(engine): a draft check is S > 1 tokens in one row; GQA runs that at batch 1 only
         return self.chunks is not None
 
-    def decode(self, slots: Sequence[int], token_ids: Sequence[int], positions: Sequence[int]) -> np.ndarray:
-        """One token for each of ``slots`` (ascending), in a run over rows ``[0, b)`` (see ``Runner.decode``)."""
+    def decode(self, slots: Sequence[int], token_ids: Sequence[int], positions: Sequence[int],
+               logits: bool = True) -> np.ndarray | None:
+        """One token for each of ``slots`` (ascending), in a run over rows ``[0, b)`` (see ``Runner.decode``);
+        None with ``logits=False`` where the step has a row summary (its logits stay on the device)."""
         rows = np.asarray(slots, dtype=np.int64)
         pos = np.asarray(positions, dtype=np.int64)
         width = bucket_for(self.buckets, int(rows[-1]) + 1)
         self._write_decode_inputs(rows, token_ids, pos, 0, width)
         binding = self._decode_bindings.get(width) or self._make_decode_binding(width)
-        logits = self._run_decode(binding, width)  # [width, 1, V]
+        out = self._run_decode(binding, width, logits)  # [width, 1, V] or None
         self.slot_len[rows] = pos + 1
         device_io = self._device_ios.get(width)
         if device_io is not None and device_io.row_argmax is not None:
-            self.decode_summary = (device_io.row_argmax[rows], device_io.row_log_norm[rows])
+            self.decode_summary = (device_io.row_argmax[rows], device_io.row_log_norm[rows],
+                                   device_io.row_token_logprob[rows])
+        if out is None:
+            return None
+        logits = out
         if width > len(rows):
             return logits[rows, 0]  # [n, V] (a gather copy)
         return logits[:width, 0]  # [n, V] view
@@ -265,8 +275,9 @@ class BucketRunner(RunnerBase):
         assert logits is not None
         return logits[row]
 
-    def _run_decode(self, binding: ort.IOBinding, width: int) -> np.ndarray:
-        """Run the decode binding of rows ``[0, width)``; returns its float32 ``[width, 1, V]`` logits."""
+    def _run_decode(self, binding: ort.IOBinding, width: int, logits: bool = True) -> np.ndarray | None:
+        """Run the decode binding of rows ``[0, width)``; returns its float32 ``[width, 1, V]`` logits (None with
+        ``logits=False`` where the device's row summary stands for them)."""
         if self.device_io is None:
             self._run(binding)
             return self.decode_logits
@@ -276,7 +287,7 @@ class BucketRunner(RunnerBase):
             self._packed[:width, 1] = self.mask_ones[:width] - 1
         device_io.upload()
         self._run(binding, run_options=self._run_options.get(width))
-        return device_io.read_logits()
+        return device_io.read_logits(logits)
 
     def _make_decode_binding(self, width: int) -> ort.IOBinding:
         binding = self.session.io_binding()

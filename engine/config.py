@@ -72,10 +72,18 @@ class EngineConfig:
             alone (GroupQueryAttention takes S > 1 new tokens with a past at batch 1 only), so beside other
             streams it costs a run of its own instead of one row of the shared decode run.
         max_prefills_per_step: the most requests whose prompt chunks share one step's token budget (0: as
-            many as it holds; 1: one request's chunk per step, the others wait a step each).
+            many as it holds; 1: one request's chunk per step, the others wait a step each; None: the runner's
+            ``max_prefills_per_step``).
+        min_prefix_reuse: the shortest cached prefix a prompt reuses (None: automatic, ``engine.prefix_cache.
+            MIN_REUSE_BATCHED_PROMPTS`` where new prompts run together, 1 elsewhere).
+        engine_process: run the engine core (session, KV cache, scheduler, samplers) in a process of its own
+            (``engine.core_process``), so that it never waits for the interpreter lock held by the event loop;
+            tokenizing, detokenizing and stop strings stay in the caller's process. None -> on where the model runs
+            on a device, off on the host CPU (``engine.core_client.use_engine_process``).
         fault_injector: TEST-ONLY hook, called on the core thread with a ``StepInfo`` just before each model
             run; an exception it raises fails exactly that run's requests (finish_reason ERROR), as a device
-            error would, and the engine goes on. None (the default) costs nothing.
+            error would, and the engine goes on. None (the default) costs nothing. With ``engine_process`` it runs
+            in the engine process, so it must pickle (a module-level class or function: tests/pacing.py).
     """
 
     provider: str = "cpu"
@@ -101,7 +109,9 @@ class EngineConfig:
     prefix_caching: bool = True
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     speculative_max_batch: int = 1
-    max_prefills_per_step: int = 0
+    max_prefills_per_step: int | None = None
+    min_prefix_reuse: int | None = None
+    engine_process: bool | None = None
     fault_injector: Callable[[StepInfo], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -121,8 +131,10 @@ class EngineConfig:
                "must be >= 1", self.intra_op_threads)
         _check(0 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS, "speculative_tokens",
                f"must be in [0, {MAX_SPECULATIVE_TOKENS}]", self.speculative_tokens)
-        _check(self.max_prefills_per_step >= 0, "max_prefills_per_step", "must be >= 0 (0: as the budget holds)",
+        _check(self.max_prefills_per_step is None or self.max_prefills_per_step >= 0, "max_prefills_per_step", "must be >= 0 (0: as the budget holds)",
                self.max_prefills_per_step)
+        _check(self.min_prefix_reuse is None or self.min_prefix_reuse >= 1, "min_prefix_reuse", "must be >= 1",
+               self.min_prefix_reuse)
         _check(self.speculative_max_batch >= 1, "speculative_max_batch", "must be >= 1", self.speculative_max_batch)
 
 

@@ -32,6 +32,8 @@ PACKED_INPUT = "ortserve/step"
 # (int64 [num_slots, 1]) and log-normalizer log(sum(exp(logits))) (float32 [num_slots, 1]), computed on the device.
 ROW_ARGMAX = "ortserve/row_argmax"
 ROW_LOG_NORM = "ortserve/row_log_norm"
+# ... and the log-probability of that argmax token (float32), so an all-greedy step needs no logits on the host
+ROW_TOKEN_LOGPROB = "ortserve/row_token_logprob"
 
 # (shape, dtype) -> an OrtValue in device memory (zeroed)
 DeviceAllocator = Callable[[tuple[int, ...], Any], ort.OrtValue]
@@ -46,7 +48,7 @@ class OpenedSession:
     graph_capture: bool
     note: str  # why capture is on or off (logged, and reported in DevicePlacement)
     packed_input: str | None = None  # the graph's decode inputs are packed into this one (see capture_graph_bytes)
-    row_summary: bool = False  # the graph also outputs ROW_ARGMAX and ROW_LOG_NORM (see add_row_summary)
+    row_summary: bool = False  # the graph also outputs ROW_ARGMAX, ROW_LOG_NORM, ROW_TOKEN_LOGPROB (add_row_summary)
 
 
 def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = False,
@@ -66,9 +68,10 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
       4. nodes nobody consumes any more are dropped;
       5. ``row_groups`` > 0: every MatMulNBits runs its rows in ``row_groups`` groups of at most
          ``MATMUL_GROUP_ROWS`` rows, then one on the rest (``split_matmul_rows``);
-      6. ``row_summary``: two more outputs, ``ROW_ARGMAX`` and ``ROW_LOG_NORM``, each row's argmax and
-         log-normalizer (``add_row_summary``), so a greedy step's tokens and log-probabilities need no pass over
-         the logits on the CPU (the logits still come back whole: sampling stays there).
+      6. ``row_summary``: three more outputs, ``ROW_ARGMAX``, ``ROW_LOG_NORM`` and ``ROW_TOKEN_LOGPROB``, each
+         row's argmax, log-normalizer and the argmax's log-probability (``add_row_summary``), so a greedy step's
+         tokens and log-probabilities need no pass over the logits on the CPU, and an all-greedy step none of its
+         logits on the host (every other step reads them whole: sampling stays on the CPU).
 
     Args:
         folder: the model folder.
@@ -187,8 +190,9 @@ def split_matmul_rows(graph, groups: int, rows: int = MATMUL_GROUP_ROWS) -> int:
 
 
 def add_row_summary(graph, logits: str) -> None:
-    """Step 6 of ``capture_graph_bytes``: ``ROW_ARGMAX = ArgMax(logits)`` and
-    ``ROW_LOG_NORM = logits[..., 0] - LogSoftmax(logits)[..., 0]`` (= log(sum(exp(logits)))), both ``[B, S]``.
+    """Step 6 of ``capture_graph_bytes``: ``ROW_ARGMAX = ArgMax(logits)``,
+    ``ROW_LOG_NORM = logits[..., 0] - LogSoftmax(logits)[..., 0]`` (= log(sum(exp(logits)))) and
+    ``ROW_TOKEN_LOGPROB = LogSoftmax(logits)[..., ROW_ARGMAX]``, each ``[B, S]``.
 
     NOTE(engine): the normalizer comes from LogSoftmax, one kernel over each row on the CUDA EP (its blockwise
     softmax); a ReduceMax + Exp + ReduceSum form cost ~6 ms a step at batch 8 on an H200 (docs/perf/GPU.md). A
@@ -199,8 +203,9 @@ def add_row_summary(graph, logits: str) -> None:
 
     if logits not in {o.name for o in graph.output}:
         raise ModelLoadError(f"the graph has no output {logits!r} to summarize")
-    zero = "ortserve/summary_col0"
-    graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), zero))
+    zero, last = "ortserve/summary_col0", "ortserve/summary_last_axis"
+    graph.initializer.extend([numpy_helper.from_array(np.array(0, np.int64), zero),
+                              numpy_helper.from_array(np.array([-1], np.int64), last)])
     graph.node.extend([
         helper.make_node("ArgMax", [logits], [ROW_ARGMAX], name="ortserve/row_argmax", axis=-1, keepdims=0),
         helper.make_node("LogSoftmax", [logits], ["ortserve/log_softmax"], name="ortserve/log_softmax", axis=-1),
@@ -208,10 +213,16 @@ def add_row_summary(graph, logits: str) -> None:
         helper.make_node("Gather", ["ortserve/log_softmax", zero], ["ortserve/logprob0"], name="ortserve/logprob0",
                          axis=-1),
         helper.make_node("Sub", ["ortserve/logit0", "ortserve/logprob0"], [ROW_LOG_NORM], name="ortserve/log_norm"),
+        # [B, S] -> [B, S, 1] -> the argmax's log-probability [B, S, 1] -> [B, S]
+        helper.make_node("Unsqueeze", [ROW_ARGMAX, last], ["ortserve/argmax_k"], name="ortserve/argmax_k"),
+        helper.make_node("GatherElements", ["ortserve/log_softmax", "ortserve/argmax_k"], ["ortserve/token_lp_k"],
+                         name="ortserve/token_lp_k", axis=-1),
+        helper.make_node("Squeeze", ["ortserve/token_lp_k", last], [ROW_TOKEN_LOGPROB], name="ortserve/token_lp"),
     ])
     graph.output.extend([
         helper.make_tensor_value_info(ROW_ARGMAX, TensorProto.INT64, ["batch_size", "sequence_length"]),
         helper.make_tensor_value_info(ROW_LOG_NORM, TensorProto.FLOAT, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info(ROW_TOKEN_LOGPROB, TensorProto.FLOAT, ["batch_size", "sequence_length"]),
     ])
 
 
@@ -364,15 +375,19 @@ class DeviceDecodeIO:
         self._outputs = [(logits_name, self.logits)]
         self.row_argmax: np.ndarray | None = None  # [rows] int64, the last run's, with ``summary``
         self.row_log_norm: np.ndarray | None = None  # [rows] float32
+        self.row_token_logprob: np.ndarray | None = None  # [rows] float32: the argmax's log-probability
         if summary:
             self.row_argmax = np.zeros(rows, dtype=np.int64)
             self.row_log_norm = np.zeros(rows, dtype=np.float32)
+            self.row_token_logprob = np.zeros(rows, dtype=np.float32)
             self._outputs += [(ROW_ARGMAX, allocate((rows, 1), np.int64)),
-                              (ROW_LOG_NORM, allocate((rows, 1), np.float32))]
+                              (ROW_LOG_NORM, allocate((rows, 1), np.float32)),
+                              (ROW_TOKEN_LOGPROB, allocate((rows, 1), np.float32))]
             for name, value in self._outputs[1:]:
                 self._readback.bind_ortvalue_output(name, value)
         self._host_outputs = [] if host_logits is None else [ort.OrtValue.ortvalue_from_numpy(a) for a in (
-            host_logits, *([self.row_argmax[:, None], self.row_log_norm[:, None]] if summary else []))]
+            host_logits, *([self.row_argmax[:, None], self.row_log_norm[:, None], self.row_token_logprob[:, None]]
+                           if summary else []))]
 
     def bind(self, binding: ort.IOBinding) -> None:
         """Bind the device inputs and the device logits into the decode step's binding."""
@@ -389,17 +404,28 @@ class DeviceDecodeIO:
             return
         ort.copy_tensors(self._host, self._device)
 
-    def read_logits(self) -> np.ndarray:
+    def read_logits(self, logits: bool = True) -> np.ndarray | None:
         """The last run's logits, float32 ``logits_shape`` (``host_logits``, or a fresh array); with the summary,
-        its rows' ``row_argmax`` and ``row_log_norm`` too."""
+        its rows' ``row_argmax``, ``row_log_norm`` and ``row_token_logprob`` too.
+
+        ``logits=False`` (with the summary and ``host_logits``): only the summary comes back, and None for the
+        logits. NOTE(engine): at 64 rows of a 128k vocabulary the logits are 33 MB a step: 0.6 ms into pinned
+        memory on an H200, under the interpreter lock (``copy_tensors`` keeps it), which the event loop waits on.
+        """
         if self._host_logits is not None and not self._on_cpu:
             # NOTE(engine): a run whose outputs stay on the device may return before the device is done; wait for
             # it, then copy (copy_tensors without a stream is synchronous)
             self._readback.synchronize_outputs()
-            ort.copy_tensors([value for _, value in self._outputs], self._host_outputs)
-            return self._host_logits
+            if logits or self.row_argmax is None:
+                ort.copy_tensors([value for _, value in self._outputs], self._host_outputs)
+                return self._host_logits
+            ort.copy_tensors([value for _, value in self._outputs[1:]], self._host_outputs[1:])
+            return None
         out = self._readback.copy_outputs_to_cpu()
         if self.row_argmax is not None:
             self.row_argmax[:] = out[1][:, 0]
             self.row_log_norm[:] = out[2][:, 0]
+            self.row_token_logprob[:] = out[3][:, 0]
+            if not logits:
+                return None  # (the CPU stand-in: the same answer as a device's, its copy saves nothing here)
         return out[0]

@@ -31,6 +31,13 @@ MIN_KEEP_FRACTION = 0.5
 # in the logits on SmolLM2); this way a reused prompt gives bit-identical logits to a cold one.
 MIN_RECOMPUTED = 2
 
+# NOTE(engine): on a runner whose new prompts run together (``RowChunks.prompts``: one launch-bound run for every
+# prompt a step admits, CUDA), a reused prefix takes its prompt out of that run: the rest runs alone as a chunk
+# after a past (1-2 uncaptured runs of ~2.6 ms each on an H200, 1B INT4, whatever their length), and a copy brings
+# the prefix over (0.15 ms). Shorter matches than this are not worth it there: the bench's distinct prompts shared
+# 1-3 tokens with a running request nearly every time, and each admission paid a copy and two runs.
+MIN_REUSE_BATCHED_PROMPTS = 64
+
 
 @dataclass(frozen=True)
 class KVCopy:
@@ -83,10 +90,13 @@ class SlotPrefixCache:
         can_copy: a prefix can be copied from another slot (host rows, or a device row copier).
         low_slots: a request always takes the lowest free slot (its prefix is copied there from wherever it
             is): a bucketed whole-buffer runner decodes rows ``[0, b)``, so low rows keep ``b`` small.
+        min_reuse: the shortest prefix worth reusing; shorter matches count as none (1: any match).
     """
 
-    def __init__(self, num_slots: int, enabled: bool, can_copy: bool, low_slots: bool = False) -> None:
+    def __init__(self, num_slots: int, enabled: bool, can_copy: bool, low_slots: bool = False,
+                 min_reuse: int = 1) -> None:
         self.enabled = enabled
+        self.min_reuse = max(1, min_reuse)
         self.can_copy = can_copy and enabled
         self.low_slots = low_slots
         self._tokens: list[list[int]] = [[] for _ in range(num_slots)]  # valid KV of each free slot
@@ -133,7 +143,7 @@ class SlotPrefixCache:
         if not self.enabled:
             return Placement(min(free))
         limit = len(prompt) - MIN_RECOMPUTED
-        own = {s: common_prefix_len(prompt, self._tokens[s], limit) for s in free}
+        own = {s: self._worth(common_prefix_len(prompt, self._tokens[s], limit)) for s in free}
         save = self._save_lowest(free, own) if self.low_slots and self.can_copy else None
         best = max(free, key=lambda s: (own[s], -s))
         victim = self.victim(free)
@@ -152,12 +162,16 @@ class SlotPrefixCache:
             if s != slot and own[s] > longest:
                 src, longest = s, own[s]
         for s, tokens, num_valid in running:
-            n = common_prefix_len(prompt, tokens, min(limit, num_valid))
+            n = self._worth(common_prefix_len(prompt, tokens, min(limit, num_valid)))
             if n > longest:
                 src, longest = s, n
         if src == slot:
             return Placement(slot, reused, save=save)
         return Placement(slot, longest, KVCopy(src, slot, reused, longest), save)
+
+    def _worth(self, num_matched: int) -> int:
+        """A match's reusable length: itself, or 0 below ``min_reuse``."""
+        return num_matched if num_matched >= self.min_reuse else 0
 
     def _save_lowest(self, free: Sequence[int], own: dict[int, int]) -> KVCopy | None:
         """low_slots: the lowest free slot is taken; what it caches beyond the new prompt's match moves to the

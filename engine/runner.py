@@ -41,7 +41,8 @@ class ModelRunner(Protocol):
     whole_buffer: bool  # every decode run covers a prefix of the rows, not just the running ones
     input_source: str  # where the decode inputs live ("cpu", "ep_host_accessible", "cpu->device", ...)
     logits_source: str  # where the logits are written ("cpu", "ep_host_accessible", "device->cpu")
-    decode_summary: tuple[np.ndarray, np.ndarray] | None  # the last decode's rows: (argmax, log-normalizer)
+    # the last decode's rows: (argmax, log-normalizer, the argmax's log-probability), where the device computes them
+    decode_summary: tuple[np.ndarray, np.ndarray, np.ndarray] | None
 
     @property
     def can_copy(self) -> bool:
@@ -51,7 +52,10 @@ class ModelRunner(Protocol):
     def can_verify(self) -> bool:
         """A request's row can run S > 1 tokens with every position's logits (speculative decoding)."""
 
-    def decode(self, slots: Sequence[int], token_ids: Sequence[int], positions: Sequence[int]) -> np.ndarray: ...
+    def decode(self, slots: Sequence[int], token_ids: Sequence[int], positions: Sequence[int],
+               logits: bool = True) -> np.ndarray | None:
+        """``logits=False``: the caller needs only ``decode_summary``; a runner that has one may then leave the
+        logits on the device and return None (the others return them anyway)."""
 
     def prefill(self, slot: int, token_ids: Sequence[int], start: int, also: Sequence[int] = ()) -> np.ndarray: ...
 
@@ -64,6 +68,8 @@ class ModelRunner(Protocol):
         """``prefill_prompts`` runs several new requests' prompts together."""
 
     max_batched_prompt: int  # the most tokens of one prompt ``prefill_prompts`` takes
+    # the most requests whose prompt chunks one step should run (0: as many as the token budget holds)
+    max_prefills_per_step: int
 
     def prefill_prompts(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None: ...
 
@@ -123,7 +129,8 @@ class RunnerBase:
     whole_buffer = False
     # The last decode's rows as the device summarized them: (argmax int64 [n], log-normalizer float32 [n]), the
     # rows of the logits ``decode`` returned; None where the decode graph has no row summary.
-    decode_summary: tuple[np.ndarray, np.ndarray] | None = None
+    decode_summary: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    max_prefills_per_step = 0
     chunks: RowChunks | None = None  # runs of S tokens in a row (row-view KV only)
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
@@ -311,13 +318,15 @@ class Runner(RunnerBase):
         """The graph computes the logits of a chunk's last position only (``logits_to_keep``)."""
         return self.chunks.keep_last
 
-    def decode(self, slots: Sequence[int], token_ids: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+    def decode(self, slots: Sequence[int], token_ids: Sequence[int], positions: Sequence[int],
+               logits: bool = True) -> np.ndarray:
         """One token for each of ``slots`` (ascending).
 
         Args:
             slots: KV rows, ascending.
             token_ids: the token fed to each row.
             positions: each token's position (= the row's KV length before this step).
+            logits: ignored (host logits cost nothing to keep; see ``ModelRunner.decode``).
         Returns:
             float32 ``[len(slots), vocab]`` logits, row i for ``slots[i]``; valid until the next decode.
         """

@@ -371,9 +371,15 @@ def _appended(buf: np.ndarray, size: int, value: int) -> np.ndarray:
     return buf
 
 
-def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask: np.ndarray | None = None,
+def needs_logits(samplers: Sequence[RequestSampler], masked_rows: Sequence[int] = ()) -> bool:
+    """Whether ``sample_batch`` reads the logits, or a device's row summary (argmax, log-normalizer, the argmax's
+    log-probability) is all it needs: every row plain greedy, none masked, no top alternatives asked for."""
+    return bool(masked_rows) or not all(s.plain_greedy and s.params.top_logprobs == 0 for s in samplers)
+
+
+def sample_batch(logits: np.ndarray | None, samplers: Sequence[RequestSampler], bitmask: np.ndarray | None = None,
                  masked_rows: Sequence[int] = (),
-                 summary: tuple[np.ndarray, np.ndarray] | None = None) -> list[SampleResult]:
+                 summary: tuple[np.ndarray, ...] | None = None) -> list[SampleResult]:
     """Sample one token per row of ``logits`` (float32 ``[n, vocab]``), row i by ``samplers[i]``.
 
     An all-plain-greedy batch is one vectorized argmax; otherwise every sampled row is drawn in one
@@ -383,10 +389,11 @@ def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask
         bitmask: int32 ``[n, words]`` token masks of constrained decoding (see apply_token_bitmask), read
             only for ``masked_rows``; the other rows pay nothing.
         masked_rows: the rows whose mask applies.
-        summary: the rows' argmax and log-normalizer ``log(sum(exp(logits)))`` as the device computed them
-            (``engine.graph_capture.add_row_summary``), or None: an all-greedy batch then takes its tokens
-            and log-probabilities (``logits[token] - normalizer``) from them instead of a pass over the logits,
-            except when masked rows want log-probabilities (those are of the masked distribution).
+        summary: the rows' argmax, log-normalizer ``log(sum(exp(logits)))`` and the argmax's log-probability as
+            the device computed them (``engine.graph_capture.add_row_summary``), or None: an all-greedy batch
+            then takes its tokens and log-probabilities (``logits[token] - normalizer``) from them instead of a
+            pass over the logits, except when masked rows want log-probabilities (those are of the masked
+            distribution). ``logits`` may be None where ``needs_logits`` says the summary is enough.
 
     NOTE(engine): the mask comes first, before logit_bias, the penalties and the greedy shortcut, so no
     transform can bring back a token the grammar forbids. Returned logprobs are those of the masked row
@@ -394,7 +401,13 @@ def sample_batch(logits: np.ndarray, samplers: Sequence[RequestSampler], bitmask
     and the rest are renormalized; temperature and penalties are not in them.
     """
     rows = list(masked_rows)
-    if all(s.plain_greedy for s in samplers):
+    if logits is None:  # NOTE(engine): an all-greedy step whose logits stayed on the device (``needs_logits``)
+        if summary is None or needs_logits(samplers, rows):
+            raise ValueError("no logits: a batch without them needs the device's row summary and plain greedy rows")
+        tokens, token_logprobs = summary[0], summary[2]
+        results = [SampleResult(int(t), TokenLogprob(int(t), float(lp)) if s.want_logprobs else None)
+                   for s, t, lp in zip(samplers, tokens, token_logprobs)]
+    elif all(s.plain_greedy for s in samplers):
         want = [i for i, s in enumerate(samplers) if s.want_logprobs]
         if rows and want:  # the masked rows' logprobs are those of the masked distribution
             logits = np.array(logits)  # NOTE(engine): a copy: the caller's logits stay as they were

@@ -205,11 +205,12 @@ class Scheduler:
             GroupQueryAttention takes S > 1 new tokens with a past at batch 1 only).
         max_prefills: the most requests whose prompt chunks run in one step (0: as many as the budget holds;
             1: the oldest request's only, one step each).
+        min_prefix_reuse: the shortest cached prefix worth reusing (see ``SlotPrefixCache``).
     """
 
     def __init__(self, num_slots: int, max_waiting: int, token_budget: int, *, prefix_caching: bool = False,
                  can_copy: bool = False, speculative_tokens: int = 0, speculative_max_batch: int = 1,
-                 low_slots: bool = False, max_prefills: int = 0) -> None:
+                 low_slots: bool = False, max_prefills: int = 0, min_prefix_reuse: int = 1) -> None:
         if token_budget <= num_slots:
             raise ValueError(f"token_budget must be > num_slots ({num_slots}), got {token_budget}")
         self.num_slots = num_slots
@@ -220,7 +221,8 @@ class Scheduler:
         self.max_prefills = max_prefills if max_prefills > 0 else num_slots
         self.waiting: deque[Request] = deque()
         self.running: dict[tuple[str, int], Request] = {}  # by Request.key, in admission order
-        self.cache = SlotPrefixCache(num_slots, enabled=prefix_caching, can_copy=can_copy, low_slots=low_slots)
+        self.cache = SlotPrefixCache(num_slots, enabled=prefix_caching, can_copy=can_copy, low_slots=low_slots,
+                                     min_reuse=min_prefix_reuse)
         self._free: set[int] = set(range(num_slots))
         self._by_slot: list[Request | None] = [None] * num_slots
         self.prefix_queries_total = 0  # prompt tokens looked up in the prefix cache

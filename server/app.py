@@ -54,6 +54,7 @@ def engine_config_from(settings: Settings) -> Any:
         "grammar_compile_timeout_s": settings.grammar_compile_timeout_s,
         "prefix_caching": settings.prefix_caching,
         "max_prefills_per_step": settings.max_prefills_per_step,
+        "engine_process": settings.engine_process,
     }
     if settings.prefill_chunk is not None:
         kwargs["prefill_chunk"] = settings.prefill_chunk

@@ -70,6 +70,9 @@ class ServerMetrics:
             "engine_thread_cpu_s": Counter(
                 "ortserve_engine_thread_cpu_seconds", "CPU seconds of the engine thread (beside its phases' wall "
                 "seconds: the rest waited on the device or the interpreter).", registry=r),
+            "engine_process_cpu_s": Counter(
+                "ortserve_engine_process_cpu_seconds", "CPU seconds of the engine process, all its threads "
+                "(--engine-process; 0 when the engine runs in the server's process).", registry=r),
         }
         self._engine_seen: dict[str, float] = {}
         # NOTE(server): one child per "engine_phase_<name>_s" key of EngineStats.extra, added to _engine_counters

@@ -153,9 +153,10 @@ class Settings(BaseSettings):
         None, ge=16, le=1_048_576,
         description="Token budget per engine step, > max_batch (default: the engine's, 256).",
     )
-    max_prefills_per_step: int = Field(
-        0, ge=0, le=256, description="Most requests whose prompt chunks share one engine step's token budget "
-        "(0: as many as it holds; 1: one request per step, the others wait a step each).",
+    max_prefills_per_step: int | None = Field(
+        None, ge=0, le=256, description="Most requests whose prompt chunks share one engine step's token budget "
+        "(0: as many as it holds; 1: one request per step, the others wait a step each; default: 1 where each "
+        "chunk is a run of its own through a staging row (WebGPU), else 0).",
     )
     default_max_tokens: int | None = Field(
         None, ge=1, description="max_tokens when a request gives none (default: the rest of the context)."
@@ -189,6 +190,11 @@ class Settings(BaseSettings):
     )
 
     # --- process -----------------------------------------------------------------------------------
+    engine_process: bool | None = Field(
+        None, description="Run the engine core (session, KV cache, scheduler, samplers) in a process of its own, so "
+        "it never waits for the interpreter lock while the server streams (default: on when the model runs on a "
+        "device, off on the CPU; --no-engine-process keeps it in the server's process)."
+    )
     shutdown_grace_s: float = Field(
         10.0, ge=0.0, le=3600.0, description="On SIGTERM, seconds running requests get to finish before abort."
     )

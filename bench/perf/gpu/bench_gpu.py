@@ -125,7 +125,8 @@ def run_engine(model_dir: Path, *, batch: int, graph_capture: bool | None, max_m
     from engine.config import EngineConfig
 
     config = EngineConfig(provider=provider, max_batch=batch, max_queue=batch, max_model_len=max_model_len,
-                          prefill_chunk=max(256, batch + 1), graph_capture=graph_capture, seed=0)
+                          prefill_chunk=max(256, batch + 1), graph_capture=graph_capture, seed=0,
+                          engine_process=False)  # the engine alone, as its earlier figures were measured
     t0 = time.perf_counter()
     engine = AsyncEngine.from_model_dir(model_dir, config)
     load_s = time.perf_counter() - t0

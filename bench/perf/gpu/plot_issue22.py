@@ -1,9 +1,9 @@
 """Issue 22's GPU serving figures: tokens/s by number of streams and time to first token of a ~900-token prompt, for
 the CUDA and WebGPU EPs, before (issue 22's own table, today's engine then) and after, through HTTP.
 
-Reads the ``ortserve bench`` reports that bench/perf/gpu/issue22.sh brings back (docs/perf/issue22/*_serving.json)
-and writes docs/perf/gpu_issue22.png:
-    python -m bench.perf.gpu.plot_issue22 docs/perf/issue22 docs/perf/gpu_issue22.png
+Reads the ``ortserve bench`` reports that bench/perf/gpu/issue22.sh brings back (cuda_spec0_serving.json and
+webgpu_serving.json in a results folder) and writes docs/perf/gpu_issue22.png:
+    python -m bench.perf.gpu.plot_issue22 docs/perf/issue22/s5 docs/perf/gpu_issue22.png
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 22's device probes in one call, CUDA and WebGPU on the same machine (run after the CUDA staging call):
-#   source .device/setup-cuda.sh; bash bench/perf/gpu/probe22.sh [cuda] [copy] [split]   (default: all three)
+#   source .device/setup-cuda.sh; bash bench/perf/gpu/probe22.sh [cuda] [copy] [split] [buckets]  (default: the first three)
 # carry: .device/whl .device/setup-cuda.sh .device/gl .device/webgpu/onnxruntime_ep_webgpu-*.whl
 # cuda: bare CUDA EP steps with KV rows bound by address (probe_cuda); copy: WebGPU row-copy graphs (probe_copy);
-# split: WebGPU decode per bucket with and without the MatMulNBits row split (probe_buckets --row-groups).
+# split: WebGPU decode per bucket with and without the MatMulNBits row split (probe_buckets --row-groups); buckets: the
+# CUDA runner at 64 slots with and without a busy Python thread beside it (--gil-load), and WebGPU's first runs of a
+# chunk length with fixed chunk shapes off and on.
 set -o pipefail
 steps=${*:-cuda copy split}
 OUT=${OUT:-/tmp/ortserve_gpu_out}; mkdir -p "$OUT"
@@ -46,6 +48,16 @@ if [[ " $steps " == *" split "* ]]; then
     log "probe_buckets --max-batch $1 --row-groups $2"
     timeout 200 python3 -m bench.perf.gpu.probe_buckets --model "$MODEL" --provider webgpu --max-batch "$1" \
       --row-groups "$2" --repeat 3 --out "$OUT/probe_b$1_g$2.json" 2>&1 | grep -A12 decode_step_ms | tee -a "$LOG"
+  done
+fi
+if [[ " $steps " == *" buckets "* ]]; then
+  log "probe_buckets cuda --max-batch 64 --gil-load"
+  timeout 240 python3 -m bench.perf.gpu.probe_buckets --model "$MODEL" --provider cuda --max-batch 64 --repeat 5 \
+    --gil-load --out "$OUT/probe_cuda_b64.json" 2>&1 | grep -v '^ *"[0-9]*": [0-9.]*,\?$' | tail -n 40 | tee -a "$LOG"
+  for fixed in off on; do
+    log "probe_buckets webgpu --max-batch 8 --fixed-chunk-shapes $fixed"
+    timeout 240 python3 -m bench.perf.gpu.probe_buckets --model "$MODEL" --provider webgpu --max-batch 8 --repeat 3 \
+      --fixed-chunk-shapes $fixed --out "$OUT/probe_webgpu_b8_fixed_$fixed.json" 2>&1 | tail -n 60 | tee -a "$LOG"
   done
 fi
 log "done"

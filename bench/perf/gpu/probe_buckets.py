@@ -3,6 +3,9 @@ staged prefill run per chunk length, a device row copy, and a captured step's re
 
 Drives the runner of a loaded engine directly (its core thread idle), median of several runs each:
     python -m bench.perf.gpu.probe_buckets --model DIR --provider webgpu --max-batch 8 --out probe.json
+``--gil-load`` times the batched prompts and the decode steps again while another Python thread keeps the
+interpreter busy, as a server's event loop does beside the engine thread (each time the runner gives the interpreter
+up, for a run, it may wait up to the switch interval to get it back).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +35,12 @@ def _median_ms(fn, repeat: int) -> float:
     return round(statistics.median(times) * 1e3, 3)
 
 
+def _once_ms(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -41,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--row-groups", type=int, default=None, help="EngineConfig.matmul_row_groups (0: off)")
     ap.add_argument("--cuda-int4-gemm", choices=("auto", "on", "off"), default="auto",
                     help="ORT_FPA_INTB_GEMM as the server sets it (ep.flags.apply_cuda_int4_gemm)")
+    ap.add_argument("--fixed-chunk-shapes", choices=("auto", "on", "off"), default="auto",
+                    help="EngineConfig.fixed_chunk_shapes (chunks as pieces of warmed lengths)")
+    ap.add_argument("--gil-load", action="store_true", help="time prompts and decode steps with a busy Python thread too")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     flags.apply_cuda_int4_gemm(args.provider, args.max_batch,
@@ -49,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     engine = AsyncEngine.from_model_dir(args.model, EngineConfig(provider=args.provider, max_batch=args.max_batch,
                                                                  prefill_chunk=args.prefill_chunk,
                                                                  kv_rows="opaque" if args.whole_buffer else None,
-                                                                 matmul_row_groups=args.row_groups))
+                                                                 matmul_row_groups=args.row_groups,
+                                                                 fixed_chunk_shapes={"auto": None, "on": True, "off": False}[
+                                                                     args.fixed_chunk_shapes],
+                                                                 engine_process=False))  # probes the runner
     result: dict = {"load_s": round(time.perf_counter() - t0, 2), "placement": str(engine.placement),
                     "max_batch": args.max_batch, "row_groups": args.row_groups}
     try:
@@ -72,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
                     t = time.perf_counter()
                     runner.prefill(2, prompt[300:300 + s], 300)
                     result[key][s] = round((time.perf_counter() - t) * 1e3, 2)
+        # a length seen before at a total length not seen before (does the device compile per mask width too?)
+        result["seen_chunk_new_total_ms"] = {start: round(_once_ms(lambda start=start: runner.prefill(
+            2, prompt[start:start + 64], start)), 2) for start in (400, 464, 600) if start + 64 <= len(prompt)}
         if getattr(runner, "copier", None) is not None and getattr(runner, "staging", None) is not None:
             result["staged_run_only_ms"] = {s: _median_ms(lambda s=s: runner._run_staged(prompt[:s], 0), args.repeat)
                                             for s in (50, 256) if s <= args.prefill_chunk}
@@ -81,11 +101,35 @@ def main(argv: list[str] | None = None) -> int:
                 "slot_to_staging": _median_ms(lambda: runner.copier.copy(runner._kv_buffers, 1, stage, 0), args.repeat),
                 "slot_to_slot": _median_ms(lambda: runner.copier.copy(runner._kv_buffers, 1, runner._kv_buffers, 2),
                                            args.repeat)}
-        result["decode_step_ms"] = {}
-        for b in runner.buckets:
-            slots = list(range(b))
-            result["decode_step_ms"][b] = _median_ms(
-                lambda slots=slots: runner.decode(slots, [5] * len(slots), [60] * len(slots)), args.repeat * 2)
+        def steps(tag: str) -> None:
+            result[f"decode_step_ms{tag}"], result[f"decode_step_summary_only_ms{tag}"] = {}, {}
+            for b in runner.buckets:
+                slots = list(range(b))
+                for key, want in (("decode_step_ms", True), ("decode_step_summary_only_ms", False)):
+                    if want or runner.decode_summary is not None:
+                        result[key + tag][b] = _median_ms(lambda slots=slots, want=want: runner.decode(
+                            slots, [5] * len(slots), [60] * len(slots), logits=want), args.repeat * 2)
+            if runner.can_batch_prompts:  # new requests' prompts in one run (k rows of S tokens, slots 8...)
+                result[f"prompts_ms{tag}"] = {
+                    f"k{k}_s{s}": _median_ms(lambda k=k, s=s: runner.prefill_prompts(
+                        list(range(8, 8 + k)), [prompt[:s]] * k), args.repeat)
+                    for k in (1, 2, 4) for s in (51, 200) if 8 + k <= args.max_batch}
+        steps("")
+        if args.gil_load:
+            sys.setswitchinterval(0.0005)  # the server's on a device (--gil-switch-interval-ms)
+            stop = threading.Event()
+
+            def busy() -> None:  # pure Python: holds the interpreter but at each switch interval
+                n = 0
+                while not stop.is_set():
+                    n += 1
+            loader = threading.Thread(target=busy, daemon=True)
+            loader.start()
+            try:
+                steps("_gil_loaded")
+            finally:
+                stop.set()
+                loader.join()
     finally:
         engine.shutdown()
     print(json.dumps(result, indent=1))

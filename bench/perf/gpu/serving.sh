@@ -75,8 +75,8 @@ LONG=${LONG_PROMPT_WORDS:-440}
 if [[ " $steps " == *" http "* ]]; then
   log "http: --max-batch 8 (the default)"
   if serve 8; then
-    bench b8-c1 $SHORT --concurrency 1 --num-requests 6 --warmup 1
-    bench b8-c8 $SHORT --concurrency 8 --num-requests 32 --warmup 1 --client-processes ${C8_PROCS:-4}
+    bench b8-c1 $SHORT --concurrency 1 --num-requests ${C1_REQUESTS:-24} --warmup 1
+    bench b8-c8 $SHORT --concurrency 8 --num-requests ${C8_REQUESTS:-128} --warmup 1 --client-processes ${C8_PROCS:-4}
     bench b8-prompt1000 --prompt-tokens $LONG --output-tokens 8 --concurrency 1 --num-requests 4 --warmup 1
     # inter-token latency of 7 streams, idle and while 1,000-token prompts arrive one after another
     bench b8-c7-idle --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
@@ -88,9 +88,9 @@ if [[ " $steps " == *" http "* ]]; then
     stop
   fi
   log "http: --max-batch 1"
-  serve 1 && { bench b1-c1 $SHORT --concurrency 1 --num-requests 6 --warmup 1; stop; }
+  serve 1 && { bench b1-c1 $SHORT --concurrency 1 --num-requests ${C1_REQUESTS:-24} --warmup 1; stop; }
   log "http: --max-batch 64"
-  serve 64 && { bench b64-c64 $SHORT --concurrency 64 --num-requests 128 --warmup 1 --client-processes ${C64_PROCS:-4}; stop; }
+  serve 64 && { bench b64-c64 $SHORT --concurrency 64 --num-requests ${C64_REQUESTS:-512} --warmup 1 --client-processes ${C64_PROCS:-4}; stop; }
 fi
 
 if [[ " $steps " == *" engine "* ]]; then

@@ -19,6 +19,7 @@ for _ in $(seq 240); do
   sleep 0.5
 done
 pids=$(pgrep -f "port $port" | tr '\n' ' ')
+pids="$pids $(for p in $pids; do pgrep -P "$p"; done | tr '\n' ' ')"  # the engine process (--engine-process)
 b() {  # b STREAMS REQUESTS PROCS NAME
   timeout 150 python3 -m server bench --url http://127.0.0.1:$port/v1 --endpoint completions --no-progress \
     --extra-body "${BODY:-{\"logprobs\": 0\}}" --prompt-tokens 25 --output-tokens 128 --concurrency "$1" \
@@ -84,4 +85,4 @@ for kind in ("gil", "idle"):
     for (t, f), n in by_leaf.most_common(25):
         print(f"  {100 * n / total:5.1f}%  {t[:28]:28s} {f[:110]}")
 EOF
-rm -f "$OUT"/m0.txt "$OUT"/m1.txt
+grep -hE "^(vllm:prefix_cache|ortserve_generation_tokens_total|ortserve_engine_steps_total)" "$OUT/m0.txt" "$OUT/m1.txt"

@@ -102,6 +102,8 @@ def test_opaque_kv_path_on_cpu_gives_the_row_view_tokens_with_staggered_arrivals
     got = [_tokens(o) for o in asyncio.run(staggered(whole, "w"))]
     assert got == expected
     assert runner.buckets == (1, 2, 4, 8)
+    # staged chunks are runs of their own: one request's per step (the row-view engine: as the budget holds)
+    assert whole._core.scheduler.max_prefills == 1 and rows._core.scheduler.max_prefills == rows.config.max_batch
     assert runner.copier.num_copies - copies_before >= sum(-(-len(p) // 16) for p in ps)  # one per chunk at least
 
 
@@ -115,9 +117,9 @@ def test_opaque_kv_path_on_cpu_one_stream_decodes_in_the_smallest_bucket(pair):
     widths = []
     original = runner._run_decode
 
-    def spy(binding, width):
+    def spy(binding, width, *args):
         widths.append(width)
-        return original(binding, width)
+        return original(binding, width, *args)
 
     runner._run_decode = spy
     try:

@@ -220,7 +220,7 @@ def test_the_row_summary_of_a_captured_step_stand_in_for_cuda_is_each_rows_argma
     are those of the CPU's own pass over the logits."""
     from engine.bucket_runner import BucketRunner
     from engine.graph_capture import capture_graph_bytes
-    from engine.sampler import RequestSampler, sample_batch
+    from engine.sampler import RequestSampler, needs_logits, sample_batch
 
     folder, _, _ = model
     session, _ = create_session(folder, EngineConfig(max_batch=4), model_bytes=capture_graph_bytes(
@@ -244,11 +244,12 @@ def test_the_row_summary_of_a_captured_step_stand_in_for_cuda_is_each_rows_argma
         slots = [0, 2] if i % 2 else [0, 1, 2]  # a step over part of a bucket, too
         logits = runner.decode(slots, [last[s] for s in slots], [len(prompts[s]) + i for s in slots])
         assert runner.decode_summary is not None
-        argmax, log_norm = runner.decode_summary
+        argmax, log_norm, token_logprob = runner.decode_summary
         wide = logits.astype(np.float64)
         np.testing.assert_array_equal(argmax, wide.argmax(axis=-1))
         reference = wide.max(axis=-1) + np.log(np.exp(wide - wide.max(axis=-1, keepdims=True)).sum(axis=-1))
         np.testing.assert_allclose(log_norm, reference, rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(token_logprob, wide.max(axis=-1) - reference, rtol=1e-6, atol=1e-5)
         fresh = [RequestSampler(params, prompts[s], runner.vocab_size) for s in slots]
         device = sample_batch(logits, fresh, summary=runner.decode_summary)
         host = sample_batch(logits, [RequestSampler(params, prompts[s], runner.vocab_size) for s in slots])
@@ -258,8 +259,29 @@ def test_the_row_summary_of_a_captured_step_stand_in_for_cuda_is_each_rows_argma
             assert abs(d.logprob.logprob - h.logprob.logprob) < 1e-4
             assert [t for t, _ in d.logprob.top] == [t for t, _ in h.logprob.top]
             np.testing.assert_allclose([v for _, v in d.logprob.top], [v for _, v in h.logprob.top], atol=1e-4)
+        # an all-greedy step that asks for no alternatives needs no logits on the host: the summary stands in
+        plain = SamplingParams(temperature=0.0, max_tokens=8, logprobs=True)
+        again = [RequestSampler(plain, prompts[s], runner.vocab_size) for s in slots]
+        assert not needs_logits(again) and needs_logits(fresh) and needs_logits(again, masked_rows=[0])
+        summary_only = sample_batch(None, again, summary=runner.decode_summary)
+        with_logits = sample_batch(logits, [RequestSampler(plain, prompts[s], runner.vocab_size) for s in slots])
+        assert [r.token_id for r in summary_only] == [r.token_id for r in with_logits] == argmax.tolist()
+        np.testing.assert_allclose([r.logprob.logprob for r in summary_only],
+                                   [r.logprob.logprob for r in with_logits], atol=1e-4)
+        with pytest.raises(ValueError, match="row summary"):
+            sample_batch(None, fresh, summary=runner.decode_summary)
         for s, t in zip(slots, argmax.tolist()):
             last[s] = t
+    # the same step without its logits: None, and the same summary
+    slots = [0, 1, 2]
+    before = runner.decode(slots, [last[s] for s in slots], [len(prompts[s]) + 4 for s in slots]).copy()
+    summary = [a.copy() for a in runner.decode_summary]
+    for s in slots:
+        runner.slot_len[s] -= 1  # the same positions again: the same KV is written, the same logits come out
+    assert runner.decode(slots, [last[s] for s in slots], [len(prompts[s]) + 4 for s in slots], logits=False) is None
+    for a, b in zip(summary, runner.decode_summary):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(summary[0], before.argmax(axis=-1))
 
 
 @pytest.mark.parametrize("rows,fixed", [("pointer", True), (None, False)], ids=["pointer-fixed", "host-exact"])
@@ -276,7 +298,7 @@ def test_a_burst_of_prompts_run_together_stand_in_for_cuda_gives_the_row_view_to
     gate = DecodeGate()
     engine = AsyncEngine.from_model_dir(tiny_model, EngineConfig(
         kv_rows=rows, fixed_chunk_shapes=fixed, batched_prompts=True, max_batch=8, prefill_chunk=96,
-        speculative_tokens=0, fault_injector=gate))
+        speculative_tokens=0, fault_injector=gate, min_prefix_reuse=1))
     try:
         runner = engine._core.runner  # test only
         assert runner.can_batch_prompts and runner.max_batched_prompt == (64 if fixed else 96)

@@ -55,7 +55,9 @@ def findings(tmp_path_factory: pytest.TempPathFactory):
     (out / "cuda_engine.json").write_text(json.dumps(data, indent=2, default=str))
 
 
-CONFIG = dict(max_batch=8, prefill_chunk=32, seed=0, speculative_tokens=0)
+# NOTE(test): min_prefix_reuse=1: the follow-up reuses a 45+-token prompt, under the batched-prompt runner's own
+# threshold (engine.prefix_cache.MIN_REUSE_BATCHED_PROMPTS); this test is about the copy being right
+CONFIG = dict(max_batch=8, prefill_chunk=32, seed=0, speculative_tokens=0, min_prefix_reuse=1)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +95,8 @@ def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu
     if fixed_shapes == "fused":  # NOTE(test): what a server of --max-batch > 1 runs: the fused kernels, fixed shapes
         monkeypatch.setenv("ORT_FPA_INTB_GEMM", "1")  # read when the session is made
     engine = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(provider="cuda", graph_capture=graph_capture,
-                                                                       batched_prompts=batched_prompts, **CONFIG))
+                                                                       batched_prompts=batched_prompts, **CONFIG,
+                                                                       engine_process=False))  # reads the runner
     try:
         placement = engine.placement
         runner = engine._core.runner  # test only: the core's runner

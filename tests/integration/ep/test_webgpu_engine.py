@@ -106,7 +106,8 @@ def webgpu_device():
 def test_webgpu_engine_places_and_matches_cpu(webgpu_device, int4_fp16_model, cpu_reference, findings,
                                               graph_capture) -> None:
     engine = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(provider="webgpu", max_batch=4, seed=0,
-                                                                       graph_capture=graph_capture))
+                                                                       graph_capture=graph_capture,
+                                                                       engine_process=False))  # reads the runner
     try:
         placement = engine.placement
         runner = engine._core.runner
@@ -160,12 +161,13 @@ def test_webgpu_chunked_prefill_buckets_and_prefix_copies_match_cpu(webgpu_devic
         ref_follow = asyncio.run(_greedy(cpu, [follow]))[0]
     finally:
         cpu.shutdown()
-    engine = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(provider="webgpu", **config))
+    engine = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(provider="webgpu", **config,
+                                                                       engine_process=False))  # reads the runner
     try:
         runner = engine._core.runner
         widths = []
         original = runner._run_decode
-        runner._run_decode = lambda binding, width: (widths.append(width), original(binding, width))[1]
+        runner._run_decode = lambda binding, width, *rest: (widths.append(width), original(binding, width, *rest))[1]
         got = asyncio.run(_greedy(engine, LONG_PROMPTS))
         together = set(widths)
         widths.clear()

@@ -8,25 +8,24 @@ A stream of N tokens then lasts at least N * DELAY_S seconds whatever the machin
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import replace
 from typing import Any
 
 import server.app
-from engine.types import StepInfo
 from server.__main__ import main
+from tests.pacing import DecodePace
 
 
 def paced(delay_s: float) -> None:
-    """Every engine the app loads from now on sleeps `delay_s` before each decode step."""
+    """Every engine the app loads from now on sleeps `delay_s` before each decode step.
+
+    NOTE: a module-level class (tests.pacing.DecodePace), not a closure: with --engine-process the injector is
+    pickled into the engine process.
+    """
     make_config = server.app.engine_config_from
 
-    def pace(info: StepInfo) -> None:
-        if info.kind == "decode":
-            time.sleep(delay_s)
-
     def config_with_pace(settings: Any) -> Any:
-        return replace(make_config(settings), fault_injector=pace)
+        return replace(make_config(settings), fault_injector=DecodePace(delay_s))
 
     server.app.engine_config_from = config_with_pace
 

@@ -126,6 +126,32 @@ def test_a_longer_prefix_elsewhere_is_copied_where_rows_are_host_memory():
     assert opaque.place(prompt, [0, 1, 2]) == type(p)(1, 0)
 
 
+def test_a_match_shorter_than_min_reuse_counts_as_none():
+    cache = SlotPrefixCache(3, enabled=True, can_copy=True, min_reuse=8)
+    cache.keep(0, list(range(100)))
+    # 5 tokens in common with slot 0 and 7 with a running request: neither is worth it, no copy
+    p = cache.place(list(range(5)) + [-1, -2], [0, 1, 2], running=[(2, list(range(7)) + [9], 8)])
+    assert (p.num_reused, p.copy) == (0, None)
+    # 7 tokens of a running request, 8 of a free slot: the free slot's 8 are (copied into an empty slot)
+    p = cache.place(list(range(8)) + [-1, -2], [0, 1], running=[(2, list(range(7)) + [9], 8)])
+    assert (p.slot, p.num_reused, p.copy) == (1, 8, KVCopy(0, 1, 0, 8))
+    # a continuation of slot 0 takes it in place, as with any match
+    assert cache.place(list(range(120)), [0, 1, 2]) == type(p)(0, 100)
+
+
+def test_a_short_shared_prefix_leaves_the_prompt_whole_where_prompts_run_together():
+    """Distinct prompts that share their first tokens with a running request (as a bench's do) prefill from
+    position 0 (so they can join a batched prompt run) when the match is under ``min_prefix_reuse``."""
+    for min_reuse, start in ((1, 3), (4, 0)):
+        sched = Scheduler(num_slots=2, max_waiting=4, token_budget=64, prefix_caching=True, can_copy=True,
+                          min_prefix_reuse=min_reuse)
+        sched.add(make_request("a", [10, 11, 12, 1, 2], max_tokens=20))
+        step(sched)
+        sched.add(make_request("b", [10, 11, 12, 3, 4, 5]))
+        out, _ = step(sched)
+        assert out.prefill.start == start and bool(out.copies) == (start > 0)
+
+
 def test_a_request_copies_the_prompt_of_a_running_one():
     sched = Scheduler(num_slots=2, max_waiting=4, token_budget=64, prefix_caching=True, can_copy=True)
     system = list(range(10, 50))

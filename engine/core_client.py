@@ -1,0 +1,276 @@
+"""EngineCoreClient: the server process's end of an engine process (engine.core_process), with the surface AsyncEngine
+uses on an in-process EngineCore (start, add, abort, snapshot, alive, dead, join-on-shutdown).
+
+Why a process: in one process the event loop (SSE, detokenizing) and the core thread take turns on the interpreter
+lock (issue 22: at 64 streams on an H200 the engine step took 8.8 ms where its own work is much less). A reader thread
+here receives each message of step outputs and hands them to the sink (AsyncEngine._dispatch) as the core thread does
+in-process; what follows (OutputProcessor, stop strings) is unchanged.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing
+import multiprocessing.util
+import pickle
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+
+from engine.config import EngineConfig
+from engine.core import CoreSnapshot, Sink
+from engine.core_process import run_engine_process
+from engine.core_wire import (
+    ABORT, ADD, DEAD, GRAMMAR, OUT, READY, SHUTDOWN, SNAP, CoreFacts, FrameReader, decode_exception, decode_outputs,
+    dumps, loads,
+)
+from engine.model_loader import ModelFolder
+from engine.scheduler import Request
+from engine.types import EngineDeadError, EngineError, ModelLoadError, StructuredOutput
+
+log = logging.getLogger(__name__)
+
+# NOTE(engine): engines nobody shut down are stopped at interpreter exit. multiprocessing's own exit handler would
+# SIGTERM its daemon children (ignored by an engine process) and join them without a timeout while this process still
+# holds the pipe, i.e. forever; this handler is registered after it, so it runs first.
+_LIVE: weakref.WeakSet[EngineCoreClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_engines() -> None:
+    for client in list(_LIVE):
+        client.shutdown(timeout_s=10.0)
+
+
+# NOTE(engine): how long shutdown waits for the reader and the process after the core is joined in the child (the
+# child joins its core within the caller's timeout first).
+_REAP_S = 5.0
+
+
+class EngineCoreClient:
+    """Starts the engine process, waits until its model is loaded, then forwards requests and receives outputs.
+
+    Args:
+        folder: the model folder (the parent read it; the child reads it again by its path).
+        config: the engine's settings; pickled to the child, ``fault_injector`` included (it must pickle: a
+            module-level class or function).
+        sink: receives each message's outputs on the reader thread, as an in-process core's sink does; called once
+            more with ``[]`` after ``dead`` is set when the process has ended.
+
+    Raises:
+        The child's load error as it was raised there (ModelLoadError, ep's errors, ...), same class and message;
+        ModelLoadError when the process ended without saying why; TypeError for a fault injector that cannot pickle.
+    """
+
+    def __init__(self, folder: ModelFolder, config: EngineConfig, sink: Sink) -> None:
+        self._sink = sink
+        self.snapshot = CoreSnapshot(num_slots_free=config.max_batch)
+        self.process_cpu_s = 0.0  # the engine process's CPU seconds (all its threads), with each snapshot
+        self.dead: BaseException | None = None
+        self._lock = threading.Lock()  # one writer at a time on the pipe; `_ended` and `dead` change under it
+        self._ended = False  # the reader saw EOF: the process is gone
+        self._closing = False  # shutdown was asked for
+        self._reader: threading.Thread | None = None
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self._proc = ctx.Process(target=run_engine_process, name="ortserve-engine", daemon=True,
+                                 args=(child_conn, str(folder.path), config, _log_setup()))
+        try:
+            self._proc.start()
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            self._conn.close()
+            if config.fault_injector is None:
+                raise
+            raise TypeError("EngineConfig.fault_injector must pickle to run in an engine process (a module-level "
+                            "class or function, e.g. tests.pacing.ProcessDecodeGate); or set engine_process=False: "
+                            f"{exc}") from exc
+        finally:
+            child_conn.close()  # NOTE(engine): only the child holds its end now, so its exit is EOF here
+        self.facts = self._wait_ready()
+        _LIVE.add(self)
+
+    def _wait_ready(self) -> CoreFacts:
+        try:
+            message = loads(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            message = None
+        if message is not None and message[0] == READY:
+            return message[1]
+        self._proc.join(10)
+        self._conn.close()
+        if message is None:
+            raise ModelLoadError(f"the engine process exited while loading the model ({_exit_text(self._proc)})")
+        exc = decode_exception(message[1])
+        if not isinstance(exc, EngineError):  # a bug or a library's error: keep where it came from
+            exc.add_note(f"raised in the engine process:\n{message[2]}")
+        raise exc
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._proc.exitcode
+
+    # -- the surface AsyncEngine uses -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start receiving outputs (after the owner can take them)."""
+        self._reader = threading.Thread(target=self._read, name="ortserve-engine-client", daemon=True)
+        self._reader.start()
+
+    def add(self, request: Request) -> None:
+        """Send a request to the engine process; raises EngineDeadError once it has stopped."""
+        self._send((ADD, request.request_id, request.prompt_ids, request.params, request.seq, request.arrival_s))
+
+    def abort(self, request_ids: Sequence[str], index: int | None = None) -> None:
+        try:
+            self._send((ABORT, list(request_ids), index))
+        except EngineDeadError:  # nothing runs there any more
+            pass
+
+    def prepare_grammar(self, spec: StructuredOutput) -> None:
+        """Let the engine process start compiling ``spec`` while this process compiles it too."""
+        try:
+            self._send((GRAMMAR, spec))
+        except EngineDeadError:
+            pass
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Ask the engine process to stop (everything in flight ends with ABORT), wait for it, and reap it; one that
+        has not exited by then is killed."""
+        with self._lock:
+            asked, self._closing = self._closing, True
+            if not asked and not self._ended:
+                try:
+                    self._conn.send_bytes(dumps((SHUTDOWN,)))
+                except OSError:
+                    pass
+        deadline = time.monotonic() + timeout_s + _REAP_S
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(max(0.0, deadline - time.monotonic()))
+        self._proc.join(max(0.0, deadline - time.monotonic()))
+        if self._proc.is_alive():  # NOTE(engine): it ignores SIGTERM (see run_engine_process)
+            log.warning("the engine process did not stop within %.0f s; killing it", timeout_s + _REAP_S)
+            self._proc.kill()
+            self._proc.join(_REAP_S)
+        if self._reader is None:
+            self._conn.close()
+
+    @property
+    def alive(self) -> bool:
+        return not self._ended and self.dead is None
+
+    # -- plumbing ---------------------------------------------------------------------------------------------------
+
+    def _send(self, message: tuple) -> None:
+        data = dumps(message)
+        with self._lock:
+            if self._ended or self._closing:
+                raise EngineDeadError(f"the engine process has stopped: {self.dead!r}" if self._ended else
+                                      "the engine is shutting down")
+            try:
+                # NOTE(engine): the child's reader thread only reads (it never waits on anything else), so this
+                # blocks only while a message larger than the pipe's buffer is copied over.
+                self._conn.send_bytes(data)
+            except OSError as exc:
+                raise EngineDeadError(f"the engine process has stopped: {exc!r}") from None
+
+    def _read(self) -> None:
+        """Reader thread: outputs to the sink, snapshots to ``snapshot``; at EOF, reap the process and fail what is
+        left (``dead`` first, then one more call of the sink)."""
+        reason: BaseException | None = None
+        frames = FrameReader(self._conn.fileno())
+        try:
+            while True:
+                outputs: list = []
+                for data in frames.read():  # what one read brought: several steps' outputs go on together
+                    message = loads(data)
+                    kind = message[0]
+                    if kind == OUT:
+                        if message[2] is not None:
+                            self.snapshot, self.process_cpu_s = message[2], message[3]
+                        outputs += decode_outputs(message[1])
+                    elif kind == SNAP:
+                        self.snapshot, self.process_cpu_s = message[1], message[2]
+                    elif kind == DEAD:
+                        reason = decode_exception(message[1])
+                if outputs:
+                    self._sink(outputs)
+        except (EOFError, OSError):
+            pass
+        except BaseException as exc:  # a bug here: the engine cannot be reached any more
+            log.exception("the engine client's reader failed")
+            reason = EngineDeadError(f"the engine client's reader failed: {exc!r}")
+        self._proc.join(_REAP_S)  # reaped now: no zombie, and its exit code is known
+        if self._proc.is_alive():  # the pipe broke but the process lives on (a reader bug): end it
+            self._proc.kill()
+            self._proc.join(_REAP_S)
+        if reason is None:
+            if self._closing:
+                reason = EngineDeadError("the engine process has stopped")
+            else:
+                reason = EngineDeadError(f"the engine process has exited ({_exit_text(self._proc)})")
+                log.error("%s", reason)
+        with self._lock:
+            self._ended = True
+            self.dead = reason
+            self._conn.close()
+        self._sink([])
+
+
+# NOTE(engine): automatic engine_process on the host CPU (the CPU EP, and OpenVINO, which is asked for by name and may
+# run there). Measured on 2 shared cores (docs/perf/cpu.md, "The engine in its own process"): no slower (CPU per token
+# 0.95x, output tok/s 1.07-1.14x median, rounds spread 0.87-1.51), but no gain shown beyond the noise; off until a
+# quiet run says otherwise.
+CPU_ENGINE_PROCESS = False
+
+
+def use_engine_process(config: EngineConfig) -> bool:
+    """Whether an engine with ``config`` runs its core in a process of its own.
+
+    ``config.engine_process`` when set; automatic (None): on where the model runs on a device (CUDA, AMDGPU/MIGraphX,
+    WebGPU, ...), and for ``--provider auto`` where a device EP library is installed (the parent cannot ask which
+    device auto takes without loading that library, which must load in the engine process only);
+    ``CPU_ENGINE_PROCESS`` on the host CPU.
+    """
+    if config.engine_process is not None:
+        return config.engine_process
+    from ep.names import AUTO_ORDER, normalize_provider
+
+    provider = normalize_provider(config.provider, allow_auto=True)
+    if provider in ("cpu", "openvino"):
+        return CPU_ENGINE_PROCESS
+    if provider == "auto":
+        from ep.device import find_ep_libraries
+
+        return bool(config.ep_library) or bool(find_ep_libraries([p for p in AUTO_ORDER if p != "cpu"])) \
+            or CPU_ENGINE_PROCESS
+    return True
+
+
+def _exit_text(proc: multiprocessing.process.BaseProcess) -> str:
+    code = proc.exitcode
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _log_setup() -> tuple[int, str | None]:
+    """The root logger's level and format, for the engine process's own logging."""
+    root = logging.getLogger()
+    fmt = None
+    for handler in root.handlers:
+        if handler.formatter is not None:
+            fmt = handler.formatter._fmt
+            break
+    return root.getEffectiveLevel(), fmt

@@ -1,0 +1,314 @@
+"""The engine core in a process of its own: loads the model there, runs EngineCore there, and talks to the server's
+process over one pipe (engine.core_wire's messages). ``build_core`` is also how AsyncEngine builds an in-process core.
+
+Started by engine.core_client.EngineCoreClient through multiprocessing's spawn context (never fork: the parent has
+loaded onnxruntime and runs threads). Tokenizing, detokenizing, stop strings and HTTP stay in the parent; here are
+only the session, the KV cache, the scheduler, the samplers and the grammar matchers.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import gc
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from engine import placement
+from engine.config import EngineConfig
+from engine.core import CoreOutput, EngineCore, Sink
+from engine.core_wire import (
+    ABORT, ADD, DEAD, FAILED, GRAMMAR, OUT, READY, SHUTDOWN, SNAP, CoreFacts, dumps, encode_exception, encode_outputs,
+    loads,
+)
+from engine.model_loader import ModelFolder, read_model_folder
+from engine.prefix_cache import MIN_REUSE_BATCHED_PROMPTS
+from engine.scheduler import Request, Scheduler
+from engine.structured_output import GrammarConstraint, StructuredOutputBackend
+from engine.types import EngineDeadError, FinishReason
+
+log = logging.getLogger(__name__)
+
+# NOTE(engine): the core's counters go to the parent with a step's outputs at most this often (and with every output
+# that finishes a request, and when the core goes idle): /metrics and stats() need no more, and a 64-row step's
+# message stays the outputs alone.
+SNAPSHOT_INTERVAL_S = 0.02
+
+
+@dataclass
+class BuiltCore:
+    """An EngineCore (not started) and what it was built from."""
+
+    core: EngineCore
+    loaded: placement.Loaded
+    structured: StructuredOutputBackend
+    speculative_tokens: int
+
+
+def min_prefix_reuse(config: EngineConfig, runner: Any) -> int:
+    """The shortest cached prefix a prompt reuses: the configured one, else ``MIN_REUSE_BATCHED_PROMPTS`` where
+    new prompts run together (a reused prefix takes a prompt out of that run), else any match."""
+    if config.min_prefix_reuse is not None:
+        return config.min_prefix_reuse
+    return MIN_REUSE_BATCHED_PROMPTS if runner.can_batch_prompts else 1
+
+
+def max_prefills_per_step(config: EngineConfig, runner: Any) -> int:
+    """The most requests whose prompt chunks run in one step: the configured number, else the runner's."""
+    if config.max_prefills_per_step is not None:
+        return config.max_prefills_per_step
+    return runner.max_prefills_per_step
+
+
+def build_core(folder: ModelFolder, config: EngineConfig, sink: Sink,
+               between_steps: Callable[[bool], None] | None = None) -> BuiltCore:
+    """Sessions, KV cache and runner for the device (``placement.load``), the scheduler, the grammar backend and the
+    core over them: the same in an engine process and in the server's own.
+
+    Raises:
+        ModelLoadError: the model can't be served on this device (ep/'s own errors propagate unchanged).
+    """
+    loaded = placement.load(folder, config)
+    runner = loaded.runner
+    # NOTE(engine): a draft check is a run of S > 1 tokens in one row; whole-buffer mode runs every row at
+    # S = 1 (GroupQueryAttention refuses S > 1 with a past at batch > 1), so no speculation there.
+    speculative_tokens = config.speculative_tokens if runner.can_verify else 0
+    scheduler = Scheduler(config.max_batch, config.max_queue + config.max_batch, config.prefill_chunk,
+                          prefix_caching=config.prefix_caching, can_copy=runner.can_copy,
+                          speculative_tokens=speculative_tokens,
+                          speculative_max_batch=config.speculative_max_batch,
+                          low_slots=len(runner.buckets) > 1, max_prefills=max_prefills_per_step(config, runner),
+                          min_prefix_reuse=min_prefix_reuse(config, runner))
+    # NOTE(engine): grammars compile in the backend's worker threads (its tokenizer is built on first use),
+    # never on the core thread; the core only fills masks and advances constraints.
+    structured = StructuredOutputBackend(
+        folder.tokenizer.hf, loaded.vocab_size, folder.eos_token_ids,
+        compile_timeout_s=config.grammar_compile_timeout_s, cache_size=config.grammar_cache_size)
+    core = EngineCore(runner, scheduler, sink, seed=config.seed, fault_injector=config.fault_injector,
+                      structured=structured, between_steps=between_steps)
+    return BuiltCore(core, loaded, structured, speculative_tokens)
+
+
+def backend_flags() -> dict[str, str | None]:
+    """The backend env flags (ep.flags.REGISTRY and their companions) as this process sees them."""
+    from ep.flags import REGISTRY
+
+    return {name: os.environ.get(name) for flag in REGISTRY for name in (flag.name, *flag.passthrough)}
+
+
+# -- the engine process ---------------------------------------------------------------------------------------------
+
+
+def run_engine_process(conn: Connection, folder_path: str, config: EngineConfig,
+                       log_setup: tuple[int, str | None]) -> None:
+    """The engine process's main (a multiprocessing target): load, report, serve the pipe until shutdown or EOF.
+
+    NOTE(engine): SIGINT and SIGTERM are ignored here: Ctrl-C reaches the whole process group and a service
+    manager may signal every process of the service, but only the parent decides when the engine stops (it drains
+    streams first, then sends "shutdown"). A parent that dies closes the pipe, and the engine ends on that EOF.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    level, fmt = log_setup
+    logging.basicConfig(level=level, **({"format": fmt} if fmt else {}))
+    EngineProcess(conn).main(folder_path, config)
+
+
+class EngineProcess:
+    """The child's side of the pipe: the reader thread feeds the core's inbox, the core's sink sends outputs."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.outbox = _Outbox(conn)
+        self.feed: _OrderedFeed | None = None
+        self.core: EngineCore | None = None
+
+    def main(self, folder_path: str, config: EngineConfig) -> None:
+        # NOTE(engine): reading starts before loading, so a parent that dies during a long load ends this process
+        # at once (EOF) instead of leaving it to finish loading for nobody.
+        reader = threading.Thread(target=self._read, name="ortserve-engine-reader", daemon=True)
+        reader.start()
+        try:
+            folder = read_model_folder(Path(folder_path), config.chat_template)
+            built = build_core(folder, config, self.outbox, between_steps=self.outbox.between_steps)
+        except BaseException as exc:  # noqa: BLE001 - every load failure goes to the parent, as it was raised
+            import traceback
+
+            self.outbox.send((FAILED, encode_exception(exc), traceback.format_exc()))
+            return
+        core = self.core = self.outbox.core = built.core
+        loaded = built.loaded
+        facts = CoreFacts(max_model_len=loaded.max_model_len, vocab_size=loaded.vocab_size,
+                          kv_cache_bytes=loaded.runner.kv.shape.nbytes, placement=loaded.placement,
+                          speculative_tokens=built.speculative_tokens, can_verify=loaded.runner.can_verify,
+                          buckets=tuple(loaded.runner.buckets), pid=os.getpid(), backend_flags=backend_flags())
+        self.feed = _OrderedFeed(core, built.structured, folder.eos_token_ids, loaded.max_model_len, self.outbox)
+        # NOTE(engine): as the server does after loading (server.app._tune_interpreter): what lives as long as the
+        # process goes to the permanent generation, so full collections stop scanning it.
+        gc.collect()
+        gc.freeze()
+        self.outbox.send((READY, facts))  # before the core can send anything
+        core.start()
+        core.join()
+        if core.dead is not None:
+            self.outbox.send((DEAD, encode_exception(EngineDeadError(f"the engine core has stopped: {core.dead!r}"))))
+        built.structured.shutdown()
+        self.conn.close()
+
+    def _read(self) -> None:
+        """Reader thread: every message from the parent, in order, to the feed; EOF or "shutdown" stops the core."""
+        while True:
+            try:
+                message = loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                if self.core is None:  # the parent went away while this process was loading
+                    log.warning("the server process has gone; the engine process exits")
+                    os._exit(0)
+                self._stop()
+                return
+            kind = message[0]
+            if kind == SHUTDOWN:
+                self._stop()
+                return
+            if self.feed is not None and kind in (ADD, ABORT, GRAMMAR):
+                self.feed.put(message)
+
+    def _stop(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
+        if self.core is not None:
+            self.core.shutdown(0)  # the main thread joins it
+
+
+class _Outbox:
+    """The core's sink in the engine process: one "out" message per call (a decode run's outputs, a prompt's first
+    token), the core's snapshot with it when due; and "snap" messages between steps when the core idles or no output
+    carried one for ``SNAPSHOT_INTERVAL_S``."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.core: EngineCore | None = None
+        self._lock = threading.Lock()  # the core thread and the reader (refused adds) both send
+        self._sent_snapshot: Any = None
+        self._sent_s = 0.0
+        self.broken = False
+
+    def __call__(self, outputs: list[CoreOutput]) -> None:
+        core = self.core
+        snapshot = None
+        if core is not None and (time.monotonic() - self._sent_s >= SNAPSHOT_INTERVAL_S
+                                 or any(out.finish_reason is not None for out in outputs)):
+            snapshot = core.snapshot
+        self.send((OUT, encode_outputs(outputs), snapshot, time.process_time() if snapshot is not None else None),
+                  snapshot)
+
+    def between_steps(self, idle: bool) -> None:
+        snapshot = self.core.snapshot if self.core is not None else None
+        if snapshot is None or snapshot is self._sent_snapshot:
+            return
+        if idle or time.monotonic() - self._sent_s >= SNAPSHOT_INTERVAL_S:
+            self.send((SNAP, snapshot, time.process_time()), snapshot)
+
+    def send(self, message: tuple, snapshot: Any = None) -> None:
+        data = dumps(message)
+        with self._lock:
+            if self.broken:
+                return
+            if snapshot is not None:
+                self._sent_snapshot, self._sent_s = snapshot, time.monotonic()
+            try:
+                self.conn.send_bytes(data)
+            except (OSError, ValueError):  # the parent is gone: stop (the reader sees EOF as well)
+                self.broken = True
+                if self.core is not None:
+                    self.core.shutdown(0)
+
+
+class _OrderedFeed:
+    """Adds and aborts reach the core in the order the parent sent them.
+
+    NOTE(engine): a structured request's grammar is compiled here too (the parent compiled it to validate it; the
+    compiled matcher does not cross processes). The parent's "grammar" message starts that compile while the
+    parent's own runs, so it is usually done when the add comes. If not, the add and everything after it are held
+    until it is (a compile-worker callback releases them): the reader never waits, so the parent's writes never
+    block on a full pipe.
+    """
+
+    def __init__(self, core: EngineCore, structured: StructuredOutputBackend, eos_token_ids: frozenset[int],
+                 max_model_len: int, sink: Sink) -> None:
+        self.core, self.structured, self.sink = core, structured, sink
+        self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
+        self._held: collections.deque[tuple] = collections.deque()
+        self._lock = threading.RLock()  # re-entered when a compile is done by the time its callback is added
+        self._waiting: concurrent.futures.Future | None = None
+        self._closed = False
+
+    def put(self, message: tuple) -> None:
+        if message[0] == GRAMMAR:
+            self.structured.compile_future(message[1])  # start compiling; nothing to deliver
+            return
+        with self._lock:
+            self._held.append(message)
+            self._release()
+
+    def close(self) -> None:
+        """Shutdown: held adds end with ABORT (the core never saw them)."""
+        with self._lock:
+            self._closed = True
+            held, self._held = list(self._held), collections.deque()
+        ended = [CoreOutput(m[1], (), FinishReason.ABORT, seq=m[4], index=i)
+                 for m in held if m[0] == ADD for i in range(m[3].n)]
+        if ended:
+            self.sink(ended)
+
+    def _release(self, _done: Any = None) -> None:
+        with self._lock:
+            while self._held and not self._closed:
+                message = self._held[0]
+                pending = self._compiling(message)
+                if pending is not None:
+                    if pending is not self._waiting:
+                        self._waiting = pending
+                        pending.add_done_callback(self._release)
+                    return
+                self._held.popleft()
+                self._deliver(message)
+
+    def _compiling(self, message: tuple) -> concurrent.futures.Future | None:
+        if message[0] != ADD or message[3].structured is None:
+            return None
+        future = self.structured.compile_future(message[3].structured)
+        return None if future.done() else future
+
+    def _deliver(self, message: tuple) -> None:
+        if message[0] == ABORT:
+            self.core.abort(message[1], message[2])
+            return
+        _, request_id, prompt_ids, params, seq, arrival_s = message
+        try:
+            constraints: Sequence[GrammarConstraint | None] = [None] * params.n
+            if params.structured is not None:
+                constraints = [self.structured.constraint_sync(params.structured) for _ in range(params.n)]
+        except Exception as exc:  # the parent compiled it; still, one request only
+            log.exception("request %s: its grammar did not compile in the engine process", request_id)
+            self.sink([CoreOutput(request_id, (), FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}", seq=seq,
+                                  exception=exc)])
+            return
+        request = Request(request_id, prompt_ids, params, eos_token_ids=self.eos_token_ids,
+                          max_model_len=self.max_model_len, seq=seq, arrival_s=arrival_s, constraint=constraints[0])
+        if params.n > 1:
+            for fork, constraint in zip(request.fork(params.n), constraints[1:]):
+                fork.constraint = constraint
+        try:
+            self.core.add(request)
+        except EngineDeadError:  # the core has ended; the parent learns it from the pipe
+            pass
+

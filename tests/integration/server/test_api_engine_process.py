@@ -1,0 +1,233 @@
+"""The API over an engine in its own process (--engine-process): the same answers as in-process, structured output and
+its 400, a full queue's 429, /metrics, and the engine process killed mid-stream or stopped with the server.
+
+Real uvicorn servers on the synthetic model; "still running" holds by construction (tests.pacing.ProcessDecodeGate,
+or paced_serve's sleep before each decode step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from server.app import create_app
+from tests.integration.server.conftest import RunningServer, api_settings, fault_loader, serve_app, serve_process
+from tests.pacing import ProcessDecodeGate
+
+HI = [{"role": "user", "content": "Tell me a long story"}]
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+GRACEFUL_EXIT = (0, -signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def proc_gate() -> ProcessDecodeGate:
+    return ProcessDecodeGate()
+
+
+@pytest.fixture(scope="module")
+def proc_server(api_model: Path, proc_gate: ProcessDecodeGate) -> Iterator[RunningServer]:
+    """The synthetic model with its engine in its own process, loaded through the app's lifespan."""
+    app = create_app(api_settings(api_model, engine_process=True), loader=fault_loader(proc_gate))
+    with serve_app(app) as running:
+        yield running
+    proc_gate.open()
+
+
+def _chat(running: RunningServer, **kwargs) -> openai.types.chat.ChatCompletion:
+    return running.client().chat.completions.create(model="tiny", messages=HI, temperature=0, **kwargs)
+
+
+def test_streams_and_n_choices_equal_the_in_process_server(api_server: RunningServer,
+                                                           proc_server: RunningServer) -> None:
+    assert proc_server.engine.engine_process and not api_server.engine.engine_process
+
+    def streamed(running):
+        chunks = list(running.client().chat.completions.create(
+            model="tiny", messages=HI, max_tokens=24, stream=True, temperature=0, extra_body={"ignore_eos": True},
+            stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens == 24
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    assert streamed(proc_server) == streamed(api_server)
+    kwargs = {"max_tokens": 10, "n": 3, "seed": 5, "temperature": 1.0, "extra_body": {"ignore_eos": True}}
+    choices = [[c.message.content for c in r.client().chat.completions.create(model="tiny", messages=HI, **kwargs)
+                .choices] for r in (api_server, proc_server)]
+    assert choices[1] == choices[0] and len(set(choices[1])) > 1
+
+
+def test_a_json_schema_answer_validates_and_a_bad_schema_is_a_400_before_any_output(
+        proc_server: RunningServer) -> None:
+    answer = _chat(proc_server, max_tokens=60, response_format={
+        "type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}})
+    jsonschema.validate(json.loads(answer.choices[0].message.content), SCHEMA)
+    bad = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "array", "uniqueItems": True}}}
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as err:
+            _chat(proc_server, max_tokens=8, stream=stream, response_format=bad)
+        assert err.value.body["param"] == "response_format" and "uniqueItems" in err.value.body["message"]
+    assert proc_server.engine.is_running
+
+
+def test_metrics_count_the_engine_process_work(proc_server: RunningServer) -> None:
+    before = proc_server.metrics()
+    assert _chat(proc_server, max_tokens=12, extra_body={"ignore_eos": True}).usage.completion_tokens == 12
+    m = proc_server.wait_idle(5.0)
+    deadline = time.monotonic() + 5
+    while m["ortserve_engine_steps_total"] == before["ortserve_engine_steps_total"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+        m = proc_server.metrics()
+    for name in ("ortserve_engine_steps_total", "ortserve_engine_thread_cpu_seconds_total",
+                 "ortserve_engine_process_cpu_seconds_total", "ortserve_prompt_tokens_total"):
+        assert m[name] > before.get(name, 0.0), name
+    assert m["ortserve_generation_tokens_total"] - before["ortserve_generation_tokens_total"] == 12
+    assert m["ortserve_kv_slots_free"] == 8
+
+
+def test_a_full_queue_is_429_with_retry_after(api_model: Path) -> None:
+    gate = ProcessDecodeGate()
+    settings = api_settings(api_model, max_batch=1, max_queue=0, engine_process=True)
+    with serve_app(create_app(settings, loader=fault_loader(gate))) as running:
+        client = running.client()
+        body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "stream": True, "temperature": 0,
+                "ignore_eos": True}
+        gate.shut()  # the stream prefills, then holds the only slot until the gate opens, on any machine
+        try:
+            with httpx.stream("POST", f"{running.url}/chat/completions", json=body, timeout=30) as r:
+                lines = r.iter_lines()
+                while not next(lines).startswith("data: "):
+                    pass
+                with pytest.raises(openai.RateLimitError) as info:
+                    client.chat.completions.create(model="tiny", messages=HI, max_tokens=2)
+                assert int(info.value.response.headers["retry-after"]) >= 1
+                assert info.value.body["code"] == "server_overloaded"
+        finally:
+            gate.open()
+        running.wait_idle(5.0)
+        assert client.chat.completions.create(model="tiny", messages=HI, max_tokens=2).usage.completion_tokens == 2
+
+
+def _engine_child(server_pid: int) -> int:
+    """The engine process among the server's children (multiprocessing's resource tracker is the other one)."""
+    # NOTE: each thread has its own list: the engine is loaded (and its process started) in a worker thread
+    children = [pid for task in Path(f"/proc/{server_pid}/task").iterdir()
+                for pid in (task / "children").read_text().split()]
+    for pid in map(int, children):
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError(f"no engine process among {children}")
+
+
+def _gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state == "Z":  # exited; reaped by whoever adopted it
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads the process tree from /proc")
+def test_a_killed_engine_process_ends_streams_with_503_and_health_says_so(api_model: Path) -> None:
+    # NOTE: paced at 0.05 s a decode step, 1900 tokens take 95 s at least: the stream is running when the kill comes.
+    with serve_process(api_model, "--served-model-name", "tiny", "--engine-process", "--shutdown-grace-s", "2",
+                       decode_delay_s=0.05) as server:
+        child = _engine_child(server.proc.pid)
+        body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "stream": True, "temperature": 0,
+                "ignore_eos": True}
+        t0 = time.monotonic()
+        with httpx.stream("POST", f"{server.base}/v1/chat/completions", json=body, timeout=30) as r:
+            data = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    data.append(line[6:])
+                    if len(data) == 2:
+                        os.kill(child, signal.SIGKILL)
+        assert time.monotonic() - t0 < 30 and data[-1] == "[DONE]" and data.count("[DONE]") == 1
+        error = json.loads(data[-2])["error"]
+        assert error["code"] == "engine_unavailable" and error["type"] == "service_unavailable", error
+        health = httpx.get(f"{server.base}/health", timeout=5)
+        assert health.status_code == 503 and health.json()["status"] == "failed"
+        after = httpx.post(f"{server.base}/v1/chat/completions", json={**body, "stream": False}, timeout=10)
+        assert after.status_code == 503
+        assert _gone(child)
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) in GRACEFUL_EXIT
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads the process tree from /proc")
+def test_sigterm_lets_a_stream_finish_then_stops_the_engine_process(api_model: Path) -> None:
+    with serve_process(api_model, "--served-model-name", "tiny", "--engine-process", "--shutdown-grace-s", "120",
+                       decode_delay_s=0.02) as server:
+        child = _engine_child(server.proc.pid)
+        body = {"model": "tiny", "messages": HI, "max_tokens": 60, "stream": True, "temperature": 0,
+                "ignore_eos": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", f"{server.base}/v1/chat/completions", json=body, timeout=60) as r:
+            data = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    data.append(line[6:])
+                    if len(data) == 3:
+                        server.proc.send_signal(signal.SIGTERM)
+        assert data[-1] == "[DONE]" and json.loads(data[-2])["usage"]["completion_tokens"] == 60
+        assert server.proc.wait(30) in GRACEFUL_EXIT
+        assert _gone(child, 5.0)  # stopped and joined by the server, not left behind
+        assert "Traceback" not in server.stderr()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads the process tree from /proc")
+def test_a_killed_server_leaves_no_engine_process(api_model: Path) -> None:
+    with serve_process(api_model, "--served-model-name", "tiny", "--engine-process") as server:
+        child = _engine_child(server.proc.pid)
+        server.proc.kill()
+        server.proc.wait(10)
+        assert _gone(child), "the engine process outlived the server"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads the process tree from /proc")
+def test_ctrl_c_to_the_process_group_stops_both_processes(api_model: Path, tmp_path: Path) -> None:
+    """Ctrl-C in a terminal sends SIGINT to every process of the foreground group: the engine process ignores it,
+    the server shuts down as on SIGTERM, stops the engine process and reaps it (no zombie, no orphan)."""
+    import subprocess
+    import sys
+
+    from tests.integration.server.conftest import ROOT, free_socket, wait_healthy
+
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    log = (tmp_path / "serve.log").open("w+")
+    proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--model", str(api_model), "--provider", "cpu",
+                             "--port", str(port), "--log-level", "warning", "--engine-process"],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                            stderr=log, start_new_session=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", lambda: proc.poll() is None, 120)
+        child = _engine_child(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(30) in (0, -signal.SIGINT)
+        assert _gone(child, 5.0)
+        log.seek(0)
+        text = log.read()
+        # NOTE: uvicorn re-raises the SIGINT it handled once shut down, which prints a KeyboardInterrupt traceback
+        # (in-process too); nothing else may be logged
+        assert "ERROR" not in text and "engine" not in text, text[-3000:]
+        assert not text.strip() or text.strip().endswith("KeyboardInterrupt"), text[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
