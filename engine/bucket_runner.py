@@ -153,10 +153,9 @@ class BucketRunner(RunnerBase):
                                    device_io.row_token_logprob[rows])
         if out is None:
             return None
-        logits = out
         if width > len(rows):
-            return logits[rows, 0]  # [n, V] (a gather copy)
-        return logits[:width, 0]  # [n, V] view
+            return out[rows, 0]  # [n, V] (a gather copy)
+        return out[:width, 0]  # [n, V] view
 
     def warmup(self) -> None:
         """Two runs per bucket with every row idle, and one prefill run: compiles the kernels and, with graph

@@ -131,8 +131,8 @@ class EngineConfig:
                "must be >= 1", self.intra_op_threads)
         _check(0 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS, "speculative_tokens",
                f"must be in [0, {MAX_SPECULATIVE_TOKENS}]", self.speculative_tokens)
-        _check(self.max_prefills_per_step is None or self.max_prefills_per_step >= 0, "max_prefills_per_step", "must be >= 0 (0: as the budget holds)",
-               self.max_prefills_per_step)
+        _check(self.max_prefills_per_step is None or self.max_prefills_per_step >= 0, "max_prefills_per_step",
+               "must be >= 0 (0: as the budget holds)", self.max_prefills_per_step)
         _check(self.min_prefix_reuse is None or self.min_prefix_reuse >= 1, "min_prefix_reuse", "must be >= 1",
                self.min_prefix_reuse)
         _check(self.speculative_max_batch >= 1, "speculative_max_batch", "must be >= 1", self.speculative_max_batch)

@@ -127,8 +127,8 @@ class RunnerBase:
     """
 
     whole_buffer = False
-    # The last decode's rows as the device summarized them: (argmax int64 [n], log-normalizer float32 [n]), the
-    # rows of the logits ``decode`` returned; None where the decode graph has no row summary.
+    # The last decode's rows as the device summarized them: (argmax int64 [n], log-normalizer float32 [n], the
+    # argmax's log-probability float32 [n]), the rows ``decode`` ran; None where the decode graph has no row summary.
     decode_summary: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     max_prefills_per_step = 0
     chunks: RowChunks | None = None  # runs of S tokens in a row (row-view KV only)
