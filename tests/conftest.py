@@ -1,5 +1,5 @@
-"""Fixtures shared by every test folder: the tiny synthetic model and the pulled real models; DecodeGate, a
-test-only fault injector that makes "the request is still running" hold by construction.
+"""Fixtures shared by every test folder: the tiny synthetic model and the pulled real models; DecodeGate (from
+tests/pacing.py), a test-only fault injector that makes "the request is still running" hold by construction.
 
 `tiny_model` is built from random weights by engine.builder (no download); `default_model` is the real
 SmolLM2-135M-Instruct and `gemma3_model` the real Gemma 3 270M (Q4_K_M, SentencePiece, sliding windows),
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from tests.pacing import DecodeGate  # noqa: E402, F401 - defined beside the gates that pickle; imported from here
 
 # NOTE(lead): one cache for the whole suite; tests must not write the user's ~/.cache.
 os.environ.setdefault("ORTSERVE_CACHE_DIR", str(ROOT / ".cache"))
@@ -65,42 +65,3 @@ def gemma3_model(gemma3_gguf: Path) -> Path:
     from engine.builder import pull_model
 
     return pull_model("gemma3-270m", progress=False, gguf_file=gemma3_gguf)
-
-
-class DecodeGate:
-    """A test-only fault injector that holds every decode run while the gate is shut (prefill runs pass).
-
-    With the gate shut a running request cannot finish, whatever the machine's speed: the test decides when
-    the engine may go on.
-    """
-
-    def __init__(self) -> None:
-        self._open = threading.Event()
-        self._open.set()
-        self._num_to_pass = 0
-        self.num_held = 0
-
-    def shut(self, after: int = 0) -> None:
-        """Hold decode runs from now on, once `after` more have passed."""
-        self._num_to_pass = after
-        self._open.clear()
-
-    def open(self) -> None:
-        self._open.set()
-
-    def wait_held(self, timeout_s: float = 30.0) -> bool:
-        """Wait until a decode run is held at the gate (the request is running, its next token not yet made)."""
-        deadline = time.monotonic() + timeout_s
-        while self.num_held == 0:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
-        return True
-
-    def __call__(self, info) -> None:  # an engine.types.StepInfo
-        if info.kind == "decode" and not self._open.is_set():
-            if self._num_to_pass > 0:
-                self._num_to_pass -= 1
-                return
-            self.num_held += 1
-            self._open.wait(60)

@@ -1,13 +1,15 @@
-"""Test-only fault injectors that pickle, so they also work in an engine process (EngineConfig.engine_process).
+"""Test-only fault injectors (EngineConfig.fault_injector); those that pickle also work in an engine process.
 
-`DecodePace` sleeps before each decode step (tests/integration/server/paced_serve.py); `ProcessDecodeGate` is
-tests.conftest.DecodeGate over a multiprocessing Event and shared counters. No pytest import: the engine process
-imports this module to unpickle them.
+`DecodeGate` holds decode runs while shut (in-process engines; tests import it from tests.conftest);
+`ProcessDecodeGate` is the same gate over a multiprocessing Event and shared counters; `DecodePace` sleeps before
+each decode step (tests/integration/server/paced_serve.py). No pytest import: the engine process imports this
+module to unpickle them.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 from typing import Any
 
@@ -23,8 +25,47 @@ class DecodePace:
             time.sleep(self.delay_s)
 
 
-class ProcessDecodeGate:
-    """tests.conftest.DecodeGate for an engine in its own process: holds every decode run while shut.
+class DecodeGate:
+    """A test-only fault injector that holds every decode run while the gate is shut (prefill runs pass).
+
+    With the gate shut a running request cannot finish, whatever the machine's speed: the test decides when
+    the engine may go on.
+    """
+
+    def __init__(self) -> None:
+        self._open = threading.Event()
+        self._open.set()
+        self._num_to_pass = 0
+        self.num_held = 0
+
+    def shut(self, after: int = 0) -> None:
+        """Hold decode runs from now on, once `after` more have passed."""
+        self._num_to_pass = after
+        self._open.clear()
+
+    def open(self) -> None:
+        self._open.set()
+
+    def wait_held(self, timeout_s: float = 30.0) -> bool:
+        """Wait until a decode run is held at the gate (the request is running, its next token not yet made)."""
+        deadline = time.monotonic() + timeout_s
+        while self.num_held == 0:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def __call__(self, info) -> None:  # an engine.types.StepInfo
+        if info.kind == "decode" and not self._open.is_set():
+            if self._num_to_pass > 0:
+                self._num_to_pass -= 1
+                return
+            self.num_held += 1
+            self._open.wait(60)
+
+
+class ProcessDecodeGate(DecodeGate):
+    """DecodeGate for an engine in its own process: holds every decode run while shut.
 
     NOTE: its Event and counters are shared with the engine process when the engine is started with it in its
     EngineConfig (multiprocessing pickles them only then), so make one per engine, before the engine. Unlike
@@ -47,18 +88,6 @@ class ProcessDecodeGate:
         self._num_to_pass.value = after
         self._num_held.value = 0
         self._open.clear()
-
-    def open(self) -> None:
-        self._open.set()
-
-    def wait_held(self, timeout_s: float = 30.0) -> bool:
-        """Wait until a decode run is held at the gate (the request is running, its next token not yet made)."""
-        deadline = time.monotonic() + timeout_s
-        while self.num_held == 0:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
-        return True
 
     def __call__(self, info: Any) -> None:  # an engine.types.StepInfo, in the engine process
         if info.kind == "decode" and not self._open.is_set():

@@ -15,6 +15,7 @@ import pytest
 from server.app import create_app
 from tests.conftest import DecodeGate
 from tests.integration.server.conftest import RunningServer, api_settings, fault_loader, serve_app
+from tests.pacing import ProcessDecodeGate
 
 HI = [{"role": "user", "content": "Tell me a long story"}]
 LONG = {"temperature": 0, "extra_body": {"ignore_eos": True}}
@@ -129,9 +130,10 @@ def test_disconnect_of_a_non_streaming_request_aborts_it(api_model: Path) -> Non
         assert generated < 1900 / 2  # cancelled at once, not run to max_tokens
 
 
-def test_full_queue_is_429_with_retry_after(api_model: Path) -> None:
-    gate = DecodeGate()
-    settings = api_settings(api_model, max_batch=1, max_queue=0)
+@pytest.mark.parametrize("engine_process", [False, True], ids=["in_process", "engine_process"])
+def test_full_queue_is_429_with_retry_after(api_model: Path, engine_process: bool) -> None:
+    gate = ProcessDecodeGate() if engine_process else DecodeGate()
+    settings = api_settings(api_model, max_batch=1, max_queue=0, engine_process=engine_process)
     with serve_app(create_app(settings, loader=fault_loader(gate))) as running:
         client = running.client()
         body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "stream": True, "temperature": 0,

@@ -1,5 +1,5 @@
 """The API over an engine in its own process (--engine-process): the same answers as in-process, structured output and
-its 400, a full queue's 429, /metrics, and the engine process killed mid-stream or stopped with the server.
+its 400, /metrics, and the engine process killed mid-stream or stopped with the server.
 
 Real uvicorn servers on the synthetic model; "still running" holds by construction (tests.pacing.ProcessDecodeGate,
 or paced_serve's sleep before each decode step).
@@ -94,27 +94,7 @@ def test_metrics_count_the_engine_process_work(proc_server: RunningServer) -> No
     assert m["ortserve_kv_slots_free"] == 8
 
 
-def test_a_full_queue_is_429_with_retry_after(api_model: Path) -> None:
-    gate = ProcessDecodeGate()
-    settings = api_settings(api_model, max_batch=1, max_queue=0, engine_process=True)
-    with serve_app(create_app(settings, loader=fault_loader(gate))) as running:
-        client = running.client()
-        body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "stream": True, "temperature": 0,
-                "ignore_eos": True}
-        gate.shut()  # the stream prefills, then holds the only slot until the gate opens, on any machine
-        try:
-            with httpx.stream("POST", f"{running.url}/chat/completions", json=body, timeout=30) as r:
-                lines = r.iter_lines()
-                while not next(lines).startswith("data: "):
-                    pass
-                with pytest.raises(openai.RateLimitError) as info:
-                    client.chat.completions.create(model="tiny", messages=HI, max_tokens=2)
-                assert int(info.value.response.headers["retry-after"]) >= 1
-                assert info.value.body["code"] == "server_overloaded"
-        finally:
-            gate.open()
-        running.wait_idle(5.0)
-        assert client.chat.completions.create(model="tiny", messages=HI, max_tokens=2).usage.completion_tokens == 2
+# NOTE: the full queue's 429 over an engine process: test_api_concurrency.test_full_queue_is_429_with_retry_after.
 
 
 def _engine_child(server_pid: int) -> int:
