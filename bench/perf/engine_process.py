@@ -16,10 +16,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
+from bench.perf.serve import start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = {"in-process": "--no-engine-process", "engine process": "--engine-process"}
@@ -35,23 +34,6 @@ def _tree_cpu_s(pid: int) -> float:
         fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])
     return total / ticks
-
-
-def _start(model: str, port: int, flag: str, args: list[str], log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "server", "serve", "--model", model, "--provider", "cpu", "--port", str(port),
-           "--log-level", "warning", flag, *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("w"))
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"{flag} server exited: {log.read_text()[-2000:]}")
-        time.sleep(0.5)
-    raise RuntimeError(f"{flag} server not ready")
 
 
 def _bench(port: int, concurrency: int, num_requests: int, args: argparse.Namespace, out: Path) -> dict:
@@ -76,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
     model = str(resolve_model(args.model))
     tmp = Path(tempfile.mkdtemp(prefix="engine-process-"))
-    servers = {name: (_start(model, 8730 + i, flag, args.serve_arg, tmp / f"{i}.log"), 8730 + i)
+    servers = {name: (start_server(model, 8730 + i, None, flag, *args.serve_arg, ready_timeout_s=300,
+                                   log=tmp / f"{i}.log", cwd=ROOT), 8730 + i)
                for i, (name, flag) in enumerate(MODES.items())}
     runs: list[dict] = []
     try:

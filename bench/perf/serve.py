@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -16,16 +17,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, port: int, threads: int, *extra: str, ready_timeout_s: float = 120.0) -> subprocess.Popen:
+def start_server(model: str, port: int, threads: int | None, *extra: str, ready_timeout_s: float = 120.0,
+                 log: Path | None = None, cwd: Path | None = None) -> subprocess.Popen:
     """``ortserve serve --model model --provider cpu --intra-op-threads threads *extra`` on 127.0.0.1:port, once
-    /health answers 200 (RuntimeError when it exits first or is not ready within ``ready_timeout_s``)."""
-    cmd = [sys.executable, "-m", "server", "serve", "--model", model, "--provider", "cpu", "--intra-op-threads",
-           str(threads), *extra, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sys.stderr)
+    /health answers 200 (RuntimeError when it exits first or is not ready within ``ready_timeout_s``).
+
+    ``threads`` None leaves the thread count to the server; ``log``: its stderr goes there (and its tail into the
+    error), else to this process's stderr; ``cwd``: where it runs.
+    """
+    cmd = [sys.executable, "-m", "server", "serve", "--model", model, "--provider", "cpu",
+           *(["--intra-op-threads", str(threads)] if threads is not None else []), *extra,
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    stderr = log.open("w") if log is not None else sys.stderr
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
+            tail = f": {log.read_text()[-2000:]}" if log is not None else ""
+            raise RuntimeError(f"server exited with {proc.returncode}{tail}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                 return proc
