@@ -295,6 +295,7 @@ class RunResult:
     duration_s: float
     num_not_sent: int  # requests never started because the duration cap came first
     rss: dict | None = None
+    started_at_s: float | None = None  # the wall clock (time.time) at the records' zero: their start_s count from it
 
 
 async def run_load(backend: Backend, specs: Iterable[RequestSpec], num_requests: int, *,
@@ -325,7 +326,7 @@ async def run_load(backend: Backend, specs: Iterable[RequestSpec], num_requests:
     spec_iter: Iterator[RequestSpec] = iter(specs)
     records: list[RequestRecord] = []
     bar = Progress(num_requests, label, progress)
-    t0 = time.perf_counter()
+    t0, started_at = time.perf_counter(), time.time()
     sampler_task = asyncio.create_task(rss_sampler.run()) if rss_sampler else None
 
     async def one(spec: RequestSpec) -> None:
@@ -381,7 +382,7 @@ async def run_load(backend: Backend, specs: Iterable[RequestSpec], num_requests:
     # NOTE(bench): a request that never got its record started counts as not sent, not as an error.
     return RunResult(records=sorted(records, key=lambda r: r.index), duration_s=duration,
                      num_not_sent=num_requests - len(records),
-                     rss=rss_sampler.summary() if rss_sampler else None)
+                     rss=rss_sampler.summary() if rss_sampler else None, started_at_s=started_at)
 
 
 
@@ -405,15 +406,15 @@ def run_load_processes(settings: HttpSettings, scenario: str, num_requests: int,
                                processes, concurrency, seed, duration_s, max_connections, ready)
                    for i in range(processes)]
         shares = [f.result() for f in futures]
-    first = min(t0 for t0, _ in shares)
+    first = min(result.started_at_s or t0 for t0, result in shares)
     records = []
     for t0, result in shares:
         for record in result.records:
-            record.start_s += t0 - first
+            record.start_s += (result.started_at_s or t0) - first
             records.append(record)
     end = max(t0 - first + result.duration_s for t0, result in shares)
     return RunResult(records=sorted(records, key=lambda r: r.index), duration_s=end,
-                     num_not_sent=sum(result.num_not_sent for _, result in shares))
+                     num_not_sent=sum(result.num_not_sent for _, result in shares), started_at_s=first)
 
 
 def _process_share(settings: HttpSettings, scenario: str, num_requests: int, prompt_tokens: int, output_tokens: int,

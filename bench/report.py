@@ -98,7 +98,8 @@ def run_entry(result: RunResult, *, slo: Slo, concurrency: int | None = None, ra
         extra: more fields to keep with this run (e.g. the scenario).
 
     Returns:
-        {"level": {...}, "key": "c=8" | "rate=2", "summary": {...}, "num_not_sent", "rss", "records": [...]}.
+        {"level": {...}, "key": "c=8" | "rate=2", "summary": {...}, "num_not_sent", "rss", "started_at_s" (the wall
+        clock the records' start_s count from), "records": [...]}.
     """
     level = {"concurrency": concurrency} if concurrency is not None else {"rate_per_s": rate_per_s}
     return {
@@ -107,6 +108,7 @@ def run_entry(result: RunResult, *, slo: Slo, concurrency: int | None = None, ra
         "summary": summarize(result.records, result.duration_s, slo),
         "num_not_sent": result.num_not_sent,
         "rss": result.rss,
+        "started_at_s": result.started_at_s,
         **(extra or {}),
         "records": [r.to_json() for r in result.records],
     }

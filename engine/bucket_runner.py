@@ -18,7 +18,7 @@ in their rows by address, uncaptured (``gpu_graph_id=-1``), and copies between s
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -53,6 +53,9 @@ class BucketRunner(RunnerBase):
         fixed_shapes, max_verify, batch_prompts, prompt_shapes: for the row chunks (see ``RowChunks``).
         row_summary: with ``device_alloc``: the decode graph also outputs each row's argmax and log-normalizer
             (``engine.graph_capture.add_row_summary``); ``decode`` then leaves them in ``decode_summary``.
+        bucket_sessions: bucket width -> the session its decode steps run on (another session of the same decode
+            graph on the same device, e.g. the CUDA one-row step's without the fused INT4 kernels; see
+            ``engine.placement``); the others run on ``session``.
     """
 
     whole_buffer = True
@@ -63,12 +66,15 @@ class BucketRunner(RunnerBase):
                  staging: KVCache | None = None, prefill_session: ort.InferenceSession | None = None,
                  prefill_io: GraphIO | None = None, copier: RowCopier | None = None, graph_ids: bool = False,
                  row_chunks: bool = False, fixed_shapes: bool = False, max_verify: int = 0,
-                 row_summary: bool = False, batch_prompts: bool = False, prompt_shapes: bool | None = None) -> None:
+                 row_summary: bool = False, batch_prompts: bool = False, prompt_shapes: bool | None = None,
+                 bucket_sessions: Mapping[int, ort.InferenceSession] | None = None) -> None:
         super().__init__(session, io, kv, prefill_chunk=prefill_chunk, max_position=max_position,
                          input_allocator=input_allocator)
         n, vocab = self.num_slots, self.vocab_size
         # NOTE(engine): decode widths; one (all slots) when a prefix of the KV can't be bound
         self.buckets = batch_buckets(n) if prefix_views else (n,)
+        self.bucket_sessions = {b: other for b, other in (bucket_sessions or {}).items()
+                                if b in self.buckets and other is not session}
         self.copier = copier
         self.staging = staging if copier is not None else None
         # NOTE(engine): a staged chunk is a run of its own at the EP's uncaptured cost (WebGPU, H200, 1B: 17-18 ms
@@ -117,8 +123,8 @@ class BucketRunner(RunnerBase):
                 host_logits = None
                 if row_chunks:  # NOTE(engine): pointer memory: copy_tensors into host-accessible memory (4x pageable)
                     host_logits = self._host_logits[:b] if b < n else self._host_logits
-                self._device_ios[b] = DeviceDecodeIO(session, stage, io.logits, (b, 1, vocab), device_alloc,
-                                                     host_logits, summary=row_summary)
+                self._device_ios[b] = DeviceDecodeIO(self.bucket_sessions.get(b, session), stage, io.logits,
+                                                     (b, 1, vocab), device_alloc, host_logits, summary=row_summary)
                 if graph_ids and len(self.buckets) > 1:
                     self._run_options[b] = ort.RunOptions()
                     self._run_options[b].add_run_config_entry("gpu_graph_id", str(b))
@@ -277,19 +283,20 @@ class BucketRunner(RunnerBase):
     def _run_decode(self, binding: ort.IOBinding, width: int, logits: bool = True) -> np.ndarray | None:
         """Run the decode binding of rows ``[0, width)``; returns its float32 ``[width, 1, V]`` logits (None with
         ``logits=False`` where the device's row summary stands for them)."""
+        session = self.bucket_sessions.get(width)
         if self.device_io is None:
-            self._run(binding)
+            self._run(binding, session)
             return self.decode_logits
         device_io = self._device_ios[width]
         if self._packed is not None:
             self._packed[:width, 0] = self.decode_ids[:width, 0]
             self._packed[:width, 1] = self.mask_ones[:width] - 1
         device_io.upload()
-        self._run(binding, run_options=self._run_options.get(width))
+        self._run(binding, session, run_options=self._run_options.get(width))
         return device_io.read_logits(logits)
 
     def _make_decode_binding(self, width: int) -> ort.IOBinding:
-        binding = self.session.io_binding()
+        binding = self.bucket_sessions.get(width, self.session).io_binding()
         if self.device_io is not None:
             self._device_ios[width].bind(binding)
         else:

@@ -57,6 +57,10 @@ class EngineConfig:
         device_row_summary: captured decode steps also give each row's argmax and log-normalizer, computed on
             the device (``engine.graph_capture.add_row_summary``), so greedy rows and their log-probabilities
             skip the CPU's pass over the logits; None -> on for the CUDA EP, False -> off.
+        one_row_session: with captured decode steps on the CUDA EP and its fused INT4 kernels on
+            (ORT_FPA_INTB_GEMM), the one-row step runs on a session of its own made without them: their one-row
+            GEMV is slower than ORT's own (H200, 1B: 1.26 vs 1.06 ms a step), their batched GEMM faster. It costs
+            one more copy of the weights on the device. None -> on where that applies, False -> off.
         seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
         chat_template: replaces the model's chat template: a built-in name (``engine.chat_template.
             BUILTIN_TEMPLATES``) or a Jinja file; None keeps the model's own.
@@ -80,6 +84,8 @@ class EngineConfig:
             (``engine.core_process``), so that it never waits for the interpreter lock held by the event loop;
             tokenizing, detokenizing and stop strings stay in the caller's process. None -> on where the model runs
             on a device, off on the host CPU (``engine.core_client.use_engine_process``).
+        step_trace: a file the core appends a JSON line to per step and per garbage collection
+            (``engine.step_trace``: when, how long, each phase, what it ran), to find where streams stall; None: off.
         fault_injector: TEST-ONLY hook, called on the core thread with a ``StepInfo`` just before each model
             run; an exception it raises fails exactly that run's requests (finish_reason ERROR), as a device
             error would, and the engine goes on. None (the default) costs nothing. With ``engine_process`` it runs
@@ -101,6 +107,7 @@ class EngineConfig:
     matmul_row_groups: int | None = None
     fixed_chunk_shapes: bool | None = None
     device_row_summary: bool | None = None
+    one_row_session: bool | None = None
     batched_prompts: bool | None = None
     seed: int | None = None
     chat_template: str | None = None
@@ -112,6 +119,7 @@ class EngineConfig:
     max_prefills_per_step: int | None = None
     min_prefix_reuse: int | None = None
     engine_process: bool | None = None
+    step_trace: str | None = None
     fault_injector: Callable[[StepInfo], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:

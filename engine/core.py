@@ -19,6 +19,7 @@ import numpy as np
 from engine.runner import Runner
 from engine.sampler import RequestSampler, SampleResult, needs_logits, sample_batch
 from engine.scheduler import Finished, PrefillChunk, Request, Scheduler, SchedulerOutput, Verify
+from engine.step_trace import StepTrace
 from engine.types import EngineDeadError, EngineError, FinishReason, StepInfo, TokenLogprob
 
 if TYPE_CHECKING:
@@ -111,12 +112,13 @@ class EngineCore:
         fault_injector: test-only; called with a StepInfo before every model run (None: no call at all).
         structured: fills the token masks of requests with a ``constraint`` (constrained decoding).
         between_steps: called before each inbox drain with ``idle`` (the core is about to wait for work).
+        step_trace: a file each step is recorded in (``engine.step_trace``); None: no record.
     """
 
     def __init__(self, runner: Runner, scheduler: Scheduler, sink: Sink, seed: int | None = None,
                  fault_injector: FaultInjector | None = None,
                  structured: StructuredOutputBackend | None = None,
-                 between_steps: Callable[[bool], None] | None = None) -> None:
+                 between_steps: Callable[[bool], None] | None = None, step_trace: str | None = None) -> None:
         self.runner = runner
         # NOTE(engine): called on the core thread before each inbox drain, with True when the core is about to
         # wait for work (an engine process sends its snapshot then: engine.core_process).
@@ -145,6 +147,7 @@ class EngineCore:
         self._spec_drafted = 0
         self._spec_accepted = 0
         self._phase = [0.0] * len(PHASES)
+        self._trace = StepTrace(step_trace, PHASES) if step_trace else None
 
     # -- called from other threads ---------------------------------------------------------------------
 
@@ -191,6 +194,9 @@ class EngineCore:
             self._finish_all(FinishReason.ERROR, f"engine failed: {exc!r}",
                              EngineDeadError(f"the engine thread has stopped: {exc!r}"))
             return
+        finally:
+            if self._trace is not None:
+                self._trace.close()
         self._finish_all(FinishReason.ABORT, None)
 
     def _drain(self, block: bool) -> bool:
@@ -242,6 +248,7 @@ class EngineCore:
         prefill chunks (one run each)."""
         phase, clock = self._phase, time.perf_counter
         t0 = clock()
+        before = tuple(phase) if self._trace is not None else ()
         out = self.scheduler.schedule()
         for copy in out.copies:  # NOTE(engine): before any run: a copy reads rows this step may overwrite
             self.runner.copy_kv(copy.src, copy.dst, copy.start, copy.end)
@@ -266,7 +273,12 @@ class EngineCore:
                 self._run_prefill(chunk)
             phase[5] += clock() - t
         self._steps += 1
-        elapsed = clock() - t0
+        end = clock()
+        elapsed = end - t0
+        if self._trace is not None:
+            self._trace.step(t0, end, before, phase, decode=len(out.decode) + len(joined),
+                             prefill=[c.num_tokens for c in prefills], joined=len(joined), copies=len(out.copies),
+                             verify=len(out.verify))
         num_decoded = len(out.decode) + num_verified
         if num_decoded and elapsed > 0:
             # NOTE(engine): an exponential average of decode tokens/s over recent steps, for metrics.

@@ -93,7 +93,7 @@ def build_core(folder: ModelFolder, config: EngineConfig, sink: Sink,
         folder.tokenizer.hf, loaded.vocab_size, folder.eos_token_ids,
         compile_timeout_s=config.grammar_compile_timeout_s, cache_size=config.grammar_cache_size)
     core = EngineCore(runner, scheduler, sink, seed=config.seed, fault_injector=config.fault_injector,
-                      structured=structured, between_steps=between_steps)
+                      structured=structured, between_steps=between_steps, step_trace=config.step_trace)
     return BuiltCore(core, loaded, structured, speculative_tokens)
 
 

@@ -49,6 +49,7 @@ class OpenedSession:
     note: str  # why capture is on or off (logged, and reported in DevicePlacement)
     packed_input: str | None = None  # the graph's decode inputs are packed into this one (see capture_graph_bytes)
     row_summary: bool = False  # the graph also outputs ROW_ARGMAX, ROW_LOG_NORM, ROW_TOKEN_LOGPROB (add_row_summary)
+    model_bytes: bytes | None = None  # the rewritten graph the session was made from (None: the folder's)
 
 
 def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = False,
@@ -306,10 +307,9 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
     errors = []
     for packed in (True, False):  # one upload per step where the graph allows it, else three
         try:
-            session, _ = create_session(folder, config, selected=selected, graph_capture=True,
-                                        model_bytes=capture_graph_bytes(folder, kv_length, packed=packed,
-                                                                        names=names, row_groups=row_groups,
-                                                                        row_summary=summary, logits=logits))
+            model_bytes = capture_graph_bytes(folder, kv_length, packed=packed, names=names, row_groups=row_groups,
+                                              row_summary=summary, logits=logits)
+            session, _ = create_session(folder, config, selected=selected, graph_capture=True, model_bytes=model_bytes)
             off = nodes_off_ep(session, selected.ep_name)
             if off:
                 raise ModelLoadError(f"nodes outside {selected.ep_name}: {', '.join(sorted(set(off)))}")
@@ -321,7 +321,7 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
                 + (f", MatMulNBits over {row_groups} groups of {MATMUL_GROUP_ROWS} rows + the rest" if row_groups else "")
                 + (", each row's argmax and log-normalizer on the device" if summary else ""))
         log.info("graph capture %s", note)
-        return OpenedSession(session, selected, True, note, PACKED_INPUT if packed else None, summary)
+        return OpenedSession(session, selected, True, note, PACKED_INPUT if packed else None, summary, model_bytes)
     reason = "; ".join(errors)
     if want:
         raise ModelLoadError(f"graph capture on {selected.ep_name} is not possible: {reason}")

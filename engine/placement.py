@@ -139,11 +139,12 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
     graphs = kv.addressing == POINTER and (opened.graph_capture or caps.ep_graphs)
     if graphs:
         prefill_session, prefill_io = _prefill_session(folder, config, opened)
+        one_row = _one_row_session(folder, config, opened) if cuda else None
         runner = BucketRunner(session, io, kv, **rows_common, device_alloc=_device_alloc(selected, session),
                               packed_input=opened.packed_input, graph_ids=True, row_chunks=True,
                               prefill_session=prefill_session, prefill_io=prefill_io,
-                              row_summary=opened.row_summary)
-        kind = "buckets (pointer, captured steps)"
+                              row_summary=opened.row_summary, bucket_sessions={1: one_row} if one_row else None)
+        kind = "buckets (pointer, captured steps" + (", one row on its own session)" if one_row else ")")
     elif kv.row_views and config.kv_rows != OPAQUE:
         runner = Runner(session, io, kv, **rows_common)
         kind = f"rows ({kv.addressing})"
@@ -191,6 +192,26 @@ def _prefill_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSe
         return opened.session, None
     session, _ = create_session(folder, config, selected=opened.selected)
     return session, check_graph(folder, session)
+
+
+def _one_row_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSession) -> Any | None:
+    """The CUDA one-row decode step's session: the captured decode graph once more, made without the fused INT4
+    kernels (``EngineConfig.one_row_session``); None where it does not apply or is turned off.
+
+    NOTE(engine): ORT_FPA_INTB_GEMM is read by each MatMulNBits kernel as its session is made, so one process holds
+    sessions of both kinds. Measured on an H200 (synthetic 1B, captured steps; ep/flags.py): the fused kernels take
+    1 row 1.06 -> 1.25 ms, 8 rows 2.08 -> 1.42, 64 rows 3.22 -> 2.82. One session can only have one or the other.
+    """
+    from ep.flags import cuda_int4_gemm_off, cuda_int4_gemm_on
+
+    if config.one_row_session is False or not opened.graph_capture or config.max_batch < 2 \
+            or not cuda_int4_gemm_on():
+        return None
+    with cuda_int4_gemm_off():
+        session, _ = create_session(folder, config, selected=opened.selected, graph_capture=True,
+                                    model_bytes=opened.model_bytes)
+    log.info("one-row decode steps on a session without the fused INT4 kernels (ORT_FPA_INTB_GEMM=0 for it)")
+    return session
 
 
 def _device_alloc(selected: Any, session: Any):

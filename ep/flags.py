@@ -9,7 +9,8 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ep.names import MIGRAPHX_BACKED, normalize_provider
@@ -100,6 +101,27 @@ def apply_cuda_int4_gemm(provider: str, max_batch: int, requested: bool | None =
         report = f"{name}={env[name]} ({why})"
     logger.info("backend flags: %s: %s", report, CUDA_INT4_GEMM.description)
     return report
+
+
+@contextmanager
+def cuda_int4_gemm_off(env: MutableMapping[str, str] | None = None) -> Iterator[None]:
+    """Sessions made inside the block take ORT's own MatMulNBits kernels (ORT_FPA_INTB_GEMM="0" for the block; the
+    variable is read by each kernel as a session is made, so sessions made before and after keep theirs).
+
+    NOTE(flags): for a session of its own beside the server's (engine.placement's one-row decode session); the
+    engine makes its sessions on one thread, at load.
+    """
+    env = os.environ if env is None else env
+    name = CUDA_INT4_GEMM.name
+    before = env.get(name)
+    env[name] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            env.pop(name, None)
+        else:
+            env[name] = before
 
 
 def cuda_int4_gemm_on(env: Mapping[str, str] | None = None) -> bool:

@@ -49,12 +49,14 @@ def engine_config_from(settings: Settings) -> Any:
         "intra_op_threads": settings.intra_op_threads,
         "graph_capture": settings.graph_capture,
         "device_row_summary": settings.device_row_summary,
+        "one_row_session": settings.one_row_session,
         "batched_prompts": settings.batched_prompts,
         "chat_template": settings.chat_template,
         "grammar_compile_timeout_s": settings.grammar_compile_timeout_s,
         "prefix_caching": settings.prefix_caching,
         "max_prefills_per_step": settings.max_prefills_per_step,
         "engine_process": settings.engine_process,
+        "step_trace": settings.step_trace,
     }
     if settings.prefill_chunk is not None:
         kwargs["prefill_chunk"] = settings.prefill_chunk

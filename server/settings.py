@@ -140,6 +140,11 @@ class Settings(BaseSettings):
         "(default: on with the CUDA EP; greedy tokens and their logprobs then skip a pass over the logits on the "
         "CPU; --no-device-row-summary turns it off)."
     )
+    one_row_session: bool | None = Field(
+        None, description="With the CUDA EP's fused INT4 kernels on and captured decode steps, a one-row step runs "
+        "on a session of its own made without them, whose one-row GEMV is faster (default: on where that applies; "
+        "it holds a second copy of the weights on the GPU; --no-one-row-session keeps one session)."
+    )
     gil_switch_interval_ms: float | None = Field(
         None, gt=0, le=100, description="Python's thread switch interval (sys.setswitchinterval) once the model is "
         "loaded (default: 0.5 ms when the model runs on a device, so the engine thread gets the interpreter back "
@@ -183,6 +188,11 @@ class Settings(BaseSettings):
         None, ge=0, le=64,
         description="Longest prompt-lookup draft checked per decode run (speculative decoding; default: the "
         "engine's, 16; 0 turns it off).",
+    )
+
+    step_trace: str | None = Field(
+        None, description="Append a JSON line per engine step and per garbage collection to this file (when, how "
+        "long, each phase, what it ran: bench/perf/gpu/gaps.py lines it up with a bench's token gaps); default: off."
     )
 
     sse_ping_s: float = Field(

@@ -34,7 +34,7 @@ if [[ " $steps " == *" cuda-spec0 "* ]]; then  # speculation off: every stream d
   mkdir -p "$ROOT/cuda-spec0"
   OUT=$ROOT/cuda-spec0 PROVIDER=cuda SERVE_ARGS="--speculative-tokens 0" bash bench/perf/gpu/serving.sh http \
     > "$ROOT/cuda-spec0/run_log.txt" 2>&1
-  echo "== cuda-spec0"; summary "$ROOT/cuda-spec0"
+  echo "== cuda-spec0"; summary "$ROOT/cuda-spec0"; grep -A4 "gaps:" "$ROOT/cuda-spec0/run_log.txt" | cut -c1-200 | head -n 30
 fi
 if [[ " $steps " == *" cuda-plain "* ]]; then  # speculation off and no logprobs: requests as most clients send them
   mkdir -p "$ROOT/cuda-plain"
@@ -106,6 +106,13 @@ if [[ " $steps " == *" phases "* ]]; then  # the engine thread's time per step p
     pkill -f "port $port" ; sleep 2; pkill -9 -f "port $port"
   done
   rm -f "$ROOT/phases/before.txt" "$ROOT/phases/after.txt"
+fi
+if [[ " $steps " == *" webgpu-http "* ]]; then  # WebGPU HTTP only (no tests)
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+  mkdir -p "$ROOT/webgpu"; OUT=$ROOT/webgpu PROVIDER=webgpu bash bench/perf/gpu/serving.sh http \
+    > "$ROOT/webgpu/run_log.txt" 2>&1
+  echo "== webgpu-http"; summary "$ROOT/webgpu"; grep -A4 "gaps:" "$ROOT/webgpu/run_log.txt" | cut -c1-200 | head -n 40
 fi
 if [[ " $steps " == *" webgpu "* ]]; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json

@@ -5,6 +5,8 @@
 #   bash bench/perf/gpu/serving.sh [tests] [probe] [http] [engine]     (default: http engine)
 # PROVIDER=cuda (after `source .device/setup-cuda.sh`) serves on the CUDA EP instead of WebGPU; tests then runs
 # tests/integration/ep/test_cuda_engine.py (TESTS= picks others). SERVE_ARGS adds server flags (--no-graph-capture).
+# TRACE=1: the --max-batch 8 server writes a --step-trace, and the largest token gaps of its runs are shown beside
+# the engine's steps (bench/perf/gpu/gaps.py; $OUT/gaps-*.json).
 # EXTRA_BODY replaces the requests' extra fields (default {"logprobs": 0}: a chunk of a random-weight model's tokens
 # may hold no text, and its logprobs still count it; '{}' measures requests as most clients send them).
 # C8_PROCS / C64_PROCS: client processes of the 8- and 64-stream runs (default 4 each: one process streams ~4,000
@@ -50,8 +52,10 @@ bench() {  # bench NAME ARGS...: one ortserve bench report
 
 serve() {  # serve MAX_BATCH: start a server on $PORT and wait until it answers
   PORT=$((8100 + $1)); SLOTS=$1
+  local trace=
+  [ -n "${TRACE:-}" ] && [ "$1" = 8 ] && trace="--step-trace $OUT/trace-b8.jsonl"
   setsid python3 -m server serve --model "$MODEL" --provider "$PROVIDER" --max-model-len $LEN --max-batch "$1" \
-    --port "$PORT" --log-level warning --shutdown-grace-s 2 ${SERVE_ARGS:-} >"$OUT/server-b$1.log" 2>&1 &
+    --port "$PORT" --log-level warning --shutdown-grace-s 2 ${SERVE_ARGS:-} $trace >"$OUT/server-b$1.log" 2>&1 &
   SERVER=$!
   for _ in $(seq 240); do
     curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return 0
@@ -86,6 +90,14 @@ if [[ " $steps " == *" http "* ]]; then
     bench b8-c7-busy --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
     wait $BESIDE
     stop
+    if [ -n "${TRACE:-}" ]; then  # the largest token gaps beside the engine's steps (bench/perf/gpu/gaps.py)
+      for name in b8-c7-busy b8-c7-idle b8-c8; do
+        log "gaps: $name"
+        python3 -m bench.perf.gpu.gaps "$OUT/serving-$name.json" "$OUT/trace-b8.jsonl" --top 4 \
+          --out "$OUT/gaps-$name.json" 2>&1 | cut -c1-220 | head -n 60 | tee -a "$LOG"
+      done
+      rm -f "$OUT/trace-b8.jsonl"
+    fi
   fi
   log "http: --max-batch 1"
   serve 1 && { bench b1-c1 $SHORT --concurrency 1 --num-requests ${C1_REQUESTS:-24} --warmup 1; stop; }

@@ -10,6 +10,7 @@ Every comparison is against the row-view engine (numpy views), token for token o
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import numpy as np
@@ -181,6 +182,47 @@ def test_bucketed_fixed_buffer_steps_over_rows_by_address_stand_in_for_cuda_and_
 
     assert together(fixed) == together(views)
 
+
+
+def test_a_bucket_on_a_session_of_its_own_stand_in_for_the_cuda_one_row_session(model, tmp_path: Path):
+    """``bucket_sessions`` (the CUDA one-row step's session without the fused INT4 kernels): one-row decode steps run
+    on the other session, wider ones on the decoder's, and the tokens equal a one-session runner's. The other
+    session's own profile counts its runs."""
+    from engine.bucket_runner import BucketRunner
+
+    folder, session, io = model
+    so = ort.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "one_row")
+    one_row = ort.InferenceSession(str(folder.model_file), so, providers=["CPUExecutionProvider"])
+
+    def runner(**kw) -> BucketRunner:
+        kv = KVCache(KVShape(folder.num_layers, 4, folder.num_kv_heads, 96, folder.head_size, io.kv_dtype),
+                     HostKVAllocator(POINTER))
+        return BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, device_alloc=_cpu_alloc,
+                            row_chunks=True, **kw)
+
+    two, one = runner(bucket_sessions={1: one_row, 2: session}), runner()
+    assert two.bucket_sessions == {1: one_row}  # the decoder's own session is no other
+    prompts = [np.random.default_rng(s).integers(3, 500, n).tolist() for s, n in ((11, 23), (12, 17))]
+
+    def tokens(r: BucketRunner) -> list[list[int]]:
+        out = []
+        for slot, p in enumerate(prompts):
+            for start in range(0, len(p), 16):
+                logits = r.prefill(slot, p[start:start + 16], start)
+            out.append([int(np.argmax(logits))])
+        for i in range(6):  # slot 0 alone (bucket 1), then both (bucket 2)
+            slots = [0] if i < 3 else [0, 1]
+            logits = r.decode(slots, [out[s][-1] for s in slots],
+                              [len(prompts[s]) + len(out[s]) - 1 for s in slots])
+            for s, row in zip(slots, logits):
+                out[s].append(int(np.argmax(row)))
+        return out
+
+    assert tokens(two) == tokens(one)
+    events = json.loads(Path(one_row.end_profiling()).read_text())
+    assert sum(e.get("name") == "model_run" for e in events) == 3  # the three one-row steps, nothing else
 
 def test_fixed_chunk_shapes_stand_in_for_cuda_give_the_row_view_tokens(pair, tiny_model: Path):
     """With fixed shapes (the CUDA default) a chunk runs as pieces of warmed lengths (45 tokens: 32 + 13); the

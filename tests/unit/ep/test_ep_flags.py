@@ -178,3 +178,14 @@ def test_cuda_int4_gemm_keeps_the_users_environment_unless_asked() -> None:
 def test_cuda_int4_gemm_leaves_other_providers_alone(provider: str) -> None:
     env: dict[str, str] = {}
     assert flags.apply_cuda_int4_gemm(provider, 8, True, env=env) is None and env == {}
+
+
+@pytest.mark.parametrize("before", [None, "1", "off"])
+def test_cuda_int4_gemm_off_holds_for_the_block_and_restores_what_was_there(before: str | None) -> None:
+    env = {} if before is None else {"ORT_FPA_INTB_GEMM": before}
+    with flags.cuda_int4_gemm_off(env):
+        assert env["ORT_FPA_INTB_GEMM"] == "0" and not flags.cuda_int4_gemm_on(env)
+    assert env == ({} if before is None else {"ORT_FPA_INTB_GEMM": before})
+    with pytest.raises(RuntimeError), flags.cuda_int4_gemm_off(env):
+        raise RuntimeError("a session that failed to load")
+    assert env.get("ORT_FPA_INTB_GEMM") == before

@@ -1,0 +1,58 @@
+"""The engine's step trace (EngineConfig.step_trace, ``--step-trace``): one JSON line per step, in and out of an engine
+process, whose counts add up to what the requests asked for, and one per garbage collection. Real sessions on the
+tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.types import SamplingParams
+from tests.integration.engine.test_engine import GREEDY, collect, prompts, token_ids
+
+
+@pytest.mark.parametrize("engine_process", [False, True], ids=["in_process", "engine_process"])
+def test_each_step_is_a_line_whose_counts_add_up(tiny_model: Path, tmp_path: Path, engine_process: bool) -> None:
+    trace = tmp_path / "steps.jsonl"
+    engine = AsyncEngine.from_model_dir(tiny_model, EngineConfig(
+        max_batch=4, prefill_chunk=16, seed=0, speculative_tokens=0, prefix_caching=False,
+        engine_process=engine_process, step_trace=str(trace)))
+    t_start = time.time()
+    try:
+        ps = prompts(engine, 3, length=10, seed=5) + prompts(engine, 1, length=40, seed=6)  # the last: 3 chunks
+        params = SamplingParams(max_tokens=9, **GREEDY)
+
+        async def all_of_them():
+            return await asyncio.gather(*(collect(engine, p, params, f"r{i}") for i, p in enumerate(ps)))
+        outs = asyncio.run(all_of_them())
+        if not engine_process:
+            gc.collect()  # the core's process is this one: its collections are recorded
+        steps_total = engine.stats().extra["steps_total"]
+    finally:
+        engine.shutdown()  # closes the trace
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    steps = [r for r in lines if "gc" not in r]
+    assert len(steps) == steps_total > 0
+    assert sum(len(token_ids(o)) for o in outs) == len(ps) * 9
+    # every prompt token ran in a chunk of its own run (batched prompts are off on the CPU); each request's first
+    # token came from its last chunk, the other 8 from decode rows
+    assert sum(sum(r["prefill"]) for r in steps) == sum(len(p) for p in ps)
+    assert all(0 < n <= 16 for r in steps for n in r["prefill"])
+    assert sum(r["decode"] for r in steps) == len(ps) * 8 and not any(r["joined"] or r["verify"] for r in steps)
+    assert [r["t"] for r in steps] == sorted(r["t"] for r in steps) and t_start - 1 < steps[0]["t"] < time.time()
+    assert steps[0]["idle_ms"] is None and all(r["idle_ms"] >= 0 for r in steps[1:])
+    for r in steps:
+        assert r["ms"] >= sum(r["phases_ms"].values()) - 1e-3 and set(r["phases_ms"]) <= {
+            "schedule", "decode_run", "decode_sample", "decode_update", "verify", "prefill"}
+        assert ("prefill" in r["phases_ms"]) == bool(r["prefill"]) and ("decode_run" in r["phases_ms"]) == bool(
+            r["decode"])
+    collections = [r for r in lines if "gc" in r]
+    if not engine_process:
+        assert any(r["gc"] == 2 and r["ms"] >= 0 and r["thread"] == "MainThread" for r in collections)
