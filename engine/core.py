@@ -277,7 +277,8 @@ class EngineCore:
         elapsed = end - t0
         if self._trace is not None:
             self._trace.step(t0, end, before, phase, decode=len(out.decode) + len(joined),
-                             prefill=[c.num_tokens for c in prefills], joined=len(joined), copies=len(out.copies),
+                             prefill=[c.num_tokens for c in prefills], prefill_start=[c.start for c in prefills],
+                             joined=len(joined), copies=len(out.copies),
                              verify=len(out.verify))
         num_decoded = len(out.decode) + num_verified
         if num_decoded and elapsed > 0:

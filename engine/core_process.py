@@ -54,10 +54,13 @@ class BuiltCore:
 
 
 def min_prefix_reuse(config: EngineConfig, runner: Any) -> int:
-    """The shortest cached prefix a prompt reuses: the configured one, else ``MIN_REUSE_BATCHED_PROMPTS`` where
-    new prompts run together (a reused prefix takes a prompt out of that run), else any match."""
+    """The shortest cached prefix a prompt reuses: the configured one, else the runner's own (a prompt chunk through a
+    staging row: a chunk), else ``MIN_REUSE_BATCHED_PROMPTS`` where new prompts run together (a reused prefix takes a
+    prompt out of that run), else any match."""
     if config.min_prefix_reuse is not None:
         return config.min_prefix_reuse
+    if runner.min_prefix_reuse is not None:
+        return runner.min_prefix_reuse
     return MIN_REUSE_BATCHED_PROMPTS if runner.can_batch_prompts else 1
 
 

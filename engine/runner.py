@@ -70,6 +70,8 @@ class ModelRunner(Protocol):
     max_batched_prompt: int  # the most tokens of one prompt ``prefill_prompts`` takes
     # the most requests whose prompt chunks one step should run (0: as many as the token budget holds)
     max_prefills_per_step: int
+    # the shortest cached prefix worth reusing on this runner (None: the engine's rule, engine.core_process)
+    min_prefix_reuse: int | None
 
     def prefill_prompts(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None: ...
 
@@ -131,6 +133,7 @@ class RunnerBase:
     # argmax's log-probability float32 [n]), the rows ``decode`` ran; None where the decode graph has no row summary.
     decode_summary: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     max_prefills_per_step = 0
+    min_prefix_reuse: int | None = None
     chunks: RowChunks | None = None  # runs of S tokens in a row (row-view KV only)
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,

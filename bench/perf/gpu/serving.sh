@@ -96,7 +96,7 @@ if [[ " $steps " == *" http "* ]]; then
         python3 -m bench.perf.gpu.gaps "$OUT/serving-$name.json" "$OUT/trace-b8.jsonl" --top 4 \
           --out "$OUT/gaps-$name.json" 2>&1 | cut -c1-220 | head -n 60 | tee -a "$LOG"
       done
-      rm -f "$OUT/trace-b8.jsonl"
+      gzip -f "$OUT/trace-b8.jsonl"
     fi
   fi
   log "http: --max-batch 1"

@@ -103,7 +103,9 @@ def test_a_running_requests_prompt_is_copied_into_a_new_slot(engines) -> None:
 
 
 def test_whole_buffer_mode_reuses_a_slots_own_prefix(tiny_model: Path) -> None:
-    whole = make_engine(tiny_model, kv_rows="opaque", max_batch=2)
+    # NOTE(test): min_prefix_reuse=1: the staged path reuses only a chunk-long prefix by default (a shorter one saves
+    # no run), and this test is about the reuse itself
+    whole = make_engine(tiny_model, kv_rows="opaque", max_batch=2, min_prefix_reuse=1)
     cold = make_engine(tiny_model, kv_rows="opaque", max_batch=2, prefix_caching=False)
     try:
         prompt = random_ids(20, seed=21)

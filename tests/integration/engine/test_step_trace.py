@@ -15,7 +15,7 @@ import pytest
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.types import SamplingParams
-from tests.integration.engine.test_engine import GREEDY, collect, prompts, token_ids
+from tests.integration.engine.test_engine import GREEDY, collect, prompts, token_ids, wait_idle
 
 
 @pytest.mark.parametrize("engine_process", [False, True], ids=["in_process", "engine_process"])
@@ -32,8 +32,19 @@ def test_each_step_is_a_line_whose_counts_add_up(tiny_model: Path, tmp_path: Pat
         async def all_of_them():
             return await asyncio.gather(*(collect(engine, p, params, f"r{i}") for i, p in enumerate(ps)))
         outs = asyncio.run(all_of_them())
+        asyncio.run(wait_idle(engine))
         if not engine_process:
             gc.collect()  # the core's process is this one: its collections are recorded
+
+        def traced() -> tuple[int, int]:  # (steps, decode rows) so far: the file is line-buffered
+            steps = [json.loads(line) for line in trace.read_text().splitlines() if '"gc"' not in line]
+            return len(steps), sum(r["decode"] for r in steps)
+        # NOTE(test): a step's line is written as it ends, after its outputs went out with a snapshot that counts the
+        # steps before it; the engine goes idle after the step that decoded the last rows, and its count follows
+        deadline = time.monotonic() + 30
+        while (traced()[1] < len(ps) * 8 or engine.stats().extra["steps_total"] != traced()[0]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
         steps_total = engine.stats().extra["steps_total"]
     finally:
         engine.shutdown()  # closes the trace
@@ -45,6 +56,13 @@ def test_each_step_is_a_line_whose_counts_add_up(tiny_model: Path, tmp_path: Pat
     # token came from its last chunk, the other 8 from decode rows
     assert sum(sum(r["prefill"]) for r in steps) == sum(len(p) for p in ps)
     assert all(0 < n <= 16 for r in steps for n in r["prefill"])
+    # each prompt starts at 0; the 40-token one goes on from where its last chunk ended (the budget is shared)
+    chunks = sorted((s, n) for r in steps for s, n in zip(r["prefill_start"], r["prefill"]))
+    assert [s for s, _ in chunks].count(0) == 4
+    later = [(s, n) for s, n in chunks if s]
+    assert later and later[0][0] in {n for s, n in chunks if s == 0}
+    assert [s for s, _ in later[1:]] == [s + n for s, n in later[:-1]]
+    assert later[-1][0] + later[-1][1] == 40
     assert sum(r["decode"] for r in steps) == len(ps) * 8 and not any(r["joined"] or r["verify"] for r in steps)
     assert [r["t"] for r in steps] == sorted(r["t"] for r in steps) and t_start - 1 < steps[0]["t"] < time.time()
     assert steps[0]["idle_ms"] is None and all(r["idle_ms"] >= 0 for r in steps[1:])
