@@ -148,6 +148,8 @@ class EngineCore:
         self._spec_accepted = 0
         self._phase = [0.0] * len(PHASES)
         self._trace = StepTrace(step_trace, PHASES) if step_trace else None
+        if self._trace is not None:
+            runner.run_log = []
 
     # -- called from other threads ---------------------------------------------------------------------
 
@@ -279,7 +281,8 @@ class EngineCore:
             self._trace.step(t0, end, before, phase, decode=len(out.decode) + len(joined),
                              prefill=[c.num_tokens for c in prefills], prefill_start=[c.start for c in prefills],
                              joined=len(joined), copies=len(out.copies),
-                             verify=len(out.verify))
+                             verify=len(out.verify), runs=self.runner.run_log)
+            self.runner.run_log = []
         num_decoded = len(out.decode) + num_verified
         if num_decoded and elapsed > 0:
             # NOTE(engine): an exponential average of decode tokens/s over recent steps, for metrics.

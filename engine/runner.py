@@ -12,6 +12,7 @@ Both own their preallocated input/logits buffers and the per-slot KV lengths; on
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -134,6 +135,8 @@ class RunnerBase:
     decode_summary: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     max_prefills_per_step = 0
     min_prefix_reuse: int | None = None
+    # (session, ms) of each run since the core last took them; None: not kept (the step trace is off)
+    run_log: list[tuple[str, float]] | None = None
     chunks: RowChunks | None = None  # runs of S tokens in a row (row-view KV only)
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
@@ -208,6 +211,7 @@ class RunnerBase:
         for name, value in self._host_inputs.get(id(binding), ()):
             binding.bind_ortvalue_input(name, value)
         session = session or self.session
+        t0 = time.perf_counter() if self.run_log is not None else 0.0
         if run_options is None:
             session.run_with_iobinding(binding)
         else:
@@ -215,6 +219,20 @@ class RunnerBase:
             # capture ("requires fixed WebGPU device OrtValues"); the session itself replays them correctly
             # (bench/perf/gpu/probe_buckets.py), so a captured step runs through the binding it was captured with.
             session._sess.run_with_iobinding(binding._iobinding, run_options)
+        if self.run_log is not None:  # the step trace (engine.step_trace): each run's session and time
+            ms = round((time.perf_counter() - t0) * 1e3, 3)
+            self.run_log.append((self._session_names.get(id(session), "other"), ms))
+
+    @property
+    def _session_names(self) -> dict[int, str]:
+        """id(session) -> what it runs, for ``run_log``."""
+        names = {id(self.session): "decode"}
+        prefill = getattr(self, "prefill_session", None)
+        if prefill is not None and prefill is not self.session:
+            names[id(prefill)] = "prefill"
+        for width, other in getattr(self, "bucket_sessions", {}).items():
+            names[id(other)] = f"decode_b{width}"
+        return names
 
     def _check_chunk(self, num: int, what: str = "prefill chunk") -> None:
         if not 0 < num <= self.prefill_chunk:

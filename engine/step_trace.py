@@ -5,7 +5,7 @@ core sat between steps, and every pause of the garbage collector in the process.
 One object per line:
   {"t": wall s, "ms": step, "idle_ms": since the last step ended, "decode": rows, "prefill": [tokens per chunk],
    "prefill_start": [the position each chunk starts at (> 0: after a past)], "joined": prompts whose last token joined the decode run, "copies": KV row copies, "verify": draft checks,
-   "phases_ms": {phase: ms, ...} (the non-zero ones)}
+   "phases_ms": {phase: ms, ...} (the non-zero ones), "runs": [[session, ms], ...] (each session run, in order)}
   {"t": wall s, "gc": generation, "ms": pause, "thread": name}
 
 Turned on by ``EngineConfig.step_trace`` (``--step-trace FILE``); off, the core never calls it.
@@ -37,7 +37,7 @@ class StepTrace:
 
     def step(self, start: float, end: float, phases_before: Sequence[float], phases_after: Sequence[float], *,
              decode: int, prefill: Sequence[int], prefill_start: Sequence[int], joined: int, copies: int,
-             verify: int) -> None:
+             verify: int, runs: Sequence[tuple[str, float]] = ()) -> None:
         """One step that ran from ``start`` to ``end`` (perf_counter seconds); the core's phase totals before and
         after it."""
         idle = (start - self._last_end) * 1e3 if self._last_end is not None else None
@@ -47,7 +47,7 @@ class StepTrace:
         self._write({"t": round(start + self._offset, 6), "ms": round((end - start) * 1e3, 3),
                      "idle_ms": None if idle is None else round(idle, 3), "decode": decode, "prefill": list(prefill),
                      "prefill_start": list(prefill_start), "joined": joined, "copies": copies, "verify": verify,
-                     "phases_ms": phases})
+                     "phases_ms": phases, "runs": [list(r) for r in runs or ()]})
 
     def close(self) -> None:
         try:

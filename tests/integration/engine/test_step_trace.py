@@ -71,6 +71,9 @@ def test_each_step_is_a_line_whose_counts_add_up(tiny_model: Path, tmp_path: Pat
             "schedule", "decode_run", "decode_sample", "decode_update", "verify", "prefill"}
         assert ("prefill" in r["phases_ms"]) == bool(r["prefill"]) and ("decode_run" in r["phases_ms"]) == bool(
             r["decode"])
+        # every session run of the step, timed within it: one decode run per decode step, a run per prompt chunk
+        assert sum(ms for _, ms in r["runs"]) <= r["ms"] + 1e-3
+        assert [name for name, _ in r["runs"]].count("decode") == (1 if r["decode"] else 0) + len(r["prefill"])
     collections = [r for r in lines if "gc" in r]
     if not engine_process:
         assert any(r["gc"] == 2 and r["ms"] >= 0 and r["thread"] == "MainThread" for r in collections)
