@@ -185,11 +185,22 @@ def _address_copier(folder: ModelFolder, config: EngineConfig, selected: Any, kv
     return AddressRowCopier(copy_session, kv)
 
 
+# NOTE(engine): the CUDA EP's attention kernels for prompt chunks (its sdpa_kernel option, a bitmask of
+# onnxruntime's AttentionBackend: flash 1 | memory-efficient 2 | unfused 16). Unpinned, GroupQueryAttention prefers
+# cuDNN's SDPA on SM >= 90, whose plan is built per new (chunk length, past length): 45-77 ms each time a prompt chunk
+# met a new pair on an H200 (docs/perf/GPU.md "Fifth pass", bench/perf/gpu/gaps.py), where chunks vary by design.
+# Decode steps keep the default: their shapes are fixed and captured.
+PROMPT_SDPA_KERNEL = "19"
+
+
 def _prefill_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSession) -> tuple[Any, Any]:
     """The session prompt chunks run on and its names (None: the decoder's): the decoder itself, unless its graph
-    was rewritten for captured steps, which run S = 1 only; then a session of the plain graph."""
+    was rewritten for captured steps, which run S = 1 only; then a session of the plain graph (on CUDA with its
+    attention kernels pinned to ``PROMPT_SDPA_KERNEL`` unless --ep-option sets sdpa_kernel)."""
     if not (opened.graph_capture or opened.packed_input):
         return opened.session, None
+    if opened.selected is not None and opened.selected.provider == "cuda" and "sdpa_kernel" not in config.ep_options:
+        config = dataclasses.replace(config, ep_options={**config.ep_options, "sdpa_kernel": PROMPT_SDPA_KERNEL})
     session, _ = create_session(folder, config, selected=opened.selected)
     return session, check_graph(folder, session)
 
