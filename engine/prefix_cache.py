@@ -176,10 +176,13 @@ class SlotPrefixCache:
     def _save_lowest(self, free: Sequence[int], own: dict[int, int]) -> KVCopy | None:
         """low_slots: the lowest free slot is taken; what it caches beyond the new prompt's match moves to the
         free slot the victim rule picks among the others (an empty one, else the least recently used), so a
-        conversation's KV survives another request taking its row."""
+        conversation's KV survives another request taking its row (one at least ``min_reuse`` long: a shorter one
+        is never reused)."""
         lowest = min(free)
         tokens = self._tokens[lowest]
-        if len(free) < 2 or not tokens or own[lowest] >= len(tokens):
+        # NOTE(engine): a row shorter than min_reuse can never be reused, so it is not worth a copy (on WebGPU a
+        # row copy is queued device work the next runs wait for: 6 of them stalled the first steps of a burst)
+        if len(free) < 2 or len(tokens) < self.min_reuse or own[lowest] >= len(tokens):
             return None
         others = [s for s in free if s != lowest]
         spare = min(others, key=lambda s: (bool(self._tokens[s]), self._last_used[s], s))
