@@ -317,6 +317,9 @@ def _candidates(w: np.ndarray, sums: np.ndarray, floor: np.ndarray, unit: np.nda
     first of its floors (``floor``: its first, ``inf`` for a row without filters) that provably holds its whole
     result (see the NOTE on _FIRST_CUT). Floors are weights: ``unit`` is each row's best token's weight."""
     m = len(floor)
+    # NOTE(engine): no floor below _ANY_WEIGHT: a zero floor (a top-k row whose k-th group maximum is -inf, e.g. a
+    # grammar mask leaving fewer than k tokens) would take the zero weights too, the padding past the vocab among them
+    floor = np.maximum(floor, _ANY_WEIGHT)
     row, col = _above(w, sums, floor.astype(np.float32))
     weight = w[row, col]
     retry = top_p_only | large_k

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from engine.sampler import RequestSampler, apply_token_bitmask, log_softmax, sample_batch, token_allowed
@@ -100,6 +100,8 @@ def test_no_transform_brings_back_a_forbidden_token():
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.floats(0.3, 2.0), st.floats(0.2, 1.0), st.integers(0, 20))
+# a top-k of 2 past a mask that leaves 6 tokens: a zero first floor took the padding past the vocabulary (IndexError)
+@example(3541594680, 0.41352434054272325, 0.4322695514575253, 2)
 def test_sampling_only_ever_picks_allowed_tokens(seed, temperature, top_p, top_k):
     rng = np.random.default_rng(seed)
     vocab = 150
