@@ -318,7 +318,8 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
             continue
         note = (f"on: decode step [{config.max_batch}, 1], KV length {kv_length}, every node on "
                 f"{selected.ep_name}, {'one packed input' if packed else 'three inputs'}"
-                + (f", MatMulNBits over {row_groups} groups of {MATMUL_GROUP_ROWS} rows + the rest" if row_groups else "")
+                + (f", MatMulNBits over {row_groups} groups of {MATMUL_GROUP_ROWS} rows + the rest"
+                   if row_groups else "")
                 + (", each row's argmax and log-normalizer on the device" if summary else ""))
         log.info("graph capture %s", note)
         return OpenedSession(session, selected, True, note, PACKED_INPUT if packed else None, summary, model_bytes)

@@ -4,7 +4,8 @@ core sat between steps, and every pause of the garbage collector in the process.
 
 One object per line:
   {"t": wall s, "ms": step, "idle_ms": since the last step ended, "decode": rows, "prefill": [tokens per chunk],
-   "prefill_start": [the position each chunk starts at (> 0: after a past)], "joined": prompts whose last token joined the decode run, "copies": KV row copies, "verify": draft checks,
+   "prefill_start": [the position each chunk starts at (> 0: after a past)], "joined": prompts whose last token
+   joined the decode run, "copies": KV row copies, "verify": draft checks,
    "phases_ms": {phase: ms, ...} (the non-zero ones), "runs": [[session, ms], ...] (each session run, in order)}
   {"t": wall s, "gc": generation, "ms": pause, "thread": name}
 

@@ -87,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {r['at_ms']:+8.1f} ms  gc gen {r['gc']} {r['ms']:.1f} ms ({r['thread']})")
             else:
                 phases = " ".join(f"{k}={v:.1f}" for k, v in r["phases_ms"].items())
-                print(f"    {r['at_ms']:+8.1f} ms  step {r['ms']:.1f} ms (idle before {r['idle_ms']}) decode {r['decode']}"
-                      f" prefill {r['prefill']} from {r.get('prefill_start')} joined {r['joined']} copies {r['copies']}  {phases}"
-                      f"  runs {r.get('runs')}")
+                print(f"    {r['at_ms']:+8.1f} ms  step {r['ms']:.1f} ms (idle before {r['idle_ms']})"
+                      f" decode {r['decode']} prefill {r['prefill']} from {r.get('prefill_start')}"
+                      f" joined {r['joined']} copies {r['copies']}  {phases}  runs {r.get('runs')}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     return 0

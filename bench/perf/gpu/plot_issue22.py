@@ -3,7 +3,7 @@ the CUDA and WebGPU EPs, before (issue 22's own table, today's engine then) and 
 
 Reads the ``ortserve bench`` reports that bench/perf/gpu/issue22.sh brings back (cuda_spec0_serving.json and
 webgpu_serving.json in a results folder) and writes docs/perf/gpu_issue22.png:
-    python -m bench.perf.gpu.plot_issue22 docs/perf/issue22/s5 docs/perf/gpu_issue22.png
+    python -m bench.perf.gpu.plot_issue22 docs/perf/issue22/s6 docs/perf/gpu_issue22.png
 """
 
 from __future__ import annotations
