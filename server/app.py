@@ -149,8 +149,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     loader: EngineLoader | None = app.state.engine_loader
     embedding_loader: EmbeddingLoader | None = app.state.embedding_loader
     load_task: asyncio.Task | None = None
+    lag_task: asyncio.Task | None = None
+    loop_trace = None
 
     async def load() -> None:
+        nonlocal lag_task, loop_trace
         assert loader is not None
         try:
             # NOTE(server): loading takes seconds to minutes (conversion, session creation); a thread
@@ -175,6 +178,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             return
         state.status = "ready"
         _tune_interpreter(state.settings, engine)
+        if state.settings.step_trace:  # NOTE(server): the loop's late wake-ups beside the engine's steps
+            from engine.step_trace import TraceFile, watch_loop
+
+            # the engine's own trace records this process's collections when the core runs here
+            loop_trace = TraceFile(state.settings.step_trace, "server",
+                                   collections=bool(getattr(engine, "engine_process", False)))
+            lag_task = asyncio.create_task(watch_loop(loop_trace))
         logger.info("model %s ready (max_model_len %d)%s", state.served_model_name, engine.max_model_len,
                     f"; embeddings: {', '.join(state.embedding_names())}" if state.embedders else "")
 
@@ -186,6 +196,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.status = "stopping"
         if load_task is not None and not load_task.done():
             await asyncio.wait({load_task}, timeout=None)  # a half-loaded session cannot be cancelled
+        if lag_task is not None:
+            lag_task.cancel()
+            await asyncio.gather(lag_task, return_exceptions=True)
+        if loop_trace is not None:
+            loop_trace.close()
         if state.owns_embedders:
             await anyio.to_thread.run_sync(_shutdown_embedders, state)
         if state.owns_engine and state.engine is not None:

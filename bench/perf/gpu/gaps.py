@@ -1,5 +1,6 @@
 """The largest gaps between a running stream's tokens in a bench report, each beside what the engine did meanwhile
-(a server started with ``--step-trace FILE``, on the same host: both sides carry the wall clock).
+(a server started with ``--step-trace FILE``, on the same host: both sides carry the wall clock), and the server's
+event loop's late wake-ups and garbage collections in both processes.
 
     python -m bench.perf.gpu.gaps REPORT.json TRACE.jsonl [--top 8] [--out gaps.json]
 
@@ -62,11 +63,12 @@ def explain(report: dict, trace: list[dict], top: int) -> list[dict]:
     out = []
     for gap in largest_gaps(report, top):
         inside = beside(gap, trace)
-        steps = [r for r in inside if "gc" not in r]
+        steps = [r for r in inside if "gc" not in r and not r.get("lag")]
         out.append({**gap, "at_s": round(gap["start_s"] - runs_start, 3),
                     "longest_step_ms": max((r["ms"] for r in steps), default=None),
                     "longest_idle_ms": max((r["idle_ms"] or 0.0 for r in steps), default=None),
-                    "gc_ms": round(sum(r["ms"] for r in inside if "gc" in r), 3), "trace": inside})
+                    "gc_ms": round(sum(r["ms"] for r in inside if "gc" in r), 3),
+                    "loop_lag_ms": max((r["ms"] for r in inside if r.get("lag")), default=0.0), "trace": inside})
     return out
 
 
@@ -81,10 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     result = explain(load_report(args.report), trace, args.top)
     for g in result:
         print(f"{g['ms']:8.1f} ms gap at {g['at_s']:.3f} s ({g['run']}, request {g['request']}, token {g['token']}): "
-              f"longest step {g['longest_step_ms']} ms, longest idle {g['longest_idle_ms']} ms, gc {g['gc_ms']} ms")
+              f"longest step {g['longest_step_ms']} ms, longest idle {g['longest_idle_ms']} ms, gc {g['gc_ms']} ms, "
+              f"loop lag {g['loop_lag_ms']} ms")
         for r in g["trace"]:
             if "gc" in r:
-                print(f"    {r['at_ms']:+8.1f} ms  gc gen {r['gc']} {r['ms']:.1f} ms ({r['thread']})")
+                print(f"    {r['at_ms']:+8.1f} ms  gc gen {r['gc']} {r['ms']:.1f} ms ({r.get('proc')}, {r['thread']})")
+            elif r.get("lag"):
+                print(f"    {r['at_ms']:+8.1f} ms  the {r.get('proc')} event loop woke {r['ms']:.1f} ms late")
             else:
                 phases = " ".join(f"{k}={v:.1f}" for k, v in r["phases_ms"].items())
                 print(f"    {r['at_ms']:+8.1f} ms  step {r['ms']:.1f} ms (idle before {r['idle_ms']})"

@@ -17,7 +17,7 @@ IDLE_MS = 300.0  # an idle spell: the core waited this long for work before the 
 def read_steps(path: Path) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
-        return [r for r in map(json.loads, f) if "gc" not in r]
+        return [r for r in map(json.loads, f) if "gc" not in r and not r.get("lag")]
 
 
 def since_idle(steps: list[dict]) -> list[float]:

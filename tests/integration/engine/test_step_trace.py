@@ -77,3 +77,29 @@ def test_each_step_is_a_line_whose_counts_add_up(tiny_model: Path, tmp_path: Pat
     collections = [r for r in lines if "gc" in r]
     if not engine_process:
         assert any(r["gc"] == 2 and r["ms"] >= 0 and r["thread"] == "MainThread" for r in collections)
+
+
+def test_the_loop_probe_records_a_callback_that_held_the_loop(tmp_path: Path) -> None:
+    """engine.step_trace.watch_loop (the server's side): a callback that blocks the event loop for 80 ms shows up
+    as a wake-up at least that late, from when the probe was due."""
+    from engine.step_trace import TraceFile, watch_loop
+
+    path = tmp_path / "loop.jsonl"
+    trace = TraceFile(str(path), "server", collections=False)
+
+    async def main() -> None:
+        probe = asyncio.create_task(watch_loop(trace))
+        await asyncio.sleep(0.05)
+        before = time.time()
+        time.sleep(0.08)  # holds the loop: nothing else runs meanwhile
+        await asyncio.sleep(0.05)
+        probe.cancel()
+        await asyncio.gather(probe, return_exceptions=True)
+        lags = [json.loads(line) for line in path.read_text().splitlines()]
+        held = [r for r in lags if r["ms"] >= 75.0 and before - 0.01 <= r["t"] <= before + 0.08]
+        assert len(held) == 1 and held[0]["lag"] and held[0]["proc"] == "server"
+
+    try:
+        asyncio.run(main())
+    finally:
+        trace.close()

@@ -211,3 +211,28 @@ def test_ctrl_c_to_the_process_group_stops_both_processes(api_model: Path, tmp_p
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.mark.parametrize("mode", ["--engine-process", "--no-engine-process"])
+def test_a_step_trace_records_the_steps_of_a_served_request(api_model: Path, tmp_path: Path, mode: str) -> None:
+    """`--step-trace FILE` on a served model: the engine's steps (in whichever process it runs) account for the
+    request's tokens, the server's event-loop probe and collections write whole lines beside them (one file, two
+    writers with an engine process), and the server still streams and stops cleanly."""
+    trace = tmp_path / "steps.jsonl"
+    with serve_process(api_model, "--served-model-name", "tiny", mode, "--step-trace", str(trace),
+                       "--speculative-tokens", "0") as server:
+        body = {"model": "tiny", "prompt": "one two three four five", "max_tokens": 24, "temperature": 0,
+                "ignore_eos": True}
+        r = httpx.post(f"{server.base}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 24
+        prompt_tokens = r.json()["usage"]["prompt_tokens"]
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) in GRACEFUL_EXIT
+        assert "Traceback" not in server.stderr()
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]  # every line whole
+    steps = [r for r in lines if "decode" in r]
+    # the first token comes from the prompt's last chunk, the other 23 from decode rows; warm-up runs no steps
+    assert sum(sum(r["prefill"]) for r in steps) == prompt_tokens and sum(r["decode"] for r in steps) == 23
+    assert all(r["runs"] for r in steps)
+    others = [r for r in lines if "decode" not in r]
+    assert all(r.get("proc") in ("engine", "server") and r["ms"] >= 0 and ("gc" in r or r.get("lag")) for r in others)

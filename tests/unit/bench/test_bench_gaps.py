@@ -28,14 +28,15 @@ def test_the_largest_gap_is_explained_by_the_step_inside_it() -> None:
         {"t": 1000.105, "ms": 4.0, "idle_ms": 0.1, "decode": 2, "prefill": [], "phases_ms": {}},  # before the gap
         {"t": 1000.111, "ms": 75.0, "idle_ms": 0.2, "decode": 1, "prefill": [50], "phases_ms": {}},  # inside it
         {"t": 1000.150, "gc": 2, "ms": 3.0, "thread": "MainThread"},
+        {"t": 1000.160, "lag": True, "ms": 12.0, "proc": "server"},
         {"t": 1000.300, "ms": 2.0, "idle_ms": 0.1, "decode": 1, "prefill": [], "phases_ms": {}},  # long after
     ]
     top = gaps.largest_gaps(report, 2)
     assert [(g["request"], g["token"], g["ms"]) for g in top] == [(0, 2, pytest.approx(80.0)),
                                                                   (1, 1, pytest.approx(20.0))]
     first = gaps.explain(report, trace, 1)[0]
-    assert first["longest_step_ms"] == 75.0 and first["gc_ms"] == 3.0
-    assert [r.get("ms") for r in first["trace"]] == [4.0, 75.0, 3.0]  # the step ending within 5 ms before counts
+    assert first["longest_step_ms"] == 75.0 and first["gc_ms"] == 3.0 and first["loop_lag_ms"] == 12.0
+    assert [r.get("ms") for r in first["trace"]] == [4.0, 75.0, 3.0, 12.0]  # a step ending within 5 ms before counts
     assert first["trace"][1]["at_ms"] == pytest.approx(1.0)
     assert first["at_s"] == pytest.approx(0.11)
 
