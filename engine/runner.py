@@ -73,6 +73,8 @@ class ModelRunner(Protocol):
     max_prefills_per_step: int
     # the shortest cached prefix worth reusing on this runner (None: the engine's rule, engine.core_process)
     min_prefix_reuse: int | None
+    # (session, ms) of each run since the core last took them (the step trace); None: not kept
+    run_log: list[tuple[str, float]] | None
 
     def prefill_prompts(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None: ...
 
