@@ -406,13 +406,15 @@ def run_load_processes(settings: HttpSettings, scenario: str, num_requests: int,
                                processes, concurrency, seed, duration_s, max_connections, ready)
                    for i in range(processes)]
         shares = [f.result() for f in futures]
-    first = min(result.started_at_s or t0 for t0, result in shares)
+    # NOTE(bench): each share's records count from its own run_load start (its started_at_s, by the wall clock)
+    starts = [result.started_at_s or t0 for t0, result in shares]
+    first = min(starts)
     records = []
-    for t0, result in shares:
+    for start, (_, result) in zip(starts, shares):
         for record in result.records:
-            record.start_s += (result.started_at_s or t0) - first
+            record.start_s += start - first
             records.append(record)
-    end = max(t0 - first + result.duration_s for t0, result in shares)
+    end = max(start - first + result.duration_s for start, (_, result) in zip(starts, shares))
     return RunResult(records=sorted(records, key=lambda r: r.index), duration_s=end,
                      num_not_sent=sum(result.num_not_sent for _, result in shares), started_at_s=first)
 
