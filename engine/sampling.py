@@ -293,6 +293,9 @@ def _above(w: np.ndarray, sums: np.ndarray, floor: np.ndarray) -> tuple[np.ndarr
     """``(row, col)`` of the weights ``w[row, col] >= floor[row]`` (float32 ``(m, width)``, ``(m,)``; ``inf``:
     none), in row-major order, read from the blocks whose sum ``sums`` ``(m, nb)`` reaches the floor."""
     num_blocks = sums.shape[1]
+    # NOTE(engine): no floor below _ANY_WEIGHT: a zero floor (a top-k row whose k-th group maximum is -inf, e.g. a
+    # grammar mask leaving fewer than k tokens) would take the zero weights too, the padding past the vocab among them
+    floor = np.maximum(floor, np.float32(_ANY_WEIGHT))
     picked = np.flatnonzero((sums >= floor[:, None]).ravel())  # row * nb + block
     # NOTE(engine): one scalar compare with the lowest floor, then each hit against its own row's: numpy's
     # compare against a broadcast column of floors costs 5x a scalar one
@@ -317,9 +320,6 @@ def _candidates(w: np.ndarray, sums: np.ndarray, floor: np.ndarray, unit: np.nda
     first of its floors (``floor``: its first, ``inf`` for a row without filters) that provably holds its whole
     result (see the NOTE on _FIRST_CUT). Floors are weights: ``unit`` is each row's best token's weight."""
     m = len(floor)
-    # NOTE(engine): no floor below _ANY_WEIGHT: a zero floor (a top-k row whose k-th group maximum is -inf, e.g. a
-    # grammar mask leaving fewer than k tokens) would take the zero weights too, the padding past the vocab among them
-    floor = np.maximum(floor, _ANY_WEIGHT)
     row, col = _above(w, sums, floor.astype(np.float32))
     weight = w[row, col]
     retry = top_p_only | large_k
