@@ -218,9 +218,13 @@ def _one_row_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSe
     if config.one_row_session is False or not opened.graph_capture or config.max_batch < 2 \
             or not cuda_int4_gemm_on():
         return None
-    with cuda_int4_gemm_off():
-        session, _ = create_session(folder, config, selected=opened.selected, graph_capture=True,
-                                    model_bytes=opened.model_bytes)
+    try:
+        with cuda_int4_gemm_off():
+            session, _ = create_session(folder, config, selected=opened.selected, graph_capture=True,
+                                        model_bytes=opened.model_bytes)
+    except ModelLoadError as exc:  # e.g. no room for a second copy of the weights: serve without it
+        log.warning("no one-row decode session (%s); one-row steps take the fused INT4 kernels", exc)
+        return None
     log.info("one-row decode steps on a session without the fused INT4 kernels (ORT_FPA_INTB_GEMM=0 for it)")
     return session
 
