@@ -107,19 +107,14 @@ if [[ " $steps " == *" phases "* ]]; then  # the engine thread's time per step p
   done
   rm -f "$ROOT/phases/before.txt" "$ROOT/phases/after.txt"
 fi
-if [[ " $steps " == *" webgpu-http "* ]]; then  # WebGPU HTTP only (no tests)
+for step in webgpu webgpu-http; do  # webgpu: tests + HTTP; webgpu-http: HTTP only
+  [[ " $steps " == *" $step "* ]] || continue
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
   export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-  mkdir -p "$ROOT/webgpu"; OUT=$ROOT/webgpu PROVIDER=webgpu bash bench/perf/gpu/serving.sh http \
+  parts="tests http"; [ $step = webgpu-http ] && parts=http
+  mkdir -p "$ROOT/webgpu"; OUT=$ROOT/webgpu PROVIDER=webgpu bash bench/perf/gpu/serving.sh $parts \
     > "$ROOT/webgpu/run_log.txt" 2>&1
-  echo "== webgpu-http"; summary "$ROOT/webgpu"; grep -A4 "gaps:" "$ROOT/webgpu/run_log.txt" | cut -c1-200 | head -n 40
-fi
-if [[ " $steps " == *" webgpu "* ]]; then
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-  mkdir -p "$ROOT/webgpu"; OUT=$ROOT/webgpu PROVIDER=webgpu bash bench/perf/gpu/serving.sh tests http \
-    > "$ROOT/webgpu/run_log.txt" 2>&1
-  echo "== webgpu"; summary "$ROOT/webgpu"
-fi
+  echo "== $step"; summary "$ROOT/webgpu"; grep -A4 "gaps:" "$ROOT/webgpu/run_log.txt" | cut -c1-200 | head -n 40
+done
 cd "$ROOT" && tar czf issue22.tgz $(ls -d cuda cuda-rows cuda-spec0 cuda-plain c64 fpa phases webgpu 2>/dev/null) \
   && rm -rf cuda cuda-rows cuda-spec0 cuda-plain c64 fpa phases webgpu
