@@ -12,6 +12,7 @@ long step or collection covers happened outside the engine (the server's event l
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from pathlib import Path
 
@@ -19,6 +20,13 @@ from bench.report import load_report
 
 # NOTE(bench): a step that ended this much before a gap began can still be what delayed the gap's next token
 _MARGIN_S = 0.005
+
+
+def read_trace(path: Path) -> list[dict]:
+    """Every record of a ``--step-trace`` file (gzipped when it ends in .gz): steps, collections, loop lags."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def token_times(record: dict, started_at: float) -> list[float]:
@@ -75,12 +83,11 @@ def explain(report: dict, trace: list[dict], top: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report", type=Path, help="an `ortserve bench` report (JSON)")
-    ap.add_argument("trace", type=Path, help="the server's --step-trace file")
+    ap.add_argument("trace", type=Path, help="the server's --step-trace file (or its .gz)")
     ap.add_argument("--top", type=int, default=8, help="how many of the largest gaps (default 8)")
     ap.add_argument("--out", type=Path, help="also write the result as JSON")
     args = ap.parse_args(argv)
-    trace = [json.loads(line) for line in args.trace.read_text().splitlines() if line.strip()]
-    result = explain(load_report(args.report), trace, args.top)
+    result = explain(load_report(args.report), read_trace(args.trace), args.top)
     for g in result:
         print(f"{g['ms']:8.1f} ms gap at {g['at_s']:.3f} s ({g['run']}, request {g['request']}, token {g['token']}): "
               f"longest step {g['longest_step_ms']} ms, longest idle {g['longest_idle_ms']} ms, gc {g['gc_ms']} ms, "

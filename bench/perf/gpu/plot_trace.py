@@ -6,18 +6,16 @@ last woke from an idle spell, steps with a prompt chunk apart from decode-only o
 
 from __future__ import annotations
 
-import gzip
-import json
 import sys
 from pathlib import Path
+
+from bench.perf.gpu.gaps import read_trace
 
 IDLE_MS = 300.0  # an idle spell: the core waited this long for work before the step
 
 
 def read_steps(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return [r for r in map(json.loads, f) if "gc" not in r and not r.get("lag")]
+    return [r for r in read_trace(path) if "gc" not in r and not r.get("lag")]
 
 
 def since_idle(steps: list[dict]) -> list[float]:

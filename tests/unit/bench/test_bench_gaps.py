@@ -46,3 +46,15 @@ def test_a_report_without_its_start_is_refused() -> None:
     report["runs"][0]["started_at_s"] = None
     with pytest.raises(ValueError, match="started_at_s"):
         gaps.largest_gaps(report, 1)
+
+
+def test_a_trace_reads_the_same_plain_and_gzipped(tmp_path) -> None:
+    import gzip
+    import json
+
+    lines = [{"t": 1.0, "ms": 2.0, "decode": 1}, {"t": 1.5, "gc": 0, "ms": 0.1}, {"t": 2.0, "lag": True, "ms": 6.0}]
+    text = "".join(json.dumps(r) + "\n" for r in lines)
+    (tmp_path / "t.jsonl").write_text(text)
+    with gzip.open(tmp_path / "t.jsonl.gz", "wt") as f:
+        f.write(text)
+    assert gaps.read_trace(tmp_path / "t.jsonl") == gaps.read_trace(tmp_path / "t.jsonl.gz") == lines
