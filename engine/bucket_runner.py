@@ -300,6 +300,13 @@ class BucketRunner(RunnerBase):
         self._run(binding, session, run_options=self._run_options.get(width))
         return device_io.read_logits(logits)
 
+    def _session_names(self) -> dict[int, str]:
+        names = super()._session_names()
+        if self.prefill_session is not self.session:
+            names[id(self.prefill_session)] = "prefill"
+        names.update((id(other), f"decode_b{width}") for width, other in self.bucket_sessions.items())
+        return names
+
     def _make_decode_binding(self, width: int) -> ort.IOBinding:
         binding = self.bucket_sessions.get(width, self.session).io_binding()
         if self.device_io is not None:

@@ -223,18 +223,11 @@ class RunnerBase:
             session._sess.run_with_iobinding(binding._iobinding, run_options)
         if self.run_log is not None:  # the step trace (engine.step_trace): each run's session and time
             ms = round((time.perf_counter() - t0) * 1e3, 3)
-            self.run_log.append((self._session_names.get(id(session), "other"), ms))
+            self.run_log.append((self._session_names().get(id(session), "other"), ms))
 
-    @property
     def _session_names(self) -> dict[int, str]:
-        """id(session) -> what it runs, for ``run_log``."""
-        names = {id(self.session): "decode"}
-        prefill = getattr(self, "prefill_session", None)
-        if prefill is not None and prefill is not self.session:
-            names[id(prefill)] = "prefill"
-        for width, other in getattr(self, "bucket_sessions", {}).items():
-            names[id(other)] = f"decode_b{width}"
-        return names
+        """id(session) -> what it runs, for ``run_log`` (a runner with more sessions names them too)."""
+        return {id(self.session): "decode"}
 
     def _check_chunk(self, num: int, what: str = "prefill chunk") -> None:
         if not 0 < num <= self.prefill_chunk:
