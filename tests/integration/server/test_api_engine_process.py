@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -108,6 +108,18 @@ def _engine_child(server_pid: int) -> int:
     raise AssertionError(f"no engine process among {children}")
 
 
+def _stream_data(base: str, body: dict, *, at: int, then: Callable[[], object], timeout_s: float) -> list[str]:
+    """A streamed chat completion's SSE data payloads, calling ``then()`` once the ``at``-th has arrived."""
+    data = []
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=timeout_s) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data.append(line[6:])
+                if len(data) == at:
+                    then()
+    return data
+
+
 def _gone(pid: int, timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -130,13 +142,7 @@ def test_a_killed_engine_process_ends_streams_with_503_and_health_says_so(api_mo
         body = {"model": "tiny", "messages": HI, "max_tokens": 1900, "stream": True, "temperature": 0,
                 "ignore_eos": True}
         t0 = time.monotonic()
-        with httpx.stream("POST", f"{server.base}/v1/chat/completions", json=body, timeout=30) as r:
-            data = []
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    data.append(line[6:])
-                    if len(data) == 2:
-                        os.kill(child, signal.SIGKILL)
+        data = _stream_data(server.base, body, at=2, then=lambda: os.kill(child, signal.SIGKILL), timeout_s=30)
         assert time.monotonic() - t0 < 30 and data[-1] == "[DONE]" and data.count("[DONE]") == 1
         error = json.loads(data[-2])["error"]
         assert error["code"] == "engine_unavailable" and error["type"] == "service_unavailable", error
@@ -156,13 +162,8 @@ def test_sigterm_lets_a_stream_finish_then_stops_the_engine_process(api_model: P
         child = _engine_child(server.proc.pid)
         body = {"model": "tiny", "messages": HI, "max_tokens": 60, "stream": True, "temperature": 0,
                 "ignore_eos": True, "stream_options": {"include_usage": True}}
-        with httpx.stream("POST", f"{server.base}/v1/chat/completions", json=body, timeout=60) as r:
-            data = []
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    data.append(line[6:])
-                    if len(data) == 3:
-                        server.proc.send_signal(signal.SIGTERM)
+        data = _stream_data(server.base, body, at=3, then=lambda: server.proc.send_signal(signal.SIGTERM),
+                            timeout_s=60)
         assert data[-1] == "[DONE]" and json.loads(data[-2])["usage"]["completion_tokens"] == 60
         assert server.proc.wait(30) in GRACEFUL_EXIT
         assert _gone(child, 5.0)  # stopped and joined by the server, not left behind
