@@ -66,6 +66,40 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default range is 32768-60999
+
+
+def free_port_run(n: int) -> int:
+    """A port p such that p .. p+n-1 are all free on 127.0.0.1, for a script that serves on BASE_PORT + i.
+
+    The run lies below the kernel's ephemeral range: a port there is never a client socket's local port.
+    Inside the range, the second port of a run found with bind(0) (odd) is the even parity connect() picks
+    first, and CI saw a replica fail to bind because the test's own health polls held it."""
+    import random
+
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10000, low - n)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no run of {n} free ports below {low}")
+
+
 def bin_dir(tmp: Path) -> Path:
     """A folder whose `ortserve` runs this checkout: the virtualenv's console script when installed
     (`make test` installs the package), else a two-line shim to `python -m server` for a bare checkout."""

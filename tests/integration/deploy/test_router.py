@@ -30,7 +30,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy_tools import DEPLOY, ROOT
-from replica_tools import free_port
+from replica_tools import free_port, free_port_run
 
 SCRIPT = DEPLOY / "router" / "ortserve-router.sh"
 LITELLM_CONFIG = DEPLOY / "router" / "litellm.yaml"
@@ -62,25 +62,6 @@ class Fleet:
         return "\n".join(parts)
 
 
-def _consecutive_free_ports(n: int) -> int:
-    """A port p such that p .. p+n-1 are all free on 127.0.0.1 right now."""
-    import socket
-
-    for _ in range(50):
-        base = free_port()
-        try:
-            socks = []
-            for port in range(base, base + n):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no run of free ports")
 
 
 def _wait_ok(url: str, alive, timeout_s: float, what: str, logs) -> None:
@@ -132,7 +113,7 @@ def _prefix_hits(base: str) -> float:
 def fleet(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """ortserve-router.sh as a user runs it: 2 paced CPU replicas of the default model and its router."""
     tmp = tmp_path_factory.mktemp("router")
-    base_port = _consecutive_free_ports(2)
+    base_port = free_port_run(2)
     router_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORTSERVE_") or k == "ORTSERVE_CACHE_DIR"}
     env.update(
