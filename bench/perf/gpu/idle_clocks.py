@@ -14,13 +14,12 @@ its first step, and writes DIR/idle_clocks.json.
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import json
-import os
 import random
 import shutil
 import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -28,28 +27,14 @@ from pathlib import Path
 import httpx
 
 from bench.perf.gpu.gaps import read_trace
+from bench.perf.serve import start_server
 from bench.scenarios import make_prompt
 
 FIELDS = "timestamp,clocks.sm,clocks.mem,pstate,power.draw,utilization.gpu"
-IDLES_S = tuple(float(x) for x in os.environ.get("IDLES_S", "0 0.5 2 5 10 20").split())
+IDLES_S = (0.0, 0.5, 2.0, 5.0, 10.0, 20.0)
 
 
-def _wait_health(url: str, proc: subprocess.Popen, timeout_s: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited ({proc.returncode})")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("server not ready")
-
-
-def _request(client: httpx.Client, url: str, prompt: str) -> dict:
-    model = client.get(f"{url}/v1/models").json()["data"][0]["id"]
+def _request(client: httpx.Client, url: str, model: str, prompt: str) -> dict:
     body = {"model": model, "prompt": prompt, "max_tokens": 8, "stream": True, "temperature": 0}
     sent = time.time()
     first = None
@@ -73,27 +58,27 @@ def run(args: argparse.Namespace) -> None:
     else:
         (out / "clocks.csv").write_text("")
         print("no nvidia-smi: no clock samples", flush=True)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--model", args.model, "--provider", args.provider,
-         "--max-model-len", "1024", "--max-batch", "8", "--port", str(args.port), "--log-level", "warning",
-         "--speculative-tokens", "0", "--step-trace", str(out / "trace.jsonl"), *args.serve_arg],
-        stdout=(out / "server.log").open("w"), stderr=subprocess.STDOUT)
     rng = random.Random(0)
     records = []
+    server = None
     try:
-        _wait_health(url, server)
+        server = start_server(args.model, args.port, None, "--max-model-len", "1024", "--max-batch", "8",
+                              "--speculative-tokens", "0", "--step-trace", str(out / "trace.jsonl"), *args.serve_arg,
+                              ready_timeout_s=240, log=out / "server.log", provider=args.provider)
         with httpx.Client(timeout=120) as client:
-            _request(client, url, make_prompt(args.prompt_words, rng))  # the first request's one-off costs
-            for idle in IDLES_S:
+            model = client.get(f"{url}/v1/models").json()["data"][0]["id"]
+            _request(client, url, model, make_prompt(args.prompt_words, rng))  # the first request's one-off costs
+            for idle in args.idle_s:
                 time.sleep(idle)
                 for warm in (False, True):  # NOTE(bench): new words each time, so no prefix is reused
-                    record = _request(client, url, make_prompt(args.prompt_words, rng))
+                    record = _request(client, url, model, make_prompt(args.prompt_words, rng))
                     records.append({"idle_s": 0.0 if warm else idle, **record})
                     ttft_ms = (record["first_s"] - record["sent_s"]) * 1e3
                     print(f"idle {records[-1]['idle_s']:5.1f} s: TTFT {ttft_ms:6.1f} ms", flush=True)
     finally:
-        server.terminate()
-        server.wait(30)
+        if server is not None:
+            server.terminate()
+            server.wait(30)
         if clocks is not None:
             clocks.terminate()
         (out / "requests.json").write_text(json.dumps(records, indent=1))
@@ -117,13 +102,9 @@ def read_clocks(path: Path) -> list[dict]:
 
 
 def _at(samples: list[dict], t: float) -> dict | None:
-    """The last sample taken at or before ``t``."""
-    last = None
-    for s in samples:
-        if s["t"] > t:
-            break
-        last = s
-    return last
+    """The last sample taken at or before ``t`` (``samples`` in time order)."""
+    i = bisect.bisect_right(samples, t, key=lambda s: s["t"])
+    return samples[i - 1] if i else None
 
 
 def show_dir(out: Path) -> list[dict]:
@@ -161,6 +142,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--port", type=int, default=8190)
     p.add_argument("--prompt-words", type=int, default=440)
+    p.add_argument("--idle-s", type=float, nargs="+", default=IDLES_S, help="the idle spells, in order (seconds)")
     p.add_argument("--serve-arg", action="append", default=[], help="one more server argument (repeatable)")
     s = sub.add_parser("show")
     s.add_argument("dir")

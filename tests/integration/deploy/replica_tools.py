@@ -9,6 +9,7 @@ provider differ from the deploy files.
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import signal
 import socket
@@ -79,12 +80,9 @@ def free_port_run(n: int) -> int:
     The run lies below the kernel's ephemeral range: a port there is never a client socket's local port.
     Inside the range, the second port of a run found with bind(0) (odd) is the even parity connect() picks
     first, and CI saw a replica fail to bind because the test's own health polls held it."""
-    import random
-
     low = _ephemeral_low()
-    rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(10000, low - n)
+        base = random.randrange(10000, low - n)
         socks: list[socket.socket] = []
         try:
             for port in range(base, base + n):
