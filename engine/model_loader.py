@@ -17,7 +17,8 @@ import onnxruntime as ort
 
 from engine.chat_template import ChatTemplate, chat_template_source
 from engine.config import EngineConfig
-from engine.tokenizer import END_OF_TURN_TOKENS, Tokenizer
+from engine.end_of_generation import eog_token_ids
+from engine.tokenizer import Tokenizer
 from engine.types import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class ModelFolder:
     genai: dict[str, Any]
     tokenizer: Tokenizer
     chat_template: ChatTemplate
-    eos_token_ids: frozenset[int]
+    eog_token_ids: frozenset[int]  # every id that ends generation (llama.cpp's EOG set; grammars allow them)
     num_layers: int
     num_kv_heads: int
     head_size: int
@@ -65,6 +66,11 @@ class ModelFolder:
     @property
     def model_name(self) -> str:
         return self.path.name
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The end-of-generation set under its older name."""
+        return self.eog_token_ids
 
 
 def _read_json(path: Path, *, required: bool) -> dict[str, Any]:
@@ -126,21 +132,23 @@ def read_model_folder(path: str | Path, chat_template: str | None = None) -> Mod
         chat_template = ChatTemplate((path / "chat_template.jinja").read_text(encoding="utf-8"),
                                      chat_template.special_tokens)
 
-    # NOTE(engine): a request ends at any of: genai/generation eos ids, the tokenizer's eos token, and the
-    # template's end-of-turn token (e.g. <|im_end|>) when the template uses it.
+    # NOTE(engine): a request ends at any end-of-generation token, decided as llama.cpp decides it
+    # (engine.end_of_generation): the folder's eos ids (genai_config, generation_config, the tokenizer's
+    # eos_token), eot/eom, FIM pad/repo/separator and every token llama.cpp ends on by its text. Folders converted
+    # before the builder wrote the whole set get it here.
     eos = _ids(model.get("eos_token_id")) | _ids(gen_config.get("eos_token_id"))
     eos_text = chat_template.special_tokens.get("eos_token")
-    for token in ([eos_text] if eos_text else []) + [t for t in END_OF_TURN_TOKENS
-                                                      if t in (chat_template.source or "")]:
-        token_id = tokenizer.token_to_id(token)
-        if token_id is not None:
-            eos.add(token_id)
-    if not eos:
-        log.warning("model %s names no eos token; requests end only at max_tokens or stop strings", path)
+    if eos_text and tokenizer.token_to_id(eos_text) is not None:
+        eos.add(tokenizer.token_to_id(eos_text))
+    eog = eog_token_ids(tokenizer.hf.get_vocab(with_added_tokens=True), eos_ids=eos,
+                        vocab_size=tokenizer.vocab_size)
+    if not eog:
+        log.warning("model %s names no end-of-generation token; requests end only at max_tokens or stop strings",
+                    path)
     search_max = genai.get("search", {}).get("max_length")
     return ModelFolder(
         path=path, model_file=model_file, genai=genai, tokenizer=tokenizer, chat_template=chat_template,
-        eos_token_ids=frozenset(eos), num_layers=num_layers, num_kv_heads=num_kv_heads, head_size=head_size,
+        eog_token_ids=eog, num_layers=num_layers, num_kv_heads=num_kv_heads, head_size=head_size,
         context_length=context_length, search_max_length=int(search_max) if search_max else None,
         generation_config=gen_config,
     )
