@@ -1,4 +1,4 @@
-"""bench.perf.ceiling: the bare ONNX Runtime loop does the engine's work (same greedy tokens) and reports figures."""
+"""perf.ceiling: the bare ONNX Runtime loop does the engine's work (same greedy tokens) and reports figures."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.perf import ceiling
+from perf import ceiling
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.types import SamplingParams, StepInfo

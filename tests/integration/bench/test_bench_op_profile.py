@@ -1,10 +1,10 @@
-"""bench.perf.op_profile on the tiny model: every node of a decode step is counted, MatMulNBits among them."""
+"""perf.op_profile on the tiny model: every node of a decode step is counted, MatMulNBits among them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.perf.op_profile import profile_decode
+from perf.op_profile import profile_decode
 
 
 def test_profile_counts_the_decode_steps_nodes(tiny_model: Path) -> None:

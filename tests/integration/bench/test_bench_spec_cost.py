@@ -1,11 +1,11 @@
-"""bench.perf.spec_cost on the tiny model: every produced token is a decode run's or a check's."""
+"""perf.spec_cost on the tiny model: every produced token is a decode run's or a check's."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
-from bench.perf.spec_cost import check_costs, count_runs
+from perf.spec_cost import check_costs, count_runs
 
 
 def test_runs_are_counted_and_checks_timed(tiny_model: Path) -> None:

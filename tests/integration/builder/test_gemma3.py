@@ -27,7 +27,7 @@ import onnxruntime as ort
 import pytest
 from tokenizers import Tokenizer
 
-from bench.perf.gqa_window import last_logits
+from perf.gqa_window import last_logits
 from engine.async_engine import AsyncEngine
 from engine.builder import pull_model
 from engine.builder.gguf_reader import convert_tensor, open_gguf

@@ -1,10 +1,10 @@
-"""bench/perf/gpu/gaps.py: a report's largest token gaps, each beside the engine steps that overlap it."""
+"""perf/gpu/gaps.py: a report's largest token gaps, each beside the engine steps that overlap it."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.perf.gpu import gaps
+from perf.gpu import gaps
 
 
 def _report(started: float) -> dict:

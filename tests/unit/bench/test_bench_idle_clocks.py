@@ -1,4 +1,4 @@
-"""bench/perf/gpu/idle_clocks.py: each request after idle beside its prompt steps and the GPU clock samples."""
+"""perf/gpu/idle_clocks.py: each request after idle beside its prompt steps and the GPU clock samples."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from bench.perf.gpu import idle_clocks
+from perf.gpu import idle_clocks
 
 
 def _stamp(t: float) -> str:

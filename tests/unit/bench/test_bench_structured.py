@@ -1,4 +1,4 @@
-"""bench.perf.structured: the grammars it times are valid (they compile in the engine's backend), and each compile
+"""perf.structured: the grammars it times are valid (they compile in the engine's backend), and each compile
 variant is new (a different cache key), so every cold request really compiles."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from bench.perf.structured import TOOLS, _auto_grammar, _calls_schema, _variant
+from perf.structured import TOOLS, _auto_grammar, _calls_schema, _variant
 from engine.structured_output import StructuredOutputBackend
 from server.protocol import ChatCompletionRequest
 

@@ -1,10 +1,10 @@
-"""bench.perf.compare_cpu's summary on hand-built rounds: ratios are taken within a round, then the median."""
+"""perf.compare_cpu's summary on hand-built rounds: ratios are taken within a round, then the median."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.perf.compare_cpu import figures_of, markdown, summarize_report
+from perf.compare_cpu import figures_of, markdown, summarize_report
 
 
 def summary(*, tpot_ms: float, out_tps: float, ttft_p50_ms: float = 100.0, ttft_p99_ms: float = 200.0,

@@ -1,10 +1,10 @@
-"""bench.perf.op_profile.summarize: per-op-type figures from hand-built profiler events."""
+"""perf.op_profile.summarize: per-op-type figures from hand-built profiler events."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.perf.op_profile import summarize
+from perf.op_profile import summarize
 
 
 def _run(ts: int, dur: int) -> dict:
@@ -36,7 +36,7 @@ def test_too_few_runs_is_an_error_naming_them() -> None:
 
 
 def test_spec_cost_counts_checks_in_decode_steps() -> None:
-    from bench.perf.spec_cost import tokens_per_step
+    from perf.spec_cost import tokens_per_step
 
     counts = {"tokens": 20, "decode": 10, "checks": {2: 2, 4: 1}}
     # checks of 2 cost 1.5 steps, of 4 interpolated between 3 (2.0) and 5 (3.0): 2.5; 10 + 3 + 2.5 = 15.5 steps

@@ -1,4 +1,4 @@
-"""bench/perf/sampler.py on synthetic rows (no model): another checkout's sampler loads beside this tree's, and a
+"""perf/sampler.py on synthetic rows (no model): another checkout's sampler loads beside this tree's, and a
 short run reports every route of every case."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import engine.sampler
 import engine.sampling
-from bench.perf import sampler as bench
+from perf import sampler as bench
 
 
 def test_another_checkout_loads_beside_this_one():
