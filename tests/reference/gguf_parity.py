@@ -3,9 +3,9 @@
 The converted folder's tokenizer.json must give llama.cpp's token ids (BOS included) and decode them back; then a
 few prompts of 32 tokens run through both (all positions at once, llama.cpp with logits_all) and the argmax
 after every position is compared. llama.cpp runs as a subprocess of the dev-only `.bench-venv`
-(perf/llamacpp_peer.py). Not a test: tests/integration/builder/test_llamacpp_parity.py asserts on it.
+(tests/reference/llamacpp_peer.py). Not a test: tests/integration/builder/test_llamacpp_parity.py asserts on it.
 
-    .venv/bin/python -m perf.gguf_parity --gguf .cache/gguf/gemma-3-270m-q4_k_m.gguf \\
+    .venv/bin/python -m tests.reference.gguf_parity --gguf .cache/gguf/gemma-3-270m-q4_k_m.gguf \\
         --model-dir .cache/gemma3-270m [--model-dir OTHER_FOLDER ...] [--json out.json]
 """
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-PEER = ROOT / "bench" / "perf" / "llamacpp_peer.py"
+ROOT = Path(__file__).resolve().parents[2]
+PEER = Path(__file__).with_name("llamacpp_peer.py")
 DEFAULT_PEER_PYTHON = ROOT / ".bench-venv" / "bin" / "python"
 
 # English, code, CJK, emoji, runs of spaces and newlines, leading and trailing spaces.
@@ -52,7 +52,7 @@ PROMPT_TOKENS = 32
 
 
 class Peer:
-    """llama.cpp in a subprocess (perf/llamacpp_peer.py), one JSON request per line."""
+    """llama.cpp in a subprocess (tests/reference/llamacpp_peer.py), one JSON request per line."""
 
     def __init__(self, gguf: Path, *, python: Path = DEFAULT_PEER_PYTHON, threads: int = 2,
                  logits_all: bool = False, n_ctx: int = 2048, omp_wait_policy: str | None = None) -> None:

@@ -13,7 +13,7 @@ from perf import sampler as bench
 
 
 def test_another_checkout_loads_beside_this_one():
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[2]
     other = bench.load_sampler(root)
     assert other is not engine.sampler and other.RequestSampler is not engine.sampler.RequestSampler
     assert other.draw_tokens is not engine.sampler.draw_tokens  # its own engine.sampling
@@ -22,13 +22,13 @@ def test_another_checkout_loads_beside_this_one():
 
 def test_a_revision_loads_without_a_checkout(tmp_path):
     tree, sha = bench.checkout_of("HEAD", tmp_path)
-    assert tree == tmp_path and sha == bench.git_sha(Path(__file__).resolve().parents[3])
+    assert tree == tmp_path and sha == bench.git_sha(Path(__file__).resolve().parents[2])
     other = bench.load_sampler(tree)
     assert other.__file__ == str(tmp_path / "engine" / "sampler.py") and hasattr(other, "sample_batch")
 
 
 def test_a_short_run_reports_every_route(tmp_path):
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "sampler.json"
     assert bench.main(["--synthetic", "2048", "--rows", "16", "--rounds", "2", "--min-s", "0.001",
                        "--case", "temperature 1", "--case", "presence 0.5 + top_p 0.9", "--before", str(root),

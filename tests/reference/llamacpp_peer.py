@@ -1,9 +1,9 @@
 """llama.cpp on a GGUF as a subprocess peer, driven by JSON lines on stdin (one JSON answer per line on stdout).
 
 Runs under the dev-only llama-cpp-python venv (`INSTALL_ONLY=1 perf/compare_cpu.sh` builds `.bench-venv/`), never
-under ortserve's: it imports llama_cpp and numpy only. perf/gguf_parity.py and perf/compare_gguf.py start it.
+under ortserve's: it imports llama_cpp and numpy only. tests/reference/gguf_parity.py and perf/compare_gguf.py start it.
 
-    .bench-venv/bin/python perf/llamacpp_peer.py --gguf FILE --threads 2 [--logits-all]
+    .bench-venv/bin/python tests/reference/llamacpp_peer.py --gguf FILE --threads 2 [--logits-all]
 
 Requests:
     {"cmd": "tokenize", "texts": [...], "add_special": true}  -> {"ids": [[...], ...]}
