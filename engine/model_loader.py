@@ -5,6 +5,8 @@ Owns genai_config.json parsing and graph I/O validation; every failure is a Mode
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 import os
@@ -17,6 +19,7 @@ import onnxruntime as ort
 
 from engine.chat_template import ChatTemplate, chat_template_source
 from engine.config import EngineConfig
+from engine.context_length import GIB, ContextChoice, choose_context, kv_bytes_per_token
 from engine.end_of_generation import eog_token_ids
 from engine.tokenizer import Tokenizer
 from engine.types import ModelLoadError
@@ -66,6 +69,21 @@ class ModelFolder:
     @property
     def model_name(self) -> str:
         return self.path.name
+
+    @functools.cached_property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes of one KV element: the graph's past-key input type (read without the weights); 4 if unknown."""
+        import onnx  # only here: the graph's structure at load
+
+        try:
+            proto = onnx.load(str(self.model_file), load_external_data=False)
+        except Exception:  # noqa: BLE001 - check_share_buffer reports an unreadable graph
+            return 4
+        for graph_input in proto.graph.input:
+            if graph_input.name.startswith("past_key_values") or ".key" in graph_input.name:
+                elem = graph_input.type.tensor_type.elem_type
+                return 2 if elem in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) else 4
+        return 4
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -154,16 +172,28 @@ def read_model_folder(path: str | Path, chat_template: str | None = None) -> Mod
     )
 
 
-def resolve_max_model_len(folder: ModelFolder, config: EngineConfig, kv_length: int | None) -> int:
-    """min(context_length, search.max_length or 2048), or the configured value (checked against both)."""
-    limit = folder.context_length or folder.search_max_length or DEFAULT_MAX_LENGTH
-    default = min(limit, folder.search_max_length or DEFAULT_MAX_LENGTH)
-    value = config.max_model_len or default
-    if value > limit:
-        raise ModelLoadError(f"max_model_len {value} exceeds the model's context_length {limit}")
-    if kv_length is not None and value > kv_length:
-        value = kv_length  # a static KV length in the graph bounds the context
-    return value
+def choose_max_model_len(folder: ModelFolder, config: EngineConfig, kv_length: int | None) -> ContextChoice:
+    """The configured max_model_len (checked against the trained context), else the model's trained context
+    reduced only to what the KV memory budget allows for ``config.max_batch`` rows (engine.context_length).
+
+    A static KV length baked into the graph (``kv_length``) bounds either.
+
+    Raises:
+        ModelLoadError: a configured value over the trained context, or a budget too small for any context.
+    """
+    trained = folder.context_length or folder.search_max_length or DEFAULT_MAX_LENGTH
+    if config.max_model_len is not None and config.max_model_len > trained:
+        raise ModelLoadError(f"max_model_len {config.max_model_len} exceeds the model's context_length {trained}")
+    per_token = kv_bytes_per_token(folder.num_layers, folder.num_kv_heads, folder.head_size, folder.kv_dtype_bytes)
+    budget = None if config.kv_cache_memory_gib is None else int(config.kv_cache_memory_gib * GIB)
+    try:
+        choice = choose_context(trained, requested=config.max_model_len, num_rows=config.max_batch,
+                                kv_bytes_per_token=per_token, budget_bytes=budget)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    if kv_length is not None and choice.value > kv_length:
+        choice = dataclasses.replace(choice, value=kv_length)  # a static KV length in the graph bounds the context
+    return choice
 
 
 def check_graph(folder: ModelFolder, session: ort.InferenceSession, *, packed_input: str | None = None) -> GraphIO:
