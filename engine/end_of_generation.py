@@ -43,8 +43,8 @@ def eog_token_ids(
         eot_id, eom_id, fim_*_id: the GGUF's own ids where it names them; None -> found by text, as llama.cpp.
         vocab_size: ids at or past it are dropped (None: ``len(vocab)``'s bound is not applied).
     Returns:
-        The set, e.g. {151643, 151645, 151662, 151663, 151664} for Qwen2.5-Coder (<|endoftext|>, <|im_end|>,
-        <|fim_pad|>, <|repo_name|>, <|file_sep|>).
+        The set, e.g. {128247, 151643, 151645, 151662, 151663, 151664} for Qwen2.5-Coder ("</s>", <|endoftext|>,
+        <|im_end|>, <|fim_pad|>, <|repo_name|>, <|file_sep|>).
     """
     def by_text(given: int | None, texts: tuple[str, ...]) -> int | None:
         if given is not None:
@@ -61,11 +61,12 @@ def eog_token_ids(
         eog = {i for i in eog if 0 <= i < vocab_size}
     texts = {vocab_text: i for vocab_text, i in vocab.items() if i in eog}
     # NOTE(engine): llama.cpp's workarounds: in gpt-oss (o200k_harmony, <|return|> + <|call|>) and solar-open
-    # (<|calls|> + <|flush|>) vocabularies <|end|> ends a message, not the generation; where <|tool_response>
-    # ends a turn (Gemma 4, PaddleOCR), </s> does not.
+    # (<|calls|> + <|flush|>) vocabularies <|end|> ends a message, not the generation; in Gemma 4 (<|tool_response>)
+    # and PLaMo (<|plamo:eos|>) vocabularies </s> is a normal token. Elsewhere a </s> ends generation even where
+    # the vocabulary has it as a normal token (PaddleOCR's rule; Qwen2.5's HTML "</s>", id 128247, is one).
     has_call = "<|call|>" in texts or "<|calls|>" in texts
     if "<|end|>" in texts and has_call and ("<|return|>" in texts or "<|flush|>" in texts):
         eog.discard(texts["<|end|>"])
-    if "<|tool_response>" in texts and "</s>" in texts:
+    if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in vocab):
         eog.discard(texts["</s>"])
     return frozenset(eog)

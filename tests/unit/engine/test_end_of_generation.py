@@ -9,10 +9,10 @@ def vocab(*texts: str) -> dict[str, int]:
     return {t: i for i, t in enumerate(texts)}
 
 
-def test_qwen_ends_on_endoftext_im_end_and_its_fim_repo_and_file_separator_tokens():
+def test_qwen_ends_on_endoftext_im_end_its_fim_repo_and_file_separator_tokens_and_closing_s():
     v = vocab("hello", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_middle|>",
-              "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_call>")
-    assert eog_token_ids(v, eos_ids=[3]) == {1, 3, 7, 8, 9}
+              "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_call>", "</s>")
+    assert eog_token_ids(v, eos_ids=[3]) == {1, 3, 7, 8, 9, 11}
 
 
 def test_the_eos_eot_and_eom_ids_count_whatever_their_text():
@@ -42,6 +42,7 @@ def test_harmony_vocabularies_end_on_return_and_call_but_not_on_end():
 
 def test_tool_response_vocabularies_do_not_end_on_closing_s():
     assert eog_token_ids(vocab("<s>", "</s>", "<|tool_response>", "<turn|>")) == {2, 3}
+    assert eog_token_ids(vocab("<s>", "</s>", "<|plamo:eos|>"), eos_ids=[2]) == {2}
     assert eog_token_ids(vocab("<s>", "</s>")) == {1}
 
 
