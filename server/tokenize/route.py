@@ -6,8 +6,8 @@ import anyio
 from fastapi import APIRouter, Request
 
 from engine.types import InvalidRequestError
-from server.protocol_tokenize import DetokenizeRequest, TokenizeRequest, tokenize_response
-from server.routes.common import chat_prompt, completion_prompt_ids, engine_for
+from server.tokenize.protocol import DetokenizeRequest, TokenizeRequest, tokenize_response
+from server.http.prepare import chat_prompt, completion_prompt_ids, engine_for
 
 router = APIRouter(tags=["tokenize"])
 

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from engine.types import InvalidRequestError
-from server import protocol_embeddings as wire
+from server.embeddings import protocol as wire
 from server.engine_client import EmbedderClient
 from server.state import ServerState, get_state
 

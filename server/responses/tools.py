@@ -11,9 +11,9 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from engine.types import InvalidRequestError
-from server.protocol import OpenAIBaseModel
+from server.openai.protocol import OpenAIBaseModel
 
-logger = logging.getLogger("server.protocol_responses")
+logger = logging.getLogger("server.responses.protocol")
 
 # Tool types the Responses API runs on OpenAI's side. Offered ones are skipped (a warning is logged), so that
 # clients which always offer them (Codex CLI sends web_search on every turn) still work; forcing one is a 400.

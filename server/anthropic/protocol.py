@@ -3,7 +3,7 @@ objects and the error shape.
 
 A Messages request becomes a ChatCompletionRequest (system + messages -> chat messages, tools -> function tools,
 tool_choice and output_config.format -> their chat fields), so prompt building, tool grammars and reasoning are
-the chat path's; server/message_events.py turns the chat deltas back into content blocks and stream events.
+the chat path's; server/anthropic/events.py turns the chat deltas back into content blocks and stream events.
 Must not import onnxruntime or any engine module other than engine.types.
 """
 
@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from engine.types import InvalidRequestError, PromptTooLongError
-from server.protocol import ChatCompletionRequest, OpenAIBaseModel, chat_request_from, param_renamer, renamed_errors
+from server.openai.protocol import (ChatCompletionRequest, OpenAIBaseModel, chat_request_from, param_renamer,
+                                    renamed_errors)
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from server.protocol import error_body
+from server.openai.protocol import error_body
 
 
 def _json_response(status_line: bytes, message: str, code: str) -> bytes:

@@ -1,6 +1,6 @@
 """POST /v1/messages (Anthropic's Messages API) and POST /v1/messages/count_tokens, on the chat path.
 
-The request becomes a chat request (server.protocol_anthropic); prompt building, tools, reasoning, the engine
+The request becomes a chat request (server.anthropic.protocol); prompt building, tools, reasoning, the engine
 run and streaming are the chat route's. The output's chat deltas become content blocks in one
 message_events.MessageAssembler. Errors on these routes take Anthropic's shape (server.errors).
 """
@@ -16,13 +16,13 @@ from sse_starlette import EventSourceResponse
 
 from engine.types import FinishReason
 
-from server import protocol_anthropic as wire
+from server.anthropic import protocol as wire
 from server.errors import error_for
-from server.message_events import Event, MessageAssembler
-from server.protocol_anthropic import CountTokensRequest, MessagesRequest, as_messages_errors
+from server.anthropic.events import Event, MessageAssembler
+from server.anthropic.protocol import CountTokensRequest, MessagesRequest, as_messages_errors
 from server.reasoning import DeltaSource
-from server.routes.common import chat_prompt, engine_for, prepare_chat, start_run, start_tracking
-from server.streaming import EngineRun, StreamContext, check_error, collected, event_source, named_event, \
+from server.http.prepare import chat_prompt, engine_for, prepare_chat, start_run, start_tracking
+from server.http.streaming import EngineRun, StreamContext, check_error, collected, event_source, named_event, \
     with_error_event
 
 router = APIRouter(tags=["messages"])

@@ -6,11 +6,11 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server import protocol
-from server.large_bodies import ThreadedBodyRoute
-from server.protocol import ChatCompletionRequest
-from server.routes.common import THREADED_MESSAGES, engine_for, prepare_chat, start_run, start_tracking
-from server.streaming import collect, stream_chat, tool_finish_reason
+from server.openai import protocol
+from server.http.large_bodies import ThreadedBodyRoute
+from server.openai.protocol import ChatCompletionRequest
+from server.http.prepare import THREADED_MESSAGES, engine_for, prepare_chat, start_run, start_tracking
+from server.http.streaming import collect, stream_chat, tool_finish_reason
 
 router = APIRouter(tags=["generation"], route_class=ThreadedBodyRoute)
 

@@ -2,7 +2,7 @@
 
 One ResponseAssembler serves both the streamed answer (its events) and the collected one (its final
 response()), so the body of `response.completed` and the non-streamed body are the same object. Pure: no
-I/O, no engine import; wire objects come from server.protocol_responses.
+I/O, no engine import; wire objects come from server.responses.protocol.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from server import protocol_responses as wire
+from server.responses import protocol as wire
 
 Event = dict[str, Any]
 

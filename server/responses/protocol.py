@@ -16,10 +16,11 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from server.protocol import ChatCompletionRequest, OpenAIBaseModel, chat_request_from, param_renamer, renamed_errors
-from server.responses_tools import FunctionTool, ToolNames, allowed_names, chat_tool_choice, function_tools
-from server.responses_tools import invalid as _invalid
-from server.responses_tools import typed as _typed
+from server.openai.protocol import (ChatCompletionRequest, OpenAIBaseModel, chat_request_from, param_renamer,
+                                    renamed_errors)
+from server.responses.tools import FunctionTool, ToolNames, allowed_names, chat_tool_choice, function_tools
+from server.responses.tools import invalid as _invalid
+from server.responses.tools import typed as _typed
 
 logger = logging.getLogger(__name__)
 

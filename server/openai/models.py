@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from server import protocol
+from server.openai import protocol
 from server.errors import ModelNotFoundError
 from server.state import get_state
 

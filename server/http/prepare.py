@@ -15,7 +15,7 @@ import anyio
 from starlette.requests import Request
 
 from engine.types import InvalidRequestError, PromptTooLongError, SamplingParams, StructuredOutput
-from server import protocol
+from server.openai import protocol
 from server.engine_client import EngineClient
 from server.errors import ModelNotFoundError
 from server.metrics import RequestTracker
@@ -23,7 +23,7 @@ from server.prompt import RenderedPrompt, TemplateOptions, render_prompt
 from server.reasoning import DeltaSource, ReasoningDeltas, ReasoningFormat
 from server.settings import Settings
 from server.state import ServerState, get_state
-from server.streaming import EchoedDeltas, EngineRun, StreamContext, TextDeltas
+from server.http.streaming import EchoedDeltas, EngineRun, StreamContext, TextDeltas
 from server.tools.grammar import Trigger, json_answer_grammar, with_thinking
 from server.tools.parsers import make_parser
 from server.tools.plan import ToolPlan, ToolRequest, plan_tools

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server import protocol
-from server.large_bodies import ThreadedBodyRoute
-from server.protocol import CompletionRequest
-from server.routes.common import (
+from server.openai import protocol
+from server.http.large_bodies import ThreadedBodyRoute
+from server.openai.protocol import CompletionRequest
+from server.http.prepare import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     checked_params,
     completion_prompt_ids,
@@ -16,7 +16,7 @@ from server.routes.common import (
     start_run,
     start_tracking,
 )
-from server.streaming import collect, stream_completion
+from server.http.streaming import collect, stream_completion
 
 router = APIRouter(tags=["generation"], route_class=ThreadedBodyRoute)
 

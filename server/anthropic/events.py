@@ -1,7 +1,7 @@
 """The Messages API's output side: chat-style deltas -> content blocks, the streamed events, and the Message.
 
 One MessageAssembler serves the streamed answer (its events) and the collected one (its message()), so both
-always agree. Pure: no I/O, no engine import; wire objects come from server.protocol_anthropic.
+always agree. Pure: no I/O, no engine import; wire objects come from server.anthropic.protocol.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from server import protocol_anthropic as wire
+from server.anthropic import protocol as wire
 
 Event = dict[str, Any]
 

@@ -1,7 +1,7 @@
 """Engine outputs -> SSE chunks or one collected response; a client that goes away aborts its request.
 
 Owns the lifetime of one engine request on the HTTP side (start, peek, stream/collect, abort).
-Builds wire objects only through server.protocol. No onnxruntime import.
+Builds wire objects only through server.openai.protocol. No onnxruntime import.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 
 from engine.types import EngineError, FinishReason, RequestOutput, TokenLogprob
-from server import protocol
-from server.protocol_responses import response_usage
-from server.response_events import Event, ResponseAssembler
+from server.openai import protocol
+from server.responses.protocol import response_usage
+from server.responses.events import Event, ResponseAssembler
 from server.engine_client import EngineClient
 from server.errors import EngineNotReadyError, ServerError, error_for
 from server.metrics import REJECTED, RequestTracker

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.types import FinishReason, InvalidRequestError, SamplingParams, TokenLogprob
 from server.prompt import TemplateOptions
-from server.protocol_structured import StructuredOutputFields
+from server.openai.structured import StructuredOutputFields
 from server.tools.plan import ToolRequest
 
 logger = logging.getLogger(__name__)

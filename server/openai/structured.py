@@ -1,7 +1,7 @@
 """Structured-output request fields on the wire: OpenAI's response_format, vLLM's structured_outputs and
 guided_* fields, llama.cpp's json_schema and grammar; all become one engine.types.StructuredOutput.
 
-Part of the wire layer beside server/protocol.py (which mixes StructuredOutputFields into its requests).
+Part of the wire layer beside server/openai/protocol.py (which mixes StructuredOutputFields into its requests).
 Imports only pydantic and engine.types; whether a spec compiles is the engine's to say (a 400 naming the
 field, raised before any streaming).
 """
@@ -94,7 +94,7 @@ def from_vllm_structured_outputs(value: dict[str, Any], param: str = "structured
 class StructuredOutputFields(BaseModel):
     """The structured-output fields that chat and completions requests share (mixed into both)."""
 
-    model_config = ConfigDict(extra="allow", strict=True)  # as server.protocol.OpenAIBaseModel
+    model_config = ConfigDict(extra="allow", strict=True)  # as server.openai.protocol.OpenAIBaseModel
 
     response_format: dict[str, Any] | None = Field(
         None, description="{'type': 'text' | 'json_object' | 'json_schema', 'json_schema': {'name', 'schema', "

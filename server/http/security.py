@@ -14,9 +14,9 @@ import anyio
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.memory import MemoryReclaim
-from server.protocol import error_body
-from server.protocol_anthropic import from_openai_error, is_anthropic_path
+from server.http.memory import MemoryReclaim
+from server.openai.protocol import error_body
+from server.anthropic.protocol import from_openai_error, is_anthropic_path
 
 
 async def _send_json(send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] | None = None,
@@ -64,7 +64,7 @@ class AuthMiddleware:
                          [(b"www-authenticate", b"Bearer")], path=scope["path"])
 
 
-# Bodies at least this large make the server give memory back shortly after their request (server.memory).
+# Bodies at least this large make the server give memory back shortly after their request (server.http.memory).
 _LARGE_BODY_BYTES = 64 << 10
 
 

@@ -1,6 +1,6 @@
 """POST /v1/responses (OpenAI's Responses API) on the chat path, and the stored responses (GET/DELETE).
 
-The request becomes a chat request (server.protocol_responses); prompt building, the engine run and the
+The request becomes a chat request (server.responses.protocol); prompt building, the engine run and the
 streaming helpers are the chat route's. Stored responses live in the app's bounded in-memory ResponseStore.
 """
 
@@ -12,14 +12,14 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.types import InvalidRequestError
-from server import protocol_responses as wire
+from server.responses import protocol as wire
 from server.errors import ResponseNotFoundError
-from server.protocol_responses import ResponsesRequest, as_responses_errors
-from server.response_events import ResponseAssembler
-from server.response_store import make_stored
-from server.routes.common import engine_for, prepare_chat, start_run, start_tracking
+from server.responses.protocol import ResponsesRequest, as_responses_errors
+from server.responses.events import ResponseAssembler
+from server.responses.store import make_stored
+from server.http.prepare import engine_for, prepare_chat, start_run, start_tracking
 from server.state import ServerState, get_state
-from server.streaming import collect_response, stream_response
+from server.http.streaming import collect_response, stream_response
 
 router = APIRouter(tags=["responses"])
 
