@@ -206,11 +206,16 @@ class Scheduler:
         max_prefills: the most requests whose prompt chunks run in one step (0: as many as the budget holds;
             1: the oldest request's only, one step each).
         min_prefix_reuse: the shortest cached prefix worth reusing (see ``SlotPrefixCache``).
+        prompt_budget: tokens of new requests' whole prompts (no reused prefix, no other choices, 2 to
+            ``batched_prompt_len`` tokens) a step takes beside ``token_budget``: the core runs them together
+            (``EngineCore._run_prompts``); 0: none beside it.
+        batched_prompt_len: the longest prompt that counts against ``prompt_budget``.
     """
 
     def __init__(self, num_slots: int, max_waiting: int, token_budget: int, *, prefix_caching: bool = False,
                  can_copy: bool = False, speculative_tokens: int = 0, speculative_max_batch: int = 1,
-                 low_slots: bool = False, max_prefills: int = 0, min_prefix_reuse: int = 1) -> None:
+                 low_slots: bool = False, max_prefills: int = 0, min_prefix_reuse: int = 1, prompt_budget: int = 0,
+                 batched_prompt_len: int = 0) -> None:
         if token_budget <= num_slots:
             raise ValueError(f"token_budget must be > num_slots ({num_slots}), got {token_budget}")
         self.num_slots = num_slots
@@ -220,6 +225,8 @@ class Scheduler:
         self.speculative_max_batch = speculative_max_batch
         self.check_cost = CheckCost()  # a draft check's cost on this device, measured by the core (every drafter's)
         self.max_prefills = max_prefills if max_prefills > 0 else num_slots
+        self.prompt_budget = prompt_budget if batched_prompt_len >= 2 else 0
+        self.batched_prompt_len = batched_prompt_len
         self.waiting: deque[Request] = deque()
         self.running: dict[tuple[str, int], Request] = {}  # by Request.key, in admission order
         self.cache = SlotPrefixCache(num_slots, enabled=prefix_caching, can_copy=can_copy, low_slots=low_slots,
@@ -284,14 +291,22 @@ class Scheduler:
                 budget -= sum(len(v.draft) for v in verify)
         # 3. Prefill: a chunk of each admitted request still in its prompt, oldest first, while the budget
         #    lasts (forks wait for choice 0).
+        #    New requests' whole short prompts take the prompt budget first, where there is one (run together).
         prefills = []
+        prompt_budget = self.prompt_budget
         for request in self.running.values():
-            if len(prefills) >= self.max_prefills or budget <= 0:
+            if len(prefills) >= self.max_prefills or (budget <= 0 and prompt_budget <= 0):
                 break
             if not request.in_prefill or request.parent is not None:
                 continue
             start = request.num_computed_tokens
             remaining = len(request.prompt_ids) - start
+            if start == 0 and not request.forks and 2 <= remaining <= min(self.batched_prompt_len, prompt_budget):
+                prefills.append(PrefillChunk(request, 0, remaining))
+                prompt_budget -= remaining
+                continue
+            if budget <= 0:
+                continue
             num = min(remaining, budget)
             if remaining - num == 1 and num > 1:
                 num -= 1  # NOTE(engine): no 1-token last chunk (see prefix_cache.MIN_RECOMPUTED)

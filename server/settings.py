@@ -135,6 +135,11 @@ class Settings(BaseSettings):
         "tokens, which join the step's decode run (default: on with the CUDA EP, where a run costs its kernel "
         "launches; --no-batched-prompts runs each prompt's chunks on their own)."
     )
+    batched_prompt_tokens: int | None = Field(
+        None, ge=0, le=1_048_576, description="With batched prompts, the most tokens of new requests' whole prompts "
+        "one engine step runs together beside its token budget, so many arrivals at once take a few runs (default: "
+        "2048; 0: within the token budget)."
+    )
     device_row_summary: bool | None = Field(
         None, description="Captured decode steps also compute each row's argmax and log-normalizer on the device "
         "(default: on with the CUDA EP; greedy tokens and their logprobs then skip a pass over the logits on the "
