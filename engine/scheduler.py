@@ -166,10 +166,6 @@ class SchedulerOutput:
         return (len(self.decode) + sum(len(v.draft) + 1 for v in self.verify)
                 + sum(c.num_tokens for c in self.prefills))
 
-    @property
-    def is_empty(self) -> bool:
-        return not self.prefills and not self.decode and not self.verify
-
 
 @dataclass(frozen=True)
 class Finished:
