@@ -25,7 +25,7 @@ from server.settings import Settings
 from server.state import ServerState, get_state
 from server.streaming import EchoedDeltas, EngineRun, StreamContext, TextDeltas
 from server.tools.grammar import Trigger, json_answer_grammar, with_thinking
-from server.tools.parsers import make_parser
+from server.tools.formats import make_format
 from server.tools.plan import ToolPlan, ToolRequest, plan_tools
 from server.tools.stream import ToolCallStream
 
@@ -188,7 +188,7 @@ class PreparedChat:
     def delta_source(self) -> DeltaSource:
         """A fresh reader of one choice's output: thinking split off first, then the answer read by the tool-call
         parser (or as plain text). Feed it the output; its ``message()`` is the whole answer."""
-        inner: DeltaSource = (ToolCallStream(make_parser(self.plan.parser), self.plan.max_calls, self.plan.tool_names)
+        inner: DeltaSource = (ToolCallStream(make_format(self.plan.parser), self.plan.max_calls, self.plan.tool_names)
                               if self.plan.parser else TextDeltas())
         source = ReasoningDeltas(self.reasoning, inner) if self.reasoning is not None else inner
         return EchoedDeltas(self.echo, source) if self.echo else source
