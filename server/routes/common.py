@@ -188,7 +188,8 @@ class PreparedChat:
     def delta_source(self) -> DeltaSource:
         """A fresh reader of one choice's output: thinking split off first, then the answer read by the tool-call
         parser (or as plain text). Feed it the output; its ``message()`` is the whole answer."""
-        inner: DeltaSource = (ToolCallStream(make_format(self.plan.parser), self.plan.max_calls, self.plan.tool_names)
+        inner: DeltaSource = (ToolCallStream(make_format(self.plan.parser, self.plan.tool_names), self.plan.max_calls,
+                                             self.plan.tool_names)
                               if self.plan.parser else TextDeltas())
         source = ReasoningDeltas(self.reasoning, inner) if self.reasoning is not None else inner
         return EchoedDeltas(self.echo, source) if self.echo else source

@@ -3,6 +3,7 @@ choice of format from the model's chat template."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from server.tools.formats.base import ParsedCall, ParsedMessage, ToolFormat
@@ -24,10 +25,11 @@ class _Template(Protocol):
     tool_source: str
 
 
-def make_format(name: str) -> ToolFormat:
-    """The format registered as ``name`` (KeyError names the known ones)."""
+def make_format(name: str, tool_names: Sequence[str] = ()) -> ToolFormat:
+    """The format registered as ``name``, reading calls to ``tool_names`` also when written without markers
+    (KeyError names the known formats)."""
     try:
-        return FORMATS[name]()
+        return FORMATS[name](tool_names)
     except KeyError:
         raise KeyError(f"unknown tool-call format {name!r}; known: {sorted(FORMATS)}") from None
 

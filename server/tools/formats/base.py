@@ -94,14 +94,38 @@ class ToolFormat:
 
     name: ClassVar[str] = ""
     preserved_tokens: ClassVar[tuple[str, ...]] = ()
+    # Strings in a chat template's source that say the model writes this format (all must appear).
+    template_markers: ClassVar[tuple[str, ...]] = ()
+    # Calls written without the markers (fenced or bare JSON) are calls too (server.tools.formats.loose).
+    accepts_loose: ClassVar[bool] = True
+
+    def __init__(self, tool_names: Sequence[str] = ()) -> None:
+        self.tool_names = tuple(tool_names)
 
     def parse(self, text: str, final: bool) -> ParsedMessage:
-        """What ``text`` holds.
+        """What ``text`` holds: the format's own calls, else calls written without markers (to tools named in
+        ``tool_names``), else content.
 
         Args:
             text: the whole output so far.
             final: no more text will come (the request finished); undecided markup becomes content.
         """
+        native = self.parse_native(text, final)
+        if not self.tool_names or not self.accepts_loose:
+            return native
+        from server.tools.formats.loose import parse_loose  # noqa: PLC0415 - loose imports this module
+
+        loose = parse_loose(text, final, self.tool_names)
+        if loose.calls and len(loose.calls) >= len(native.calls):
+            return loose  # e.g. Hermes tags inside a fence: the fence is no content either
+        if native.calls:
+            return ParsedMessage(min(native.content, loose.content, key=len), native.calls)
+        # NOTE(tools): both hold back what may still become a call (a tag, a fence, a JSON object): the shorter
+        # content is the one that takes nothing back later.
+        return native if len(native.content) <= len(loose.content) else loose
+
+    def parse_native(self, text: str, final: bool) -> ParsedMessage:
+        """What ``text`` holds in this format's own markup (the same promise as ``parse``)."""
         raise NotImplementedError
 
     def grammar(self, tools: Sequence[dict[str, Any]], *, required: bool, parallel: bool,

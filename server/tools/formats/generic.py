@@ -17,8 +17,9 @@ class GenericFormat(ToolFormat):
     ``{"response": "text"}``, as llama.cpp's generic handler."""
 
     name = "generic"
+    accepts_loose = False  # the grammar makes the whole answer one JSON object of this format
 
-    def parse(self, text: str, final: bool) -> ParsedMessage:
+    def parse_native(self, text: str, final: bool) -> ParsedMessage:
         start = skip_ws(text, 0)
         if start >= len(text):
             return ParsedMessage(text if final else "")

@@ -17,7 +17,7 @@ class HermesFormat(ToolFormat):
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     preserved_tokens = (OPEN, CLOSE)  # some models have them as special tokens
 
-    def parse(self, text: str, final: bool) -> ParsedMessage:
+    def parse_native(self, text: str, final: bool) -> ParsedMessage:
         content, calls, pos = "", [], 0
         while True:
             opened = text.find(self.OPEN, pos)

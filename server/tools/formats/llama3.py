@@ -18,7 +18,7 @@ class Llama3JsonFormat(ToolFormat):
     TAG = "<|python_tag|>"
     preserved_tokens = (TAG,)
 
-    def parse(self, text: str, final: bool) -> ParsedMessage:
+    def parse_native(self, text: str, final: bool) -> ParsedMessage:
         start = skip_ws(text, 0)
         if text.startswith(self.TAG, start):
             start = skip_ws(text, start + len(self.TAG))

@@ -19,7 +19,7 @@ class MistralFormat(ToolFormat):
     TAG, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
     preserved_tokens = (TAG, ARGS, CALL_ID)
 
-    def parse(self, text: str, final: bool) -> ParsedMessage:
+    def parse_native(self, text: str, final: bool) -> ParsedMessage:
         first = text.find(self.TAG)
         if first < 0:
             return ParsedMessage(content_before_calls(text, final, self.TAG))
