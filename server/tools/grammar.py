@@ -108,11 +108,25 @@ def hoist_defs(schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return schema, schema.pop("$defs", {})
 
 
+# NOTE(tools): after its last call a model writes a newline or two and then its end-of-generation token (Qwen2.5
+# writes "</tool_call>\n<|endoftext|>"); the grammar lets it, instead of reading the newline as the start of
+# another call. The end token itself is allowed by the engine's end-of-generation set (the grammar library is
+# given the same set as the scheduler: engine.model_loader's eos_token_ids).
+_END = r"ORTSERVE_END: /[ \t\r\n]{1,4}/"
+# The opening of a call written without the format's markers (fenced or bare JSON): a lazy trigger too.
+JSON_CALL_TRIGGER = r'\{[ \t\r\n]*"name"'
+
+
 def tagged_start(trigger: Trigger, call_rule: str, *, required: bool, repeat: bool, separator: str,
-                  response: dict[str, Any] | None = None) -> list[str]:
+                 response: dict[str, Any] | None = None, bare_rule: str | None = None) -> list[str]:
     """Rules that put calls ``<trigger> <call_rule>`` (repeated after ``separator`` when ``repeat``) in the
     answer: only calls when ``required``; otherwise free text first, and the trigger starts enforcement; with a
-    ``response`` schema (a response_format beside the tools), either that JSON or calls, no text.
+    ``response`` schema (a response_format beside the tools), either that JSON or calls, no text. Trailing
+    whitespace may follow the last call (then the end-of-generation token).
+
+    ``bare_rule`` (auto only): the rule for the rest of a call written without markers after its opening
+    ``{"name"`` (see ``bare_call_rules``): that opening is a second lazy trigger, and the text after such a call
+    is free.
 
     NOTE(tools): a special-token trigger cannot occur in free text (llguidance never matches special tokens
     as text), so text may simply run until it. A text trigger needs the free-text alternative to exclude it,
@@ -120,16 +134,43 @@ def tagged_start(trigger: Trigger, call_rule: str, *, required: bool, repeat: bo
     """
     trig = trigger.lark()
     more = f" ({json.dumps(separator) + ' ' if separator else ''}{trig} {call_rule})*" if repeat else ""
+    calls = f"{call_rule}{more} ORTSERVE_END?"
     if required:
-        return [f"start: {trig} {call_rule}{more}"]
+        return [f"start: {trig} {calls}", _END]
     if response is not None:
-        return [f"start: answer | {trig} {call_rule}{more}", f"answer: {json_rule(response)}"]
+        return [f"start: answer | {trig} {calls}", f"answer: {json_rule(response)}", _END]
+    excluded = [regex_escape(trigger.text)] if trigger.special_id is None else []
+    if bare_rule is not None:
+        excluded.append(JSON_CALL_TRIGGER)
+    lines = [_END]
+    if excluded:
+        lines.append(f"PLAIN: {_TEXT} & ~/(?s:.*)({'|'.join(excluded)})(?s:.*)/")
+    else:
+        lines.append(f"PLAIN: {_TEXT}")
     if trigger.special_id is not None:
-        return [f"start: TEXT | TEXT {trig} {call_rule}{more}", f"TEXT: {_TEXT}"]
-    escaped = regex_escape(trigger.text)
-    return [f"start: PLAIN | lead {call_rule}{more}",
-            f"PLAIN: {_TEXT} & ~/(?s:.*){escaped}(?s:.*)/",
-            f"lead[lazy]: /(?s:.*){escaped}/"]
+        alternatives = ["PLAIN", f"PLAIN {trig} {calls}"]
+    else:
+        alternatives = ["PLAIN", f"lead {calls}"]
+        lines.append(f"lead[lazy]: /(?s:.*){regex_escape(trigger.text)}/")
+    if bare_rule is not None:
+        alternatives.append(f"json_lead {bare_rule} ORTSERVE_REST?")
+        lines += [f"json_lead[lazy]: /(?s:.*){JSON_CALL_TRIGGER}/", r"ORTSERVE_REST: /(?s:.+)/"]
+    return [f"start: {' | '.join(alternatives)}", *lines]
+
+
+def bare_call_rules(tools: Sequence[dict[str, Any]], rule: str = "bare") -> list[str]:
+    """Rules for the rest of ``{"name": "<tool>", "arguments": {...}}`` after its ``{"name"`` (the trigger):
+    the name one of ``tools``, the arguments (or ``parameters``) valid against its schema."""
+    lines = [f"{rule}: ORTSERVE_WS? \":\" ORTSERVE_WS? ({' | '.join(f'{rule}{i}' for i in range(len(tools)))}) "
+             f"ORTSERVE_WS? \"}}\"",
+             r'ORTSERVE_ARGKEY: "\"arguments\"" | "\"parameters\""',
+             r"ORTSERVE_WS: /[ \t\r\n]{1,8}/"]
+    for index, tool in enumerate(tools):
+        name = json.dumps(json.dumps(function_of(tool)["name"]))
+        lines.append(f'{rule}{index}: {name} ORTSERVE_WS? "," ORTSERVE_WS? ORTSERVE_ARGKEY ORTSERVE_WS? ":" '
+                     f"ORTSERVE_WS? {rule}{index}_args")
+        lines.append(f"{rule}{index}_args: {json_rule(parameters_of(tool))}")
+    return lines
 
 
 def regex_escape(text: str) -> str:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from server.tools.formats.base import ParsedMessage, ToolFormat, call_from_object, hold_back
-from server.tools.grammar import Trigger, call_schema, json_rule, tagged_start
+from server.tools.grammar import Trigger, bare_call_rules, call_schema, json_rule, tagged_start
 from server.tools.json_scan import skip_ws
 
 
@@ -55,6 +55,10 @@ class HermesFormat(ToolFormat):
 def hermes_grammar(tools: Sequence[dict[str, Any]], *, trigger: Trigger, close: Trigger, required: bool,
                    parallel: bool, response: dict[str, Any] | None = None) -> str:
     """Hermes / Qwen: ``<tool_call>\\n{"name", "arguments"}\\n</tool_call>``, calls separated by a newline."""
-    lines = tagged_start(trigger, "call", required=required, repeat=parallel, separator="\n", response=response)
+    bare = not required and response is None  # auto: a fenced or bare JSON call is enforced too (issue 34)
+    lines = tagged_start(trigger, "call", required=required, repeat=parallel, separator="\n", response=response,
+                         bare_rule="bare" if bare else None)
     lines += [f'call: "\\n" body "\\n" {close.lark()}', f"body: {json_rule(call_schema(tools))}"]
+    if bare:
+        lines += bare_call_rules(tools)
     return "\n".join(lines) + "\n"

@@ -263,3 +263,31 @@ def test_parallel_calls_default_to_the_format(lltok, tokenizer) -> None:
     assert accepts(lltok, tokenizer, asked.structured.spec, '{"tool_calls": [' + W + ", " + T + "]}")
     native = plan_tools(ask, ToolRequest((WEATHER, TIME), "required"), _Template(True, "<tool_call>"), _NoSpecials())
     assert native.max_calls is None
+
+
+@pytest.mark.parametrize("special", [False, True])
+def test_hermes_auto_enforces_a_call_opened_without_markers(qwen_like, special: bool) -> None:
+    """Issue 34: Qwen2.5-Coder writes ```json {"name": ...} ``` or the bare object under auto; once ``{"name"``
+    appears, the lazy grammar keeps the call valid against the tool's schema (and the text after it is free)."""
+    tokenizer, lltok = qwen_like
+    tc, end = tokenizer.token_to_id("<tool_call>"), tokenizer.token_to_id("</tool_call>")
+    g = hermes_fmt.hermes_grammar([WEATHER, TIME], trigger=Trigger("<tool_call>", tc if special else None),
+                                  close=Trigger("</tool_call>", end if special else None), required=False,
+                                  parallel=True)
+    assert accepts(lltok, tokenizer, g, f"```json\n{W}\n```")
+    assert accepts(lltok, tokenizer, g, W)
+    assert accepts(lltok, tokenizer, g, '```json\n{\n  "name": "get_time",\n  "parameters": {"tz": "UTC"}\n}\n```')
+    assert accepts(lltok, tokenizer, g, 'Text with {"other": 1} and {braces}.')
+    assert not accepts(lltok, tokenizer, g, '```json\n{"name": "get_weather", "arguments": {"town": "Paris"}}')
+    assert not accepts(lltok, tokenizer, g, '{"name": "delete_all", "arguments": {}}')
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_whitespace_after_the_last_call_then_the_end(lltok, tokenizer, required: bool) -> None:
+    """Issue 34: after ``</tool_call>`` Qwen writes ``\\n`` and then its end token; the grammar for several calls
+    took that newline for the start of another call, so the model could only write more calls."""
+    g = hermes_fmt.hermes_grammar([WEATHER, TIME], trigger=Trigger("<tool_call>"), close=Trigger("</tool_call>"),
+                                  required=required, parallel=True)
+    assert accepts(lltok, tokenizer, g, f"<tool_call>\n{W}\n</tool_call>\n")
+    assert accepts(lltok, tokenizer, g, f"<tool_call>\n{W}\n</tool_call>\n<tool_call>\n{T}\n</tool_call>\n\n")
+    assert not accepts(lltok, tokenizer, g, f"<tool_call>\n{W}\n</tool_call>\n\n\n\n\n\n")  # bounded
