@@ -91,7 +91,7 @@ class ToolPlan:
 
 
 def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, template: _Template,
-               tokenizer: _Tokenizer) -> ToolPlan:
+               tokenizer: _Tokenizer, format_name: str | None = None) -> ToolPlan:
     """Render, constrain and parse plan for one request.
 
     Args:
@@ -100,8 +100,9 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
         request: the validated tool fields (a plain ``ToolRequest()`` when the request has none).
         template: the model's chat template (``supports_tools``, ``tool_source``).
         tokenizer: tells which markup strings are special tokens.
+        format_name: the output format (``--tool-call-parser``) instead of the one the template shows.
     """
-    fmt = choose_format(template)
+    fmt = choose_format(template, format_name)
     native = fmt != GENERIC
     rendered = _native_history(messages) if native else _generic_history(messages, request)
     if not request.calls_possible:

@@ -102,6 +102,11 @@ class ToolFormat:
     def __init__(self, tool_names: Sequence[str] = ()) -> None:
         self.tool_names = tuple(tool_names)
 
+    @classmethod
+    def matches_template(cls, source: str) -> bool:
+        """Whether a chat template's source says the model writes this format (as llama.cpp's chat.cpp tells)."""
+        return bool(cls.template_markers) and all(marker in source for marker in cls.template_markers)
+
     def parse(self, text: str, final: bool) -> ParsedMessage:
         """What ``text`` holds: the format's own calls, else calls written without markers (to tools named in
         ``tool_names``), else content.

@@ -16,6 +16,7 @@ class HermesFormat(ToolFormat):
     name = "hermes"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     preserved_tokens = (OPEN, CLOSE)  # some models have them as special tokens
+    template_markers = ("<tool_call>",)
 
     def parse_native(self, text: str, final: bool) -> ParsedMessage:
         content, calls, pos = "", [], 0

@@ -17,6 +17,11 @@ class Llama3JsonFormat(ToolFormat):
     name = "llama3_json"
     TAG = "<|python_tag|>"
     preserved_tokens = (TAG,)
+    template_markers = ("<|python_tag|>", "<|start_header_id|>ipython<|end_header_id|>")
+
+    @classmethod
+    def matches_template(cls, source: str) -> bool:
+        return any(marker in source for marker in cls.template_markers)  # 3.2 has the ipython role, no tag
 
     def parse_native(self, text: str, final: bool) -> ParsedMessage:
         start = skip_ws(text, 0)

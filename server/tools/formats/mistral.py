@@ -18,6 +18,7 @@ class MistralFormat(ToolFormat):
     name = "mistral"
     TAG, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
     preserved_tokens = (TAG, ARGS, CALL_ID)
+    template_markers = ("[TOOL_CALLS]",)
 
     def parse_native(self, text: str, final: bool) -> ParsedMessage:
         first = text.find(self.TAG)

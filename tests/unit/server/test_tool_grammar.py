@@ -291,3 +291,44 @@ def test_whitespace_after_the_last_call_then_the_end(lltok, tokenizer, required:
     assert accepts(lltok, tokenizer, g, f"<tool_call>\n{W}\n</tool_call>\n")
     assert accepts(lltok, tokenizer, g, f"<tool_call>\n{W}\n</tool_call>\n<tool_call>\n{T}\n</tool_call>\n\n")
     assert not accepts(lltok, tokenizer, g, f"<tool_call>\n{W}\n</tool_call>\n\n\n\n\n\n")  # bounded
+
+
+def _text_trigger(text: str) -> Trigger:
+    return Trigger(text)
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_new_formats_grammars_take_their_calls(lltok, tokenizer, required: bool) -> None:
+    """Qwen3-Coder XML, Phi-4-mini and DeepSeek R1: each format's grammar takes its own call, and refuses a
+    call to a tool that was not offered."""
+    from server.tools.formats import make_format
+
+    outputs = {
+        "qwen3_coder": ("<tool_call>\n<function=get_time>\n<parameter=tz>\nUTC\n</parameter>\n</function>\n"
+                        "</tool_call>", "<tool_call>\n<function=rm>\n</function>\n</tool_call>"),
+        "phi4_mini": (f"<|tool_call|>[{T}]<|/tool_call|>", '<|tool_call|>[{"name": "rm", "arguments": {}}]<|/tool_call|>'),
+        "deepseek_r1": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n"
+                        '{"tz": "UTC"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+                        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>rm\n```json\n{}\n```"
+                        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    }
+    for name, (good, bad) in outputs.items():
+        g = make_format(name).grammar([WEATHER, TIME], required=required, parallel=True, trigger=_text_trigger)
+        assert accepts(lltok, tokenizer, g, good), name
+        assert accepts(lltok, tokenizer, g, good + "\n"), name
+        assert not accepts(lltok, tokenizer, g, bad), name
+        assert accepts(lltok, tokenizer, g, "Plain text.") != required, name
+
+
+def test_format_from_template_and_override() -> None:
+    from server.tools.formats import choose_format
+
+    qwen3_coder = "<tool_call>\n<function={{ name }}>\n<parameter={{ k }}>"
+    assert choose_format(_Template(True, qwen3_coder)) == "qwen3_coder"
+    assert choose_format(_Template(True, "<｜tool▁calls▁begin｜> <tool_call>")) == "deepseek_r1"
+    assert choose_format(_Template(True, "<|tool|>{{ tools }}<|/tool|>")) == "phi4_mini"
+    assert choose_format(_Template(True, "<|start_header_id|>ipython<|end_header_id|>")) == "llama3_json"
+    assert choose_format(_Template(True, "<tool_call>"), override="mistral") == "mistral"
+    assert choose_format(_Template(False, ""), override="hermes") == "hermes"
+    with pytest.raises(KeyError, match="known"):
+        choose_format(_Template(True, "<tool_call>"), override="nope")
