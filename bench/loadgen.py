@@ -388,7 +388,7 @@ async def run_load(backend: Backend, specs: Iterable[RequestSpec], num_requests:
 
 # NOTE(bench): one client process streams about 4,000 chunks/s through the openai SDK before its own CPU is the
 # limit (measured on an H200's host: 64 streams took 9.7 s of client CPU in 8.5 s of wall time, and two processes of
-# 32 streams together got 2x the tokens/s of one: bench/perf/gpu/c64_client.sh). Past that the bench measures
+# 32 streams together got 2x the tokens/s of one: perf/gpu/c64_client.sh). Past that the bench measures
 # itself, so a closed-loop level can be split over client processes, as real users are.
 def run_load_processes(settings: HttpSettings, scenario: str, num_requests: int, prompt_tokens: int,
                        output_tokens: int, *, processes: int, concurrency: int, seed: int = 0,

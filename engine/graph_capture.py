@@ -147,7 +147,7 @@ MATMUL_GROUP_ROWS = 3
 
 def default_row_groups(max_batch: int) -> int:
     """The row split for a captured step of at most ``max_batch`` rows: every row on the small-M path up to 9 rows
-    (bench/perf/gpu/probe_buckets.py --row-groups, H200, 1B INT4: bucket 4 15.5 -> 6.0 ms, bucket 8 16.2 -> 8.8
+    (perf/gpu/probe_buckets.py --row-groups, H200, 1B INT4: bucket 4 15.5 -> 6.0 ms, bucket 8 16.2 -> 8.8
     ms, bucket 2 3.8 -> 4.2 ms); none beyond (bucket 16 took 22 ms split, 15 ms whole: the tiled kernel's cost
     hardly grows with M, so a few small groups beside it only add)."""
     if max_batch <= MATMUL_GROUP_ROWS or max_batch > 3 * MATMUL_GROUP_ROWS:

@@ -188,7 +188,7 @@ def _address_copier(folder: ModelFolder, config: EngineConfig, selected: Any, kv
 # NOTE(engine): the CUDA EP's attention kernels for prompt chunks (its sdpa_kernel option, a bitmask of
 # onnxruntime's AttentionBackend: flash 1 | memory-efficient 2 | unfused 16). Unpinned, GroupQueryAttention prefers
 # cuDNN's SDPA on SM >= 90, whose plan is built per new (chunk length, past length): 45-77 ms each time a prompt chunk
-# met a new pair on an H200 (docs/perf/GPU.md "Fifth pass", bench/perf/gpu/gaps.py), where chunks vary by design.
+# met a new pair on an H200 (docs/perf/GPU.md "Fifth pass", perf/gpu/gaps.py), where chunks vary by design.
 # Decode steps keep the default: their shapes are fixed and captured.
 PROMPT_SDPA_KERNEL = "19"
 

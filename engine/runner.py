@@ -219,7 +219,7 @@ class RunnerBase:
         else:
             # NOTE(engine): onnxruntime's Python wrapper refuses address-bound buffers (a KV prefix) under
             # capture ("requires fixed WebGPU device OrtValues"); the session itself replays them correctly
-            # (bench/perf/gpu/probe_buckets.py), so a captured step runs through the binding it was captured with.
+            # (perf/gpu/probe_buckets.py), so a captured step runs through the binding it was captured with.
             session._sess.run_with_iobinding(binding._iobinding, run_options)
         if self.run_log is not None:  # the step trace (engine.step_trace): each run's session and time
             ms = round((time.perf_counter() - t0) * 1e3, 3)
@@ -439,7 +439,7 @@ class Runner(RunnerBase):
 
 
 # NOTE(engine): on the CUDA EP the first run of a chunk length costs 50-85 ms, every later one 3-4 ms (H200, 1B,
-# bench/perf/gpu/probe_buckets: "unseen_chunk_first_ms"), and nearly every prompt ends in a length not seen before:
+# perf/gpu/probe_buckets: "unseen_chunk_first_ms"), and nearly every prompt ends in a length not seen before:
 # that was the ITL p99 of streams beside arriving prompts (84 ms) and most of a 64-stream burst's TTFT. With fixed
 # shapes a chunk runs as pieces whose lengths are its base-16 digits (141 -> 128 + 13), each length warmed at load:
 # 31 lengths up to 256, at most 2 runs per chunk below 256.

@@ -24,7 +24,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from server.engine_client import EmbedderClient, EngineClient
 from server.errors import install_error_handlers
-from server.security import AuthMiddleware, BodyLimitMiddleware
+from server.http.security import AuthMiddleware, BodyLimitMiddleware
 from server.settings import Settings
 from server.state import ServerState
 
@@ -232,8 +232,13 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
         The app; run it with uvicorn. `/health` answers 503 until the engine is ready.
     """
     from server import __version__
-    from server.routes import chat, completions, embeddings, health, messages, metrics, models, responses, tokenize
-    from server.routes.common import refuse_uncontainable_chat
+    from server.anthropic import route as messages
+    from server.embeddings import route as embeddings
+    from server.http.prepare import refuse_uncontainable_chat
+    from server.openai import chat, completions, models
+    from server.responses import route as responses
+    from server.routes import health, metrics
+    from server.tokenize import route as tokenize
 
     app = FastAPI(
         title="ortserve",

@@ -24,9 +24,9 @@ from engine.types import (
     ModelLoadError,
 )
 from server.metrics import REJECTED
-from server.protocol import error_body
-from server.protocol_anthropic import from_openai_error as anthropic_error
-from server.protocol_anthropic import is_anthropic_path
+from server.openai.protocol import error_body
+from server.anthropic.protocol import from_openai_error as anthropic_error
+from server.anthropic.protocol import is_anthropic_path
 
 logger = logging.getLogger(__name__)
 

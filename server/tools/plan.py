@@ -30,7 +30,7 @@ class _Tokenizer(Protocol):
 
 @dataclass(frozen=True)
 class ToolRequest:
-    """The request's tool fields, validated (server.protocol builds it).
+    """The request's tool fields, validated (server.openai.protocol builds it).
 
     Attributes:
         tools: OpenAI tool definitions ``{"type": "function", "function": {"name", "description",
