@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.prefix_cache import KVCopy, SlotPrefixCache
-from engine.speculative import NgramDrafter
+from engine.speculative import CheckCost, NgramDrafter
 from engine.types import EngineOverloadedError, FinishReason, SamplingParams
 
 # NOTE(engine): a step's second and later prefill chunks that do not finish their prompt are at least this
@@ -218,6 +218,7 @@ class Scheduler:
         self.token_budget = token_budget
         self.speculative_tokens = max(0, min(speculative_tokens, token_budget - 2))
         self.speculative_max_batch = speculative_max_batch
+        self.check_cost = CheckCost()  # a draft check's cost on this device, measured by the core (every drafter's)
         self.max_prefills = max_prefills if max_prefills > 0 else num_slots
         self.waiting: deque[Request] = deque()
         self.running: dict[tuple[str, int], Request] = {}  # by Request.key, in admission order
@@ -395,6 +396,13 @@ class Scheduler:
         self._by_slot[slot] = request
         self.running[request.key] = request
 
+    def stop_drafts(self, request: Request) -> None:
+        """``request`` drafts no more (its logits are not finite: ``EngineCore._check_finite``)."""
+        if self.speculative_tokens:
+            if request.drafter is None:
+                request.drafter = NgramDrafter(self.speculative_tokens, cost=self.check_cost)
+            request.drafter.stop()
+
     def _drafts(self, decode: tuple[Request, ...], budget: int) -> tuple[Verify, ...]:
         """Draft checks for the requests in ``decode`` that have a draft, within ``budget`` draft tokens."""
         verify = []
@@ -402,7 +410,7 @@ class Scheduler:
             if request.drafter is None:
                 if request.params.structured is not None:  # NOTE(engine): the grammar advances per token
                     continue
-                request.drafter = NgramDrafter(self.speculative_tokens)
+                request.drafter = NgramDrafter(self.speculative_tokens, cost=self.check_cost)
             # never past max_tokens / the context: the check emits up to len(draft) + 1 tokens
             limit = min(budget, request.max_num_tokens - request.num_tokens - 1)
             draft = request.drafter.propose(request.prompt_ids, request.output_ids, limit) if limit > 0 else ()

@@ -20,10 +20,10 @@ from server.engine_client import EngineClient
 from server.errors import ModelNotFoundError
 from server.metrics import RequestTracker
 from server.prompt import RenderedPrompt, TemplateOptions, render_prompt
-from server.reasoning import DeltaSource, ReasoningDeltas, ReasoningFormat
+from server.reasoning import DeltaSource, EchoedDeltas, ReasoningDeltas, ReasoningFormat, TextDeltas
 from server.settings import Settings
 from server.state import ServerState, get_state
-from server.http.streaming import EchoedDeltas, EngineRun, StreamContext, TextDeltas
+from server.http.run import EngineRun, StreamContext
 from server.tools.grammar import Trigger, json_answer_grammar, with_thinking
 from server.tools.parsers import make_parser
 from server.tools.plan import ToolPlan, ToolRequest, plan_tools

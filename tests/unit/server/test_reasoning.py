@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from engine.builder.tokenizer import synthetic_tokenizer
 from server.reasoning import ReasoningDeltas, ReasoningFormat, ReasoningSplitter, reasoning_format
-from server.http.streaming import TextDeltas
+from server.reasoning import TextDeltas
 from server.tools import grammar
 from server.tools.grammar import Trigger
 from server.tools.parsers import make_parser
