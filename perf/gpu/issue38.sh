@@ -10,7 +10,7 @@
 # peer: llama-server (CUDA) and ortserve (--max-batch 64) on the same GGUF: 1, 8 and 64 streams, a ~900-token TTFT
 # idle and beside 7 streams; arrivals: 64 requests at once, three times, on both.
 set -o pipefail
-steps=${*:-model tests spec peer arrivals}
+steps=${*:-model tests spec peer arrivals}  # 'summarize' alone: only the summary of what $OUT holds
 OUT=${OUT:-/tmp/issue38_out}; mkdir -p "$OUT"
 LOG=$OUT/run_log.txt
 P=/root/peer
@@ -63,6 +63,7 @@ spec_counts() {  # the server's draft counters (/metrics)
 SHORT="--prompt-tokens 25 --output-tokens 128"
 
 if has spec; then
+  for _ in $(seq 120); do [ -f $P/synthetic.done ] || [ ! -f $P/synthetic.log ] && break; sleep 1; done
   if [ ! -f /tmp/ortserve-1b/genai_config.json ]; then
     log "spec: building build_synthetic's 1B shape"
     OUT=$OUT/build PROVIDER=cuda bash perf/gpu/serving.sh build > /dev/null 2>&1; rm -rf "$OUT/build"
