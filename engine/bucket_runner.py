@@ -27,7 +27,7 @@ from engine.device_kv import RowCopier, batch_buckets, bucket_for
 from engine.graph_capture import DeviceAllocator, DeviceDecodeIO
 from engine.kv_cache import KVCache
 from engine.model_loader import GraphIO
-from engine.runner import LOGITS_TO_KEEP, InputAllocator, RowChunks, RunnerBase, _value, host_input
+from engine.runner import HOST_SOURCE, LOGITS_TO_KEEP, InputAllocator, RowChunks, RunnerBase, _value, host_input
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class BucketRunner(RunnerBase):
             self.chunks = RowChunks(self, self.prefill_session, self.prefill_io, skip, fixed_shapes=fixed_shapes,
                                     max_verify=max_verify, batch_prompts=batch_prompts, prompt_shapes=prompt_shapes)
         self.decode_logits = np.zeros((n, 1, vocab), dtype=np.float32)
-        self.logits_source = "cpu"
+        self.logits_source = HOST_SOURCE
         self._decode_bindings: dict[int, ort.IOBinding] = {}
         self.device_io: DeviceDecodeIO | None = None  # the full width's; one per bucket in _device_ios
         self._device_ios: dict[int, DeviceDecodeIO] = {}
@@ -134,7 +134,7 @@ class BucketRunner(RunnerBase):
                     self._run_options[b] = ort.RunOptions()
                     self._run_options[b].add_run_config_entry("gpu_graph_id", str(b))
             self.device_io = self._device_ios[n]
-            source = getattr(input_allocator, "source", "cpu")
+            source = getattr(input_allocator, "source", HOST_SOURCE)
             self.input_source = f"{source}->device"
             self.logits_source = f"device->{source if row_chunks else 'cpu'}"
 
