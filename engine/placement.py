@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from engine.bucket_runner import BucketRunner
+from engine.bucket_runner import BucketRunner, DecodePath, RowPrompts, StagedPrompts
 from engine.config import DEFAULT_BATCHED_PROMPT_TOKENS, EngineConfig
 from engine.device_kv import AddressRowCopier, RowCopier, address_copy_graph_bytes, row_copy_graph_bytes
 from engine.graph_capture import OpenedSession, open_session
@@ -91,10 +91,11 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
     kv = KVCache(kv_shape, allocator)
     fixed_shapes = config.fixed_chunk_shapes
     common = dict(prefill_chunk=config.prefill_chunk, max_position=max_model_len,
-                  input_allocator=make_input_allocator(selected), fixed_shapes=fixed_shapes and kv.row_views,
-                  max_verify=config.speculative_tokens + 1 if config.speculative_tokens else 0)
-    rows_common = dict(common, batch_prompts=config.batched_prompts and kv.row_views,
-                       prompt_shapes=fixed_shapes or profile.prompt_shapes)
+                  input_allocator=make_input_allocator(selected))
+    chunks = dict(fixed_shapes=fixed_shapes and kv.row_views,
+                  max_verify=config.speculative_tokens + 1 if config.speculative_tokens else 0,
+                  batch_prompts=config.batched_prompts and kv.row_views,
+                  prompt_shapes=fixed_shapes or profile.prompt_shapes)
     runner: ModelRunner
     if kv.addressing == POINTER:
         kv.row_copy = _address_copier(folder, config, selected, kv)
@@ -102,22 +103,24 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
     if graphs:
         prefill_session, prefill_io = _prefill_session(folder, config, opened)
         one_row = _one_row_session(folder, config, opened)
-        runner = BucketRunner(session, io, kv, **rows_common, device_alloc=_device_alloc(selected, session),
-                              packed_input=opened.packed_input, graph_ids=True, row_chunks=True,
-                              prefill_session=prefill_session, prefill_io=prefill_io,
-                              row_summary=opened.row_summary, bucket_sessions={1: one_row} if one_row else None)
+        decode = DecodePath(device_alloc=_device_alloc(selected, session), packed_input=opened.packed_input,
+                            graph_ids=True, row_summary=opened.row_summary,
+                            bucket_sessions={1: one_row} if one_row else None)
+        runner = BucketRunner(session, io, kv, **common, decode=decode,
+                              prompts=RowPrompts(prefill_session, prefill_io, **chunks))
         kind = "buckets (pointer, captured steps" + (", one row on its own session)" if one_row else ")")
     elif kv.row_views and config.kv_rows != OPAQUE:
-        runner = Runner(session, io, kv, **rows_common)
+        runner = Runner(session, io, kv, **common, **chunks)
         kind = f"rows ({kv.addressing})"
     else:
         # NOTE(engine): kv_rows="opaque" on host KV runs the opaque path with host buffers (its CPU stand-in)
         prefix = profile.prefix_views or kv.addressing != OPAQUE
-        staged = _staged_prefill_parts(folder, config, opened, kv_shape, allocator) if prefix else {}
-        runner = BucketRunner(session, io, kv, **common, prefix_views=prefix,
-                              device_alloc=_device_alloc(selected, session) if opened.graph_capture else None,
-                              packed_input=opened.packed_input, graph_ids=opened.graph_capture,
-                              row_summary=opened.row_summary and opened.graph_capture, **staged)
+        decode = DecodePath(buckets=prefix,
+                            device_alloc=_device_alloc(selected, session) if opened.graph_capture else None,
+                            packed_input=opened.packed_input, graph_ids=opened.graph_capture,
+                            row_summary=opened.row_summary and opened.graph_capture)
+        prompts = _staged_prompts(folder, config, opened, kv_shape, allocator) if prefix else None
+        runner = BucketRunner(session, io, kv, **common, decode=decode, prompts=prompts)
         kind = "buckets" if prefix else "whole buffer"
     runner.prompt_budget = batched_prompt_tokens(config, runner)  # (its prompt runs' shapes are warmed below)
     if selected is not None:
@@ -134,6 +137,7 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
         kv_cache="host" if kv.addressable else "device", decode_inputs=runner.input_source,
         logits=runner.logits_source, whole_buffer=runner.whole_buffer,
         graph_capture=opened.graph_capture or graphs, kv_rows=kv.addressing, runner=kind,
+        switch_interval_ms=profile.switch_interval_ms,
         graph_capture_note=opened.note if opened.graph_capture or not ep_graphs else
         "on: the EP's HIP graphs (ep.migraphx.hip_graph_enable), one per decode bucket at fixed addresses")
     log.info("placement: %s", placement)
@@ -201,8 +205,8 @@ def _device_alloc(selected: Any, session: Any):
     return alloc
 
 
-def _staged_prefill_parts(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, kv_shape: KVShape,
-                          allocator: KVAllocator) -> dict[str, Any]:
+def _staged_prompts(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, kv_shape: KVShape,
+                    allocator: KVAllocator) -> StagedPrompts:
     """A one-slot staging KV, a row copier and the prefill session for chunked prefill over buffers bound by
     prefix (``BucketRunner``)."""
     selected = opened.selected
@@ -214,5 +218,4 @@ def _staged_prefill_parts(folder: ModelFolder, config: EngineConfig, opened: Ope
     staging = KVCache(dataclasses.replace(kv_shape, num_slots=1), allocator)
     log.info("chunked prefill through a staging row and device row copies (%s)",
              selected.ep_name if selected is not None else "CPUExecutionProvider")
-    return {"staging": staging, "copier": RowCopier(copy_session, 2 * kv_shape.num_layers),
-            "prefill_session": prefill_session, "prefill_io": prefill_io}
+    return StagedPrompts(staging, RowCopier(copy_session, 2 * kv_shape.num_layers), prefill_session, prefill_io)

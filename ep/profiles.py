@@ -127,6 +127,10 @@ def _never() -> bool:
     return False
 
 
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 class DeviceProfile:
     """The generic profile: an EP this project has no family for (the whole-buffer path works on any device), and
     the base of the families.
@@ -226,14 +230,13 @@ class DeviceProfile:
         """``config`` (an ``engine.config.EngineConfig``) with its device-dependent None fields decided: the one
         place they are. ``graph_capture`` None stays (auto: tried at load, dropped if the graph or the first run
         can't); ``engine_process`` is decided before a device is chosen (``engine_process_default``)."""
-        pick = lambda value, default: default if value is None else value  # noqa: E731
         return dataclasses.replace(
             config,
-            matmul_row_groups=pick(config.matmul_row_groups,
+            matmul_row_groups=_pick(config.matmul_row_groups,
                                    default_row_groups(config.max_batch) if self.split_matmul_rows else 0),
-            device_row_summary=pick(config.device_row_summary, self.row_summary),
-            fixed_chunk_shapes=pick(config.fixed_chunk_shapes, self.fixed_chunk_shapes),
-            batched_prompts=pick(config.batched_prompts, self.batched_prompts),
+            device_row_summary=_pick(config.device_row_summary, self.row_summary),
+            fixed_chunk_shapes=_pick(config.fixed_chunk_shapes, self.fixed_chunk_shapes),
+            batched_prompts=_pick(config.batched_prompts, self.batched_prompts),
             # NOTE(engine): True does not force it: it applies only where the fused kernels are on
             one_row_session=config.one_row_session is not False and self.one_row_session)
 
