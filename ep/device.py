@@ -22,8 +22,17 @@ import onnxruntime as ort
 from ep.addressing import Addressing, memory_addressing
 from ep.flags import cuda_int4_gemm_on
 from ep.names import (
-    EP_NAMES, DeviceNotFoundError, EpError, EpLibraryError, EpOptionError, expand_providers, matching,
-    needs_library, normalize_provider, provider_of_ep_name, selects,
+    EP_NAMES,
+    DeviceNotFoundError,
+    EpError,
+    EpLibraryError,
+    EpOptionError,
+    expand_providers,
+    matching,
+    needs_library,
+    normalize_provider,
+    provider_of_ep_name,
+    selects,
 )
 from ep.profiles import DeviceProfile, make_profile, profile_class
 

@@ -14,7 +14,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ep.names import is_auto, normalize_provider
-from ep.profiles import CUDA_INT4_GEMM_FLAG, MIGRAPHX_INT4_GEMV_FLAG, may_read_flag, reads_flag
+from ep.profiles import (
+    CUDA_INT4_GEMM_FLAG,
+    MIGRAPHX_INT4_GEMV_FLAG,
+    may_read_flag,
+    reads_flag,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ep.addressing import Addressing
-from ep.names import AUTO_ORDER, EpOptionError, is_auto, normalize_provider, same_provider
+from ep.names import (
+    AUTO_ORDER,
+    EpOptionError,
+    is_auto,
+    normalize_provider,
+    same_provider,
+)
 
 # NOTE(engine): the opaque memories whose buffers bind as a prefix of their rows (the handle with a smaller first
 # dimension) and take the ScatterND row copy: measured on the WebGPU plugin EP (H200, onnxruntime-ep-webgpu 0.4.0).
