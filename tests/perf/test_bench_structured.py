@@ -10,7 +10,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from perf.structured import TOOLS, _auto_grammar, _calls_schema, _variant
 from engine.structured_output import StructuredOutputBackend
-from server.protocol import ChatCompletionRequest
+from server.openai.protocol import ChatCompletionRequest
 
 
 @pytest.fixture(scope="module")
