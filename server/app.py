@@ -253,6 +253,11 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     install_error_handlers(app)
     for module in (chat, completions, responses, messages, tokenize, embeddings, models, health, metrics):
         app.include_router(module.router)
+    from server.decisions.route import router as decisions_router
+    from server.rerank.route import router as rerank_router
+
+    app.include_router(decisions_router)
+    app.include_router(rerank_router)
     if settings.ui:
         from server.routes.ui import install_ui
 

@@ -1,0 +1,50 @@
+"""POST /v1/decisions (OpenAI's) and POST /v1/systemone (System One's): thin handlers over ``reading.ask``."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from server.decisions import wire
+from server.decisions.reading import ask
+from server.protocol import new_id
+from server.routes.common import engine_for
+
+router = APIRouter(tags=["decisions"])
+
+
+def _counts(answers: list) -> dict[str, int]:
+    refused = sum(1 for a in answers if a is None)
+    return {"answered": len(answers) - refused, "refused": refused}
+
+
+@router.post("/v1/decisions", summary="Answer typed questions about an input (OpenAI's Decisions API)")
+async def create_decision(body: wire.DecisionRequest, request: Request) -> JSONResponse:
+    arrival = time.perf_counter()
+    state, engine = engine_for(request, body.model)
+    parsed = body.parsed_questions()
+    outcome = await ask(engine, body.messages(), [q for q, _ in parsed], new_id("dec"), body.chat_template_kwargs)
+    items = body.questions
+    answers = [wire.openai_answer(item, name, answer)
+               for item, (_, name), answer in zip(items, parsed, outcome.answers)]
+    state.metrics.readout_done("decisions", arrival, _counts(outcome.answers))
+    return JSONResponse({"answers": answers, "model": state.served_model_name,
+                         "usage": wire.openai_usage(outcome.num_input_tokens, outcome.num_cached_tokens)})
+
+
+@router.post("/v1/systemone", summary="Answer named questions about a state (System One's format)")
+async def create_systemone(body: wire.SystemOneRequest, request: Request) -> JSONResponse:
+    arrival = time.perf_counter()
+    state, engine = engine_for(request, body.model)
+    parsed = body.parsed_questions()
+    outcome = await ask(engine, body.messages(), [q for _, q in parsed], new_id("s1"), body.chat_template_kwargs,
+                        input_param="state")
+    # NOTE(server): as System One does, a question the model cannot answer is left out of ``answers``.
+    answers = {name: wire.systemone_answer(q, answer)
+               for (name, q), answer in zip(parsed, outcome.answers) if answer is not None}
+    state.metrics.readout_done("systemone", arrival, _counts(outcome.answers))
+    return JSONResponse({"model": state.served_model_name, "answers": answers,
+                         "usage": {"input_tokens": outcome.num_input_tokens, "output_tokens": 0,
+                                   "cached_tokens": outcome.num_cached_tokens}})
