@@ -34,10 +34,16 @@ async def create_decision(body: wire.DecisionRequest, request: Request) -> JSONR
                          "usage": wire.openai_usage(outcome.num_input_tokens, outcome.num_cached_tokens)})
 
 
+def _systemone_model(name: str | None) -> str | None:
+    """NOTE(server): clients written against TypeSafe's Jev name its models (jev, jev-latest, jev-1.13.0): those names
+    mean this server's chat model; ``model`` in the answer says which one answered."""
+    return None if name is not None and (name == "jev" or name.startswith("jev-")) else name
+
+
 @router.post("/v1/systemone", summary="Answer named questions about a state (System One's format)")
 async def create_systemone(body: wire.SystemOneRequest, request: Request) -> JSONResponse:
     arrival = time.perf_counter()
-    state, engine = engine_for(request, body.model)
+    state, engine = engine_for(request, _systemone_model(body.model))
     parsed = body.parsed_questions()
     outcome = await ask(engine, body.messages(), [q for _, q in parsed], new_id("s1"), body.chat_template_kwargs,
                         input_param="state")
