@@ -67,7 +67,7 @@ async def _one_round(client: openai.AsyncOpenAI, http: httpx.AsyncClient, model:
         texts = make_texts(num, args.seed + 1000 * round_ + conc, 40, 80)
         todo = iter(range(num))
 
-        async def user() -> None:
+        async def user(todo=todo, texts=texts) -> None:
             for i in todo:
                 try:
                     await client.decisions.create(model=model, input=texts[i], questions=[_question(j) for j in range(3)])

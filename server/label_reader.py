@@ -79,6 +79,6 @@ async def read_labels(engine: EngineClient, reads: Sequence[LabelRead], request_
     try:
         async with asyncio.TaskGroup() as group:  # one failure cancels the other reads
             tasks = [group.create_task(bounded(i)) for i in range(1, len(reads))]
-    except* Exception as failed:
+    except* Exception as failed:  # noqa: BLE001 - re-raised as it is
         raise failed.exceptions[0] from None  # NOTE(server): the first error keeps its class (its HTTP status)
     return [first, *(task.result() for task in tasks)]
