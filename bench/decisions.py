@@ -34,9 +34,13 @@ def _question(i: int) -> dict:
             "choices": [{"value": "science"}, {"value": "music"}, {"value": "history"}, {"value": "sports"}]}
 
 
+# NOTE(bench): every run's inputs start with their own nonce, so a server that ran the bench before holds no prefix of
+# them in its cache (a 1-question decision would then cost a copy, not a prefill)
+_NONCE = random.SystemRandom().randrange(10**12)
+
+
 def _long_input(seed: int) -> str:
-    rng = random.Random(seed)
-    return " ".join(make_texts(1, seed, LONG_INPUT_WORDS, LONG_INPUT_WORDS)) + f" (document {rng.random():.12f})"
+    return f"Document {_NONCE}-{seed}. " + " ".join(make_texts(1, seed, LONG_INPUT_WORDS, LONG_INPUT_WORDS))
 
 
 @dataclass
@@ -64,7 +68,8 @@ async def _one_round(client: openai.AsyncOpenAI, http: httpx.AsyncClient, model:
         out.input_tokens[n] = decision.usage.input_tokens
     for conc in args.concurrency:  # 2. decisions per second, closed loop
         num = args.num_requests or max(8, 2 * conc)
-        texts = make_texts(num, args.seed + 1000 * round_ + conc, 40, 80)
+        texts = [f"Ticket {_NONCE}-{round_}-{conc}-{i}. {t}"
+                 for i, t in enumerate(make_texts(num, args.seed + 1000 * round_ + conc, 40, 80))]
         todo = iter(range(num))
 
         async def user(todo=todo, texts=texts) -> None:
@@ -78,7 +83,7 @@ async def _one_round(client: openai.AsyncOpenAI, http: httpx.AsyncClient, model:
         await asyncio.gather(*(user() for _ in range(conc)))
         out.decisions_per_s[conc] = num / (time.perf_counter() - t0)
     for size in RERANK_SIZES:  # 3. rerank
-        docs = make_texts(size, args.seed + 50_000 + round_ * 100 + size, 30, 60)
+        docs = [f"({_NONCE}) {t}" for t in make_texts(size, args.seed + 50_000 + round_ * 100 + size, 30, 60)]
         t0 = time.perf_counter()
         r = await http.post("/rerank", json={"query": f"Which passage is about science? ({round_})", "documents": docs})
         out.rerank_times_s[size] = time.perf_counter() - t0
