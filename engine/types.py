@@ -1,6 +1,6 @@
 """Engine-side value types shared by the engine, the server and the bench.
 
-Frozen dataclasses and enums only; no onnxruntime, no pydantic (the wire lives in server/protocol.py).
+Frozen dataclasses and enums only; no onnxruntime, no pydantic (the wire lives in server/openai/protocol.py).
 """
 
 from __future__ import annotations

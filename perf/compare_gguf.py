@@ -5,7 +5,7 @@ alike; every ratio is taken within a round and the summary gives the medians:
   ortserve  the engine in-process (AsyncEngine on the converted folder; what `ortserve serve` runs, no HTTP);
   bare      a bare ONNX Runtime loop on the same folder (perf.ceiling.BareLoop): what any server over this
             graph could reach at most;
-  llama.cpp llama-cpp-python's low-level loop on the GGUF (perf/llamacpp_peer.py in the dev-only .bench-venv),
+  llama.cpp llama-cpp-python's low-level loop on the GGUF (tests/reference/llamacpp_peer.py in the dev-only .bench-venv),
             eval() per token and a numpy argmax, the same work as ours.
   http      with --http: a real `ortserve serve` on the folder (same threads, one slot, the same drafts setting),
             streamed over /v1/completions by the official openai client with the prompt as token ids: what a
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perf.gguf_parity import DEFAULT_PEER_PYTHON, PROMPTS, Peer, peer_works
+from tests.reference.gguf_parity import DEFAULT_PEER_PYTHON, PROMPTS, Peer, peer_works
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -33,6 +33,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from tests.reference.onnx_prefill import last_logits
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -120,23 +122,6 @@ def kernel_part() -> dict:
 
 # -- model -----------------------------------------------------------------------------------------------------
 
-def last_logits(session: ort.InferenceSession, ids: list[int], chunks: list[tuple[int, int]],
-                max_len: int = KV_LEN) -> np.ndarray:
-    """Prefill ``ids`` in ``chunks`` over one ``max_len`` KV buffer fed back each run; the last position's logits
-    (also tests/integration/builder/test_gemma3.py's)."""
-    past = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-    kv = {i.name: np.zeros((1, i.shape[1], max_len, i.shape[3]), np.float32) for i in past}
-    names = [o.name for o in session.get_outputs()]
-    for start, end in chunks:
-        mask = np.zeros((1, max_len), np.int64)
-        mask[0, :end] = 1
-        feed = {"input_ids": np.array([ids[start:end]], np.int64), "attention_mask": mask,
-                "position_ids": np.arange(start, end, dtype=np.int64)[None], "logits_to_keep": np.array([1]), **kv}
-        out = session.run(None, feed)
-        kv = {n.replace("present", "past_key_values"): v for n, v in zip(names[1:], out[1:])}
-    return out[0][0, -1]
-
-
 def _folders() -> tuple[Path, Path, Path]:
     from engine.builder import fetch_gguf, model_cache_dir, pull_model
 
@@ -182,8 +167,8 @@ def model_part(fp64: bool) -> dict:
         print(f"  float64: test chunks vs whole {out['float64']['test chunks vs whole']}", flush=True)
     for build, folder in (("served (accuracy_level 4)", served), ("exact (accuracy_level 0)", exact)):
         session = ort.InferenceSession(str(folder / "model.onnx"), _options(), providers=["CPUExecutionProvider"])
-        answers = {name: last_logits(session, PROMPT, chunks) for name, chunks in CHUNKINGS.items()}
-        answers["short"] = last_logits(session, PROMPT[-200:], [(0, 200)])
+        answers = {name: last_logits(session, PROMPT, chunks, KV_LEN) for name, chunks in CHUNKINGS.items()}
+        answers["short"] = last_logits(session, PROMPT[-200:], [(0, 200)], KV_LEN)
         rows = {}
         for name, logits in answers.items():
             rows[name] = {"vs its whole": _compare(logits, answers["whole"])}

@@ -126,7 +126,7 @@ def measure_compile(model_dir: Path, args: argparse.Namespace) -> dict:
     """Compile each kind's new variants in the engine's backend on the model's tokenizer; milliseconds."""
     from engine.model_loader import read_model_folder
     from engine.structured_output import StructuredOutputBackend
-    from server.protocol import ChatCompletionRequest
+    from server.openai.protocol import ChatCompletionRequest
 
     folder = read_model_folder(model_dir)
     backend = StructuredOutputBackend(folder.tokenizer.hf, folder.tokenizer.vocab_size, folder.eos_token_ids,

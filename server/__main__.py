@@ -21,7 +21,7 @@ from server.settings import DEFAULT_MODEL, Settings, add_settings_arguments, loa
 logger = logging.getLogger("ortserve")
 
 # uvicorn's own graceful timeout is the streams' grace plus this slack: streams still running when the grace
-# ends are cut and end well-formed (server.streaming.event_source), and sse-starlette cancels the few whose
+# ends are cut and end well-formed (server.http.sse.event_source), and sse-starlette cancels the few whose
 # clients stopped reading one second later, all before uvicorn cancels whatever is left.
 _UVICORN_SHUTDOWN_SLACK_S = 2.0
 
@@ -93,7 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     _configure_logging(settings.log_level)
     # 0. One malloc arena for the whole process, before any thread starts, so memory can be given back.
-    from server.memory import use_one_arena
+    from server.http.memory import use_one_arena
 
     use_one_arena()
 
@@ -144,7 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.app import create_app
-    from server.http_timeouts import with_header_timeout
+    from server.http.timeouts import with_header_timeout
 
     app = create_app(settings)
     config = uvicorn.Config(

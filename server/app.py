@@ -24,7 +24,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from server.engine_client import EmbedderClient, EngineClient
 from server.errors import install_error_handlers
-from server.security import AuthMiddleware, BodyLimitMiddleware
+from server.http.security import AuthMiddleware, BodyLimitMiddleware
 from server.settings import Settings
 from server.state import ServerState
 
@@ -51,6 +51,7 @@ def engine_config_from(settings: Settings) -> Any:
         "device_row_summary": settings.device_row_summary,
         "one_row_session": settings.one_row_session,
         "batched_prompts": settings.batched_prompts,
+        "batched_prompt_tokens": settings.batched_prompt_tokens,
         "chat_template": settings.chat_template,
         "grammar_compile_timeout_s": settings.grammar_compile_timeout_s,
         "prefix_caching": settings.prefix_caching,
@@ -232,8 +233,15 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
         The app; run it with uvicorn. `/health` answers 503 until the engine is ready.
     """
     from server import __version__
-    from server.routes import chat, completions, embeddings, health, messages, metrics, models, responses, tokenize
-    from server.routes.common import refuse_uncontainable_chat
+    from server.anthropic import route as messages
+    from server.decisions import route as decisions
+    from server.embeddings import route as embeddings
+    from server.http.prepare import refuse_uncontainable_chat
+    from server.openai import chat, completions, models
+    from server.rerank import route as rerank
+    from server.responses import route as responses
+    from server.routes import health, metrics
+    from server.tokenize import route as tokenize
 
     app = FastAPI(
         title="ortserve",
@@ -251,13 +259,9 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     state.embedders = dict(embedders or {})
 
     install_error_handlers(app)
-    for module in (chat, completions, responses, messages, tokenize, embeddings, models, health, metrics):
+    for module in (chat, completions, responses, messages, tokenize, embeddings, decisions, rerank, models, health,
+                   metrics):
         app.include_router(module.router)
-    from server.decisions.route import router as decisions_router
-    from server.rerank.route import router as rerank_router
-
-    app.include_router(decisions_router)
-    app.include_router(rerank_router)
     if settings.ui:
         from server.routes.ui import install_ui
 

@@ -24,9 +24,9 @@ from engine.types import (
     ModelLoadError,
 )
 from server.metrics import REJECTED
-from server.protocol import error_body
-from server.protocol_anthropic import from_openai_error as anthropic_error
-from server.protocol_anthropic import is_anthropic_path
+from server.openai.protocol import error_body
+from server.anthropic.protocol import from_openai_error as anthropic_error
+from server.anthropic.protocol import is_anthropic_path
 
 logger = logging.getLogger(__name__)
 
@@ -82,16 +82,6 @@ class ResponseNotFoundError(ServerError):
 class EngineNotReadyError(ServerError):
     status_code = 503
     error_type = "service_unavailable"
-
-
-class AuthenticationError(ServerError):
-    status_code = 401
-    error_type = "authentication_error"
-
-
-class RequestTooLargeError(ServerError):
-    status_code = 413
-    error_type = "invalid_request_error"
 
 
 # HTTP status -> OpenAI `type` for Starlette's own HTTPExceptions (unknown route, wrong method, ...).

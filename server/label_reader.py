@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from engine.types import SamplingParams
 from server.engine_client import EngineClient
-from server.streaming import EngineRequestError
+from server.http.run import EngineRequestError
 
 # NOTE(server): the most label reads of one HTTP request in the engine at once; the rest wait here, not in the
 # engine's bounded queue, so one request of 400 questions never takes the queue (429) from everyone else.

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from server.engine_client import EmbedderClient, EngineClient
 from server.errors import EngineNotReadyError, ModelCannotError, ModelNotFoundError
 from server.metrics import ServerMetrics
-from server.response_store import ResponseStore
+from server.responses.store import ResponseStore
 from server.settings import Settings
 
 

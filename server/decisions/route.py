@@ -9,8 +9,8 @@ from fastapi.responses import JSONResponse
 
 from server.decisions import wire
 from server.decisions.reading import ask
-from server.protocol import new_id
-from server.routes.common import engine_for
+from server.http.prepare import engine_for
+from server.openai.protocol import new_id
 
 router = APIRouter(tags=["decisions"])
 

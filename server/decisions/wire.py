@@ -13,7 +13,7 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from engine.types import InvalidRequestError
 from server.decisions.questions import MAX_OPTIONS, Distribution, LabelSet, Option, Question
-from server.protocol import OpenAIBaseModel
+from server.openai.protocol import OpenAIBaseModel
 
 MAX_QUESTIONS = 400  # OpenAI's bound; System One's too
 

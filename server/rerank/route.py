@@ -20,7 +20,7 @@ from server.decisions.questions import Question
 from server.decisions.reading import ask_pairs
 from server.engine_client import EmbedderClient, EngineClient
 from server.errors import ModelCannotError, ModelNotFoundError
-from server.protocol import new_id
+from server.openai.protocol import new_id
 from server.rerank import wire
 from server.state import ServerState, get_state
 

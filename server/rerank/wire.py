@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import Field, PrivateAttr, model_validator
 
 from engine.types import InvalidRequestError
-from server.protocol import OpenAIBaseModel, new_id, now_s
+from server.openai.protocol import OpenAIBaseModel, new_id, now_s
 
 MAX_DOCUMENTS = 1000  # Cohere's bound on documents per request
 

@@ -81,7 +81,7 @@ def _post_raw(server: ServeProcess, body: bytes) -> httpx.Response:
 def test_large_bodies_validated_off_the_loop_answer_as_small_ones_do(server: ServeProcess) -> None:
     """Bodies past THREADED_BODY_BYTES are decoded and validated in the threadpool: the answers are the ones
     FastAPI gives a small body (the same field named, the same codes), and a valid one is served."""
-    from server.large_bodies import THREADED_BODY_BYTES
+    from server.http.large_bodies import THREADED_BODY_BYTES
 
     many = [{"role": "user", "content": "hi"}] * (THREADED_BODY_BYTES // 20)
     body = json.dumps({"model": "tiny", "max_tokens": 1, "messages": many}).encode()

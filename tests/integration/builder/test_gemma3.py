@@ -27,13 +27,13 @@ import onnxruntime as ort
 import pytest
 from tokenizers import Tokenizer
 
-from perf.gqa_window import last_logits
 from engine.async_engine import AsyncEngine
 from engine.builder import pull_model
 from engine.builder.gguf_reader import convert_tensor, open_gguf
 from engine.config import EngineConfig
 from engine.types import SamplingParams
 from spm_reference import ReferenceSPM
+from tests.reference.onnx_prefill import last_logits
 
 ROOT = Path(__file__).resolve().parents[3]
 # Mixed text: English, code, CJK, emoji, runs of spaces and newlines, leading/trailing spaces, Gemma's turns.

@@ -2,7 +2,7 @@
 same text back, and teacher-forced top-1 agreement over four 32-token prompts.
 
 llama.cpp is the dev-only llama-cpp-python build in `.bench-venv/` (`INSTALL_ONLY=1 perf/compare_cpu.sh`), so
-these tests are skipped where it is absent or built for another CPU (CI); perf/gguf_parity.py prints the
+these tests are skipped where it is absent or built for another CPU (CI); tests/reference/gguf_parity.py prints the
 same figures.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from perf.gguf_parity import CORPUS, peer_works, run_parity
+from tests.reference.gguf_parity import CORPUS, peer_works, run_parity
 
 WHY = peer_works()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"llama.cpp peer unavailable: {WHY}")

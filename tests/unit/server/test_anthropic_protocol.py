@@ -1,4 +1,4 @@
-"""The Messages API wire format (server/protocol_anthropic.py, server/message_events.py) without a model: the
+"""The Messages API wire format (server/anthropic/protocol.py, server/anthropic/events.py) without a model: the
 conversion to a chat request, the errors it names, and the events and message one answer becomes."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import logging
 import pytest
 
 from engine.types import InvalidRequestError, PromptTooLongError
-from server.message_events import MessageAssembler
-from server.protocol_anthropic import MessagesRequest, error_body, from_openai_error, stop_reason
+from server.anthropic.events import MessageAssembler
+from server.anthropic.protocol import MessagesRequest, error_body, from_openai_error, stop_reason
 
 TOOL = {"name": "get_weather", "description": "Weather", "input_schema": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -84,7 +84,7 @@ def test_a_final_assistant_message_is_a_prefill() -> None:
 
 
 def test_what_does_not_apply_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="server.protocol_anthropic"):
+    with caplog.at_level(logging.WARNING, logger="server.anthropic.protocol"):
         c = chat(tools=[TOOL, {"type": "web_search_20250305", "name": "web_search"},
                         {"type": "bash_20250124", "name": "bash"}],
                  messages=[{"role": "user", "content": [{"type": "image", "source": {}}, {"type": "text", "text": "x"},

@@ -1,4 +1,4 @@
-"""server.protocol_embeddings: OpenAI's input forms (and llama.cpp's object entries), errors naming the item,
+"""server.embeddings.protocol: OpenAI's input forms (and llama.cpp's object entries), errors naming the item,
 base64 as the openai SDK decodes it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine.types import InvalidRequestError
-from server.protocol_embeddings import (
+from server.embeddings.protocol import (
     EmbeddingRequest, embedding_response, encode_vector, llamacpp_embedding_response, parse_inputs,
 )
 

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from engine.types import InvalidRequestError, StructuredOutput
-from server.protocol import ChatCompletionRequest, CompletionRequest
+from server.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

@@ -9,9 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from engine.types import InvalidRequestError
-from server.protocol_responses import ResponsesRequest, TextConfig, chat_messages, parse_items, responses_param
-from server.response_events import ResponseAssembler
-from server.response_store import ResponseStore, make_stored
+from server.responses.protocol import ResponsesRequest, TextConfig, chat_messages, parse_items, responses_param
+from server.responses.events import ResponseAssembler
+from server.responses.store import ResponseStore, make_stored
 
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather of a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -140,7 +140,7 @@ def test_allowed_tools_keeps_the_named_tools_with_its_mode() -> None:
                                        "computer_use_preview", "image_generation", "mcp"])
 def test_offered_hosted_tools_are_skipped_and_forced_ones_refused(tool_type: str,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="server.protocol_responses"):
+    with caplog.at_level(logging.WARNING, logger="server.responses.protocol"):
         chat = request(tools=[TOOL, {"type": tool_type}]).to_chat_request()
     assert [t.function.name for t in chat.tools] == ["get_weather"]
     assert tool_type in caplog.text and "skipping" in caplog.text
@@ -177,7 +177,7 @@ def test_chat_errors_are_renamed_to_the_responses_fields() -> None:
 
 
 def test_fields_that_do_not_apply_are_accepted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="server.protocol_responses"):
+    with caplog.at_level(logging.INFO, logger="server.responses.protocol"):
         chat = request(reasoning={"summary": "auto"}, truncation="auto", include=["x"], store=False,
                        metadata={"k": "v"}, prompt_cache_key="k", client_metadata={"a": "b"}).to_chat_request()
     assert "truncation" in caplog.text and "client_metadata" in caplog.text

@@ -1,0 +1,1 @@
+"""Anthropic's Messages API: wire models, route and event generator (errors in Anthropic's shape)."""

@@ -1,0 +1,1 @@
+"""OpenAI's Embeddings API (and llama.cpp's forms): wire models and route."""

@@ -1,0 +1,1 @@
+"""OpenAI's Responses API: wire models, stored responses, route and event generator."""

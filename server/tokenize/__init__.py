@@ -1,0 +1,1 @@
+"""llama.cpp's /tokenize and /detokenize: wire models and route."""
