@@ -1,5 +1,5 @@
 """Questions to engine reads and back: render each question after the input with the chat template, pick its
-labels, tokenize (in a worker thread), read the label log-probabilities (server.label_reader) and turn them into
+labels, tokenize (in a worker thread), read the label log-probabilities (server.http.readout) and turn them into
 distributions. Both wire formats of this package, and the chat-model reranker, call ``ask``.
 """
 
@@ -23,7 +23,7 @@ from server.decisions.questions import (
     question_text,
 )
 from server.engine_client import EngineClient
-from server.label_reader import LabelRead, read_labels
+from server.http.readout import LabelRead, read_labels
 from server.prompt import TemplateOptions, render_prompt
 
 # NOTE(server): how much of the rendered prompt's end a label is tokenized after, to tell whether it is one token

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from server.decisions import wire
+from server.decisions import protocol as wire
 from server.decisions.reading import ask
 from server.http.prepare import engine_for
 from server.openai.protocol import new_id

@@ -21,7 +21,7 @@ from server.decisions.reading import ask_pairs
 from server.engine_client import EmbedderClient, EngineClient
 from server.errors import ModelCannotError, ModelNotFoundError
 from server.openai.protocol import new_id
-from server.rerank import wire
+from server.rerank import protocol as wire
 from server.state import ServerState, get_state
 
 router = APIRouter(tags=["rerank"])
