@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from server.decisions import protocol as wire
 from server.decisions.reading import ask
 from server.http.prepare import engine_for
+from server.http.run import race_disconnect
 from server.openai.protocol import new_id
 
 router = APIRouter(tags=["decisions"])
@@ -25,7 +26,8 @@ async def create_decision(body: wire.DecisionRequest, request: Request) -> JSONR
     arrival = time.perf_counter()
     state, engine = engine_for(request, body.model)
     parsed = body.parsed_questions()
-    outcome = await ask(engine, body.messages(), [q for q, _ in parsed], new_id("dec"), body.chat_template_kwargs)
+    outcome = await race_disconnect(request, ask(engine, body.messages(), [q for q, _ in parsed], new_id("dec"),
+                                                 body.chat_template_kwargs))
     items = body.questions
     answers = [wire.openai_answer(item, name, answer)
                for item, (_, name), answer in zip(items, parsed, outcome.answers)]
@@ -45,8 +47,8 @@ async def create_systemone(body: wire.SystemOneRequest, request: Request) -> JSO
     arrival = time.perf_counter()
     state, engine = engine_for(request, _systemone_model(body.model))
     parsed = body.parsed_questions()
-    outcome = await ask(engine, body.messages(), [q for _, q in parsed], new_id("s1"), body.chat_template_kwargs,
-                        input_param="state")
+    outcome = await race_disconnect(request, ask(engine, body.messages(), [q for _, q in parsed], new_id("s1"),
+                                                 body.chat_template_kwargs, input_param="state"))
     # NOTE(server): as System One does, a question the model cannot answer is left out of ``answers``.
     answers = {name: wire.systemone_answer(q, answer)
                for (name, q), answer in zip(parsed, outcome.answers) if answer is not None}

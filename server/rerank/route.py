@@ -20,6 +20,7 @@ from server.decisions.questions import Question
 from server.decisions.reading import ask_pairs
 from server.engine_client import EmbedderClient, EngineClient
 from server.errors import ModelCannotError, ModelNotFoundError
+from server.http.run import race_disconnect
 from server.openai.protocol import new_id
 from server.rerank import protocol as wire
 from server.state import ServerState, get_state
@@ -95,7 +96,7 @@ async def rerank(body: wire.RerankRequest, request: Request) -> JSONResponse:
     state = get_state(request)
     served, scorer = _scorer(state, body.model)
     docs = body.document_texts()
-    scores, num_tokens = await _scores(state, scorer, [(body.query, d) for d in docs])
+    scores, num_tokens = await race_disconnect(request, _scores(state, scorer, [(body.query, d) for d in docs]))
     state.metrics.readout_done("rerank", arrival, {"documents": len(docs)})
     if body.tei:
         return JSONResponse(wire.tei_response(docs, scores, body.top_n, bool(body.return_text)))
@@ -112,6 +113,6 @@ async def score(body: wire.ScoreRequest, request: Request) -> JSONResponse:
     state = get_state(request)
     served, scorer = _scorer(state, body.model)
     pairs = body.pairs()
-    scores, num_tokens = await _scores(state, scorer, pairs)
+    scores, num_tokens = await race_disconnect(request, _scores(state, scorer, pairs))
     state.metrics.readout_done("score", arrival, {"pairs": len(pairs)})
     return JSONResponse(wire.score_response(scores, served, num_tokens))
