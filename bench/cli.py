@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     emb = p.add_argument_group("embeddings and decisions scenarios")
     emb.add_argument("--batch-sizes", type=_int_list, default=[1, 32],
                      help="texts per /v1/embeddings request, comma-separated (default 1,32)")
+    emb.add_argument("--input-words", type=_positive_int, default=880,
+                     help="decisions: words of the long input the 1, 5 and 20 questions share (default 880, about "
+                     "1,000 tokens)")
     emb.add_argument("--rounds", type=_positive_int, default=3,
                      help="rounds; each runs every level on every target in turn (default 3)")
     slo = p.add_argument_group("goodput")

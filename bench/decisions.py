@@ -12,6 +12,7 @@ Ratios are taken within a round, then the median over rounds. No server or engin
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import statistics
 import sys
@@ -26,7 +27,7 @@ from bench.embeddings import make_texts
 DECISIONS_SCENARIO = "decisions"
 QUESTION_COUNTS = (1, 5, 20)
 RERANK_SIZES = (8, 32)
-LONG_INPUT_WORDS = 880  # about 1,000 tokens of the bench's word list (SmolLM2's tokenizer)
+LONG_INPUT_WORDS = 880  # about 1,000 tokens of the bench's word list (SmolLM2's tokenizer): --input-words
 
 
 def _question(i: int) -> dict:
@@ -39,14 +40,29 @@ def _question(i: int) -> dict:
 _NONCE = random.SystemRandom().randrange(10**12)
 
 
-def _long_input(seed: int) -> str:
-    return f"Document {_NONCE}-{seed}. " + " ".join(make_texts(1, seed, LONG_INPUT_WORDS, LONG_INPUT_WORDS))
+def _long_input(seed: int, words: int = LONG_INPUT_WORDS) -> str:
+    return f"Document {_NONCE}-{seed}. " + " ".join(make_texts(1, seed, words, words))
+
+
+def _process_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc), or None."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @dataclass
 class Round:
     round: int
     question_times_s: dict[int, float] = field(default_factory=dict)  # questions -> seconds of one decision
+    # questions -> the server process's CPU seconds during that decision (--server-pid): the work, which a shared
+    # machine's load changes far less than the wall time
+    question_cpu_s: dict[int, float] = field(default_factory=dict)
     cached_tokens: dict[int, int] = field(default_factory=dict)
     input_tokens: dict[int, int] = field(default_factory=dict)
     decisions_per_s: dict[int, float] = field(default_factory=dict)  # concurrency -> decisions (requests) / s
@@ -60,10 +76,15 @@ async def _one_round(client: openai.AsyncOpenAI, http: httpx.AsyncClient, model:
     #    on a shared machine then hits each count alike)
     counts = QUESTION_COUNTS[round_ % len(QUESTION_COUNTS):] + QUESTION_COUNTS[:round_ % len(QUESTION_COUNTS)]
     for n in counts:
+        cpu0 = _process_cpu_s(args.server_pid)
         t0 = time.perf_counter()
-        decision = await client.decisions.create(model=model, input=_long_input(args.seed * 7919 + round_ * 101 + n),
+        decision = await client.decisions.create(model=model, input=_long_input(args.seed * 7919 + round_ * 101 + n,
+                                                                                   args.input_words),
                                                  questions=[_question(i) for i in range(n)])
         out.question_times_s[n] = time.perf_counter() - t0
+        cpu1 = _process_cpu_s(args.server_pid)
+        if cpu0 is not None and cpu1 is not None:
+            out.question_cpu_s[n] = cpu1 - cpu0
         out.cached_tokens[n] = decision.usage.input_tokens_details.cached_tokens
         out.input_tokens[n] = decision.usage.input_tokens
     for conc in args.concurrency:  # 2. decisions per second, closed loop
@@ -103,6 +124,9 @@ def summarize(rounds: list[Round]) -> dict:
         summary["questions"][str(n)] = {
             "time_s": _median([r.question_times_s[n] for r in rounds]),
             "ratio_to_1": _median([r.question_times_s[n] / r.question_times_s[1] for r in rounds]),
+            "cpu_s": _median([r.question_cpu_s[n] for r in rounds if n in r.question_cpu_s]),
+            "cpu_ratio_to_1": _median([r.question_cpu_s[n] / r.question_cpu_s[1] for r in rounds
+                                       if n in r.question_cpu_s and r.question_cpu_s.get(1)]),
             "cached_tokens": _median([float(r.cached_tokens[n]) for r in rounds]),
             "input_tokens": _median([float(r.input_tokens[n]) for r in rounds])}
     for conc in sorted({c for r in rounds for c in r.decisions_per_s}):
@@ -117,7 +141,9 @@ def format_summary(summary: dict, names: list[str] | None = None) -> str:
     lines = ["decisions over a ~1,000-token input (median of rounds):"]
     for n, e in summary["questions"].items():
         lines.append(f"  {n:>2} question(s): {e['time_s'] * 1e3:8.1f} ms  x{e['ratio_to_1']:.2f} of 1 question  "
-                     f"cached {e['cached_tokens']:.0f} of {e['input_tokens']:.0f} input tokens")
+                     f"cached {e['cached_tokens']:.0f} of {e['input_tokens']:.0f} input tokens"
+                     + (f"  server CPU {e['cpu_s']:.2f} s" if e.get("cpu_s") is not None else "")
+                     + (f" (x{e['cpu_ratio_to_1']:.2f})" if e.get("cpu_ratio_to_1") is not None else ""))
     for conc, rate in summary["decisions_per_s"].items():
         lines.append(f"  concurrency {conc}: {rate:.2f} decisions/s (3 questions each)")
     for size, e in summary["rerank"].items():
@@ -137,7 +163,8 @@ async def run(args) -> dict:
     try:
         model = args.model or (await client.models.list()).data[0].id
         for _ in range(max(1, args.warmup)):  # sessions' first runs of each shape: unrecorded
-            await client.decisions.create(model=model, input=_long_input(-1), questions=[_question(i) for i in range(5)])
+            await client.decisions.create(model=model, input=_long_input(-1, args.input_words),
+                                          questions=[_question(i) for i in range(5)])
         for round_ in range(args.rounds):
             rounds.append(await _one_round(client, http, model, args, round_))
             if args.progress is not False:
