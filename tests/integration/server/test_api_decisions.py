@@ -128,6 +128,13 @@ def test_bad_decisions_are_400_naming_the_field(api_server: RunningServer, body:
     assert httpx.get(api_server.base + "/health", timeout=10).status_code == 200  # still serving
 
 
+def test_a_model_that_cannot_rerank_is_a_400_naming_it(api_server: RunningServer) -> None:
+    """The tiny chat model (no embedding model beside it) spells "yes" in two tokens: it cannot rerank."""
+    r = httpx.post(api_server.url + "/rerank", json={"query": "q", "documents": ["a", "b"]}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "model" and "tiny" in r.json()["error"]["message"]
+
+
 # --- the default model ----------------------------------------------------------------------------------------------
 
 
