@@ -99,13 +99,15 @@ def test_first_request_loads_each_model(hub: ServeProcess, record_property) -> N
 
 def _stream_times(base: str, model: str, max_tokens: int, out: dict, key: str) -> None:
     body = {"model": model, "messages": HI, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
     stamps = []
     with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=300) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
                 stamps.append(time.monotonic())
+            if line.startswith("data: {") and '"usage":{' in line:
+                out[key + ":tokens"] = json.loads(line[6:])["usage"]["completion_tokens"]
     out[key] = stamps
 
 
@@ -231,7 +233,7 @@ def test_memory_budget_evicts_the_least_recently_used_idle_model(tmp_path: Path)
         assert r.status_code == 503 and "Retry-After" in r.headers, r.text
         message = r.json()["error"]["message"]
         assert SMOL in message and "MiB" in message and "memory budget" in message
-        assert len(out[GEMMA]) == 200 and len(out["smol-b"]) == 200  # the running streams were never ended
+        assert out[GEMMA + ":tokens"] == 200 and out["smol-b:tokens"] == 200  # the running streams ran to the end
 
 
 def test_a_load_does_not_stall_another_models_stream(tmp_path: Path, record_property) -> None:
