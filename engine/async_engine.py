@@ -62,7 +62,7 @@ class AsyncEngine:
         if self.engine_process:
             # NOTE(engine): the session, KV cache, scheduler and samplers live in a process of their own
             # (engine.core_process); this one keeps tokenizing, detokenizing, stop strings and HTTP.
-            client = EngineCoreClient(folder, config, self._on_core_outputs)
+            client = EngineCoreClient(folder, config, self._dispatch)
             facts = client.facts
             self._runner: ModelRunner | None = None
             self.placement, self.max_model_len, self.vocab_size = facts.placement, facts.max_model_len, facts.vocab_size
@@ -74,7 +74,7 @@ class AsyncEngine:
                 compile_timeout_s=config.grammar_compile_timeout_s, cache_size=config.grammar_cache_size)
             self._core = client
         else:
-            built = build_core(folder, config, self._on_core_outputs)
+            built = build_core(folder, config, self._dispatch)
             self._runner, self.placement = built.loaded.runner, built.loaded.placement
             self.max_model_len, self.vocab_size = built.loaded.max_model_len, built.loaded.vocab_size
             self.kv_cache_bytes, speculative_tokens = built.loaded.runner.kv.shape.nbytes, built.speculative_tokens
@@ -276,19 +276,10 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine {'process' if self.engine_process else 'thread'} has stopped: "
                                   f"{self._core.dead!r}")
 
-    def _on_core_outputs(self, outputs: list[CoreOutput]) -> None:
-        """Core thread: hand a step's outputs to the loop(s) that own the requests (one wake-up per loop).
-
-        NOTE(engine): this used to go through a handoff thread (core -> SimpleQueue -> thread -> loop), so
-        that waking the loop could not hand the GIL to it before the core's next session.run. Measured on
-        2 cores (two engines in one process, requests alternating between them, 128 tokens): waking the loop straight from the core
-        decodes 4-5% faster at batch 1 and 2% (asyncio) to 15% (uvloop) faster at batch 8; the extra
-        thread's wake-ups and GIL hand-offs per step cost more than they saved. The loop still does all
-        Python work per output (detokenizing, queues) while ORT computes the next step.
-        """
-        self._dispatch(outputs)
-
     def _dispatch(self, outputs: list[CoreOutput]) -> None:
+        """The core's thread (or the process client's reader): hand a step's outputs to the loop(s) that own the
+        requests, one wake-up per loop; the loop does the Python work per output while ORT runs the next step.
+        """
         # NOTE(engine): dict reads here race only with whole-item writes on the loop thread (GIL-atomic);
         # a request removed meanwhile is skipped again on the loop side.
         states = self._processor.states

@@ -146,6 +146,7 @@ class EngineCore:
         self._rate = 0.0
         self._spec_drafted = 0
         self._spec_accepted = 0
+        self._nonfinite_reported = False
         self._phase = [0.0] * len(PHASES)
         self._trace = StepTrace(step_trace, PHASES) if step_trace else None
         if self._trace is not None:
@@ -262,12 +263,17 @@ class EngineCore:
             joined, prefills = self._run_prompts(prefills)
             phase[5] += clock() - t
         if out.decode or joined:
+            t = clock()
             self._run_decode(out.decode, joined)
+            if not (joined or out.verify or prefills) and len(out.decode) <= self.scheduler.speculative_max_batch:
+                self.scheduler.check_cost.record_decode(clock() - t)  # the step a draft check would replace
         num_verified = 0
         if out.verify:
             t = clock()
             for verify in out.verify:
+                t1 = clock()
                 num_verified += self._run_verify(verify)
+                self.scheduler.check_cost.record_check(len(verify.draft), clock() - t1)
             phase[4] += clock() - t
         if prefills:
             t = clock()
@@ -333,10 +339,13 @@ class EngineCore:
                                         [positions.get(id(r), r.num_computed_tokens) for r in batch],
                                         logits=needs_logits(samplers, masked))
             t1 = clock()
-            results = sample_batch(logits, samplers, self._bitmask, masked, summary=self.runner.decode_summary)
+            summary = self.runner.decode_summary
+            results = sample_batch(logits, samplers, self._bitmask, masked, summary=summary)
         except Exception as exc:
             self._fail(batch, exc)
             return
+        self._check_finite(batch, summary[1] if logits is None and summary is not None else
+                           logits[np.arange(len(batch)), [r.token_id for r in results]])
         t2 = clock()
         sampled = {r: res.token_id for r, res in zip(batch, results)}
         complete = self._advance(batch, results, masked, failed)
@@ -360,6 +369,7 @@ class EngineCore:
         except Exception as exc:
             self._fail((request,), exc)
             return 0
+        self._check_finite([request] * len(results), logits[np.arange(len(results)), [r.token_id for r in results]])
         num_before = len(request.output_ids)
         finished = self.scheduler.update_from_output(SchedulerOutput(None, (), (verify,)),
                                                      {request: [r.token_id for r in results]})
@@ -388,6 +398,8 @@ class EngineCore:
         except Exception as exc:
             self._fail(choices, exc)
             return
+        if results:
+            self._check_finite(choices, logits[[r.token_id for r in results]])
         sampled = {c: res.token_id for c, res in zip(choices, results)}
         complete = self._advance(choices, results, masked, failed) if results else set()
         finished = self.scheduler.update_from_output(SchedulerOutput(chunk, ()), sampled, complete)
@@ -395,6 +407,22 @@ class EngineCore:
         if results:
             self._gen_total += len(results)
             self._emit([(c, (res,)) for c, res in zip(choices, results)], finished, failed, complete)
+
+    def _check_finite(self, batch: Sequence[Request], values: np.ndarray) -> None:
+        """``values[i]``: a number of ``batch[i]``'s logits (the chosen token's logit, or its row's log-normalizer),
+        O(rows). A request whose logits are not finite (NaN or inf: a model that overflows float16) drafts no more:
+        its tokens are arbitrary, and the device's argmax and the host's need not agree over NaN, so a check would
+        only cost. Reported once per engine in the log."""
+        if np.isfinite(values).all():
+            return
+        for request, ok in zip(batch, np.isfinite(values).tolist()):
+            if not ok:
+                self.scheduler.stop_drafts(request)
+                if not self._nonfinite_reported:
+                    self._nonfinite_reported = True
+                    log.warning("the model's logits are not finite (NaN or inf) in request %s after %d tokens: its "
+                                "output is arbitrary (float16 overflow?); drafts are off for such requests "
+                                "(reported once)", request.request_id, request.num_tokens)
 
     def _fill_masks(self, batch: Sequence[Request], failed: dict[Request, str]) -> list[int]:
         """Fill the bitmask rows of the constrained requests of ``batch`` (row i for batch[i]).

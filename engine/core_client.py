@@ -223,20 +223,16 @@ class EngineCoreClient:
         self._sink([])
 
 
-# NOTE(engine): automatic engine_process on the host CPU (the CPU EP, and OpenVINO, which is asked for by name and may
-# run there). Measured on 2 shared cores (docs/perf/cpu.md, "The engine in its own process"): no slower (CPU per token
-# 0.95x, output tok/s 1.07-1.14x median, rounds spread 0.87-1.51), but no gain shown beyond the noise; off until a
-# quiet run says otherwise.
-CPU_ENGINE_PROCESS = False
-
-
 def use_engine_process(config: EngineConfig) -> bool:
     """Whether an engine with ``config`` runs its core in a process of its own.
 
     ``config.engine_process`` when set; automatic (None): on where the model runs on a device (CUDA, AMDGPU/MIGraphX,
     WebGPU, ...), and for ``--provider auto`` where a device EP library is installed (the parent cannot ask which
     device auto takes without loading that library, which must load in the engine process only);
-    ``CPU_ENGINE_PROCESS`` on the host CPU.
+    off on the host CPU.
+
+    NOTE(engine): off on the host CPU (the CPU EP, and OpenVINO, which may run there): measured on 2 shared cores
+    no slower and no faster beyond the noise (docs/perf/cpu.md, "The engine in its own process").
     """
     if config.engine_process is not None:
         return config.engine_process
@@ -244,12 +240,11 @@ def use_engine_process(config: EngineConfig) -> bool:
 
     provider = normalize_provider(config.provider, allow_auto=True)
     if provider in ("cpu", "openvino"):
-        return CPU_ENGINE_PROCESS
+        return False
     if provider == "auto":
         from ep.device import find_ep_libraries
 
-        return bool(config.ep_library) or bool(find_ep_libraries([p for p in AUTO_ORDER if p != "cpu"])) \
-            or CPU_ENGINE_PROCESS
+        return bool(config.ep_library) or bool(find_ep_libraries([p for p in AUTO_ORDER if p != "cpu"]))
     return True
 
 

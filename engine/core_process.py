@@ -89,7 +89,9 @@ def build_core(folder: ModelFolder, config: EngineConfig, sink: Sink,
                           speculative_tokens=speculative_tokens,
                           speculative_max_batch=config.speculative_max_batch,
                           low_slots=len(runner.buckets) > 1, max_prefills=max_prefills_per_step(config, runner),
-                          min_prefix_reuse=min_prefix_reuse(config, runner))
+                          min_prefix_reuse=min_prefix_reuse(config, runner),
+                          prompt_budget=placement.batched_prompt_tokens(config, runner),
+                          batched_prompt_len=runner.max_batched_prompt + 1 if runner.can_batch_prompts else 0)
     # NOTE(engine): grammars compile in the backend's worker threads (its tokenizer is built on first use),
     # never on the core thread; the core only fills masks and advances constraints.
     structured = StructuredOutputBackend(

@@ -291,7 +291,7 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
         if want:
             raise ModelLoadError(f"graph_capture=True needs the WebGPU or CUDA EP; {selected.ep_name} was selected")
         note = "off: graph_capture=False" if want is False else \
-            f"off: the engine drives graph capture on WebGPU and CUDA only ({selected.ep_name})"
+            f"off: the engine drives no graph capture on {selected.ep_name}"
         session, _ = create_session(folder, config, selected=selected)
         return OpenedSession(session, selected, False, note)
     inputs = folder.genai["model"]["decoder"].get("inputs", {})

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.bucket_runner import BucketRunner
-from engine.config import EngineConfig
+from engine.config import DEFAULT_BATCHED_PROMPT_TOKENS, EngineConfig
 from engine.device_kv import AddressRowCopier, RowCopier, address_copy_graph_bytes, row_copy_graph_bytes
 from engine.graph_capture import CAPTURE_PROVIDERS, OpenedSession, open_session
 from engine.kv_cache import HOST, OPAQUE, POINTER, HostKVAllocator, KVAllocator, KVCache, KVShape, make_kv_allocator
@@ -157,6 +157,7 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
                               packed_input=opened.packed_input, graph_ids=opened.graph_capture,
                               row_summary=opened.row_summary and opened.graph_capture, **staged)
         kind = "buckets" if prefix else "whole buffer"
+    runner.prompt_budget = batched_prompt_tokens(config, runner)  # (its prompt runs' shapes are warmed below)
     if selected is not None:
         try:  # compile the kernels (and capture the decode steps) before the first request
             runner.warmup()
@@ -175,6 +176,14 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
         "on: the EP's HIP graphs (ep.migraphx.hip_graph_enable), one per decode bucket at fixed addresses")
     log.info("placement: %s", placement)
     return Loaded(runner, placement, max_model_len, io.vocab_size)
+
+
+def batched_prompt_tokens(config: EngineConfig, runner: Any) -> int:
+    """Tokens of new requests' whole prompts a step runs together beside its token budget (0: none; see
+    ``EngineConfig.batched_prompt_tokens``)."""
+    if not runner.can_batch_prompts:
+        return 0
+    return DEFAULT_BATCHED_PROMPT_TOKENS if config.batched_prompt_tokens is None else config.batched_prompt_tokens
 
 
 def _address_copier(folder: ModelFolder, config: EngineConfig, selected: Any, kv: KVCache) -> AddressRowCopier:

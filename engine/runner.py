@@ -140,6 +140,7 @@ class RunnerBase:
     # (session, ms) of each run since the core last took them; None: not kept (the step trace is off)
     run_log: list[tuple[str, float]] | None = None
     chunks: RowChunks | None = None  # runs of S tokens in a row (row-view KV only)
+    prompt_budget = 0  # tokens of whole prompts a step runs together beside prefill_chunk (the scheduler's)
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
                  max_position: int, input_allocator: InputAllocator = host_input) -> None:
@@ -610,7 +611,7 @@ class RowChunks:
         if not (self.prompt_shapes and self.batch_prompts):
             return 0
         owner, made = self.owner, 0
-        limit = max(2 * owner.prefill_chunk, PROMPT_SHAPES[0] * owner.num_slots)
+        limit = max(2 * owner.prefill_chunk, PROMPT_SHAPES[0] * owner.num_slots, owner.prompt_budget)
         for width in (s for s in PROMPT_SHAPES if s <= owner.max_batched_prompt):
             k = 1
             while k <= owner.num_slots and k * width <= limit:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.prefix_cache import KVCopy, SlotPrefixCache
-from engine.speculative import NgramDrafter
+from engine.speculative import CheckCost, NgramDrafter
 from engine.types import EngineOverloadedError, FinishReason, SamplingParams
 
 # NOTE(engine): a step's second and later prefill chunks that do not finish their prompt are at least this
@@ -166,10 +166,6 @@ class SchedulerOutput:
         return (len(self.decode) + sum(len(v.draft) + 1 for v in self.verify)
                 + sum(c.num_tokens for c in self.prefills))
 
-    @property
-    def is_empty(self) -> bool:
-        return not self.prefills and not self.decode and not self.verify
-
 
 @dataclass(frozen=True)
 class Finished:
@@ -206,11 +202,16 @@ class Scheduler:
         max_prefills: the most requests whose prompt chunks run in one step (0: as many as the budget holds;
             1: the oldest request's only, one step each).
         min_prefix_reuse: the shortest cached prefix worth reusing (see ``SlotPrefixCache``).
+        prompt_budget: tokens of new requests' whole prompts (no reused prefix, no other choices, 2 to
+            ``batched_prompt_len`` tokens) a step takes beside ``token_budget``: the core runs them together
+            (``EngineCore._run_prompts``); 0: none beside it.
+        batched_prompt_len: the longest prompt that counts against ``prompt_budget``.
     """
 
     def __init__(self, num_slots: int, max_waiting: int, token_budget: int, *, prefix_caching: bool = False,
                  can_copy: bool = False, speculative_tokens: int = 0, speculative_max_batch: int = 1,
-                 low_slots: bool = False, max_prefills: int = 0, min_prefix_reuse: int = 1) -> None:
+                 low_slots: bool = False, max_prefills: int = 0, min_prefix_reuse: int = 1, prompt_budget: int = 0,
+                 batched_prompt_len: int = 0) -> None:
         if token_budget <= num_slots:
             raise ValueError(f"token_budget must be > num_slots ({num_slots}), got {token_budget}")
         self.num_slots = num_slots
@@ -218,7 +219,10 @@ class Scheduler:
         self.token_budget = token_budget
         self.speculative_tokens = max(0, min(speculative_tokens, token_budget - 2))
         self.speculative_max_batch = speculative_max_batch
+        self.check_cost = CheckCost()  # a draft check's cost on this device, measured by the core (every drafter's)
         self.max_prefills = max_prefills if max_prefills > 0 else num_slots
+        self.prompt_budget = prompt_budget if batched_prompt_len >= 2 else 0
+        self.batched_prompt_len = batched_prompt_len
         self.waiting: deque[Request] = deque()
         self.running: dict[tuple[str, int], Request] = {}  # by Request.key, in admission order
         self.cache = SlotPrefixCache(num_slots, enabled=prefix_caching, can_copy=can_copy, low_slots=low_slots,
@@ -283,14 +287,22 @@ class Scheduler:
                 budget -= sum(len(v.draft) for v in verify)
         # 3. Prefill: a chunk of each admitted request still in its prompt, oldest first, while the budget
         #    lasts (forks wait for choice 0).
+        #    New requests' whole short prompts take the prompt budget first, where there is one (run together).
         prefills = []
+        prompt_budget = self.prompt_budget
         for request in self.running.values():
-            if len(prefills) >= self.max_prefills or budget <= 0:
+            if len(prefills) >= self.max_prefills or (budget <= 0 and prompt_budget <= 0):
                 break
             if not request.in_prefill or request.parent is not None:
                 continue
             start = request.num_computed_tokens
             remaining = len(request.prompt_ids) - start
+            if start == 0 and not request.forks and 2 <= remaining <= min(self.batched_prompt_len, prompt_budget):
+                prefills.append(PrefillChunk(request, 0, remaining))
+                prompt_budget -= remaining
+                continue
+            if budget <= 0:
+                continue
             num = min(remaining, budget)
             if remaining - num == 1 and num > 1:
                 num -= 1  # NOTE(engine): no 1-token last chunk (see prefix_cache.MIN_RECOMPUTED)
@@ -395,6 +407,13 @@ class Scheduler:
         self._by_slot[slot] = request
         self.running[request.key] = request
 
+    def stop_drafts(self, request: Request) -> None:
+        """``request`` drafts no more (its logits are not finite: ``EngineCore._check_finite``)."""
+        if self.speculative_tokens:
+            if request.drafter is None:
+                request.drafter = NgramDrafter(self.speculative_tokens, cost=self.check_cost)
+            request.drafter.stop()
+
     def _drafts(self, decode: tuple[Request, ...], budget: int) -> tuple[Verify, ...]:
         """Draft checks for the requests in ``decode`` that have a draft, within ``budget`` draft tokens."""
         verify = []
@@ -402,7 +421,7 @@ class Scheduler:
             if request.drafter is None:
                 if request.params.structured is not None:  # NOTE(engine): the grammar advances per token
                     continue
-                request.drafter = NgramDrafter(self.speculative_tokens)
+                request.drafter = NgramDrafter(self.speculative_tokens, cost=self.check_cost)
             # never past max_tokens / the context: the check emits up to len(draft) + 1 tokens
             limit = min(budget, request.max_num_tokens - request.num_tokens - 1)
             draft = request.drafter.propose(request.prompt_ids, request.output_ids, limit) if limit > 0 else ()

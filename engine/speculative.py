@@ -8,13 +8,20 @@ NOTE(engine): prompt lookup decoding (Saxena 2023; vLLM's "ngram" proposer, tran
 ``prompt_lookup_num_tokens``): the last few tokens are looked up among the earlier ones (prompt and output),
 and what followed them there is the draft. The model checks the last token and the draft in one run and
 keeps the longest prefix it agrees with, plus its own next token. It pays when answers copy their input
-(code edits, rewrites, quotes, extraction) and costs one slightly longer run per rejected draft otherwise;
-the back-off below keeps that cost small on free text.
+(code edits, rewrites, quotes, extraction) and costs one longer run per rejected draft otherwise.
+
+NOTE(engine): the downside is bounded by time, whatever the model writes or the device charges for a check
+(llama.cpp's --draft-p-min and vLLM stop drafting where drafts don't pay; here by the numbers): ``CheckCost`` holds
+what a check of d draft tokens costs on this device in decode steps, measured by the core; a request drafts when
+its own acceptance rate makes a draft pay at that cost, and otherwise only tries again (a one-token probe) out of a
+credit that grows by ``PROBE_SHARE`` of a decode step per plain step, so failed probes cost at most that share of
+its time (H200, CUDA: a check ran 3-10x a captured decode step, and a model whose drafts never hit was 9x slower
+with drafts under a step-counted back-off).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # n-gram sizes tried, longest first: a longer match predicts better; 1-grams (a single common token such as
 # " the") match almost everywhere and draft noise.
@@ -24,6 +31,11 @@ MIN_NGRAM = 2
 # text a lookup often matches something the model doesn't continue, and each such verify run costs more
 # than the plain decode step it replaces.
 MAX_SKIP_STEPS = 32
+# A request whose drafts don't pay at the measured cost probes (one token) only out of a credit of this share of a
+# decode step per plain step: its failed probes take at most ~PROBE_SHARE of its time.
+PROBE_SHARE = 1.0 / 32
+# Weight of the newest measurement in the check and decode times (a new shape's first run may be slow once).
+COST_WEIGHT = 0.3
 # NOTE(engine): a check of S tokens costs about 1 + CHECK_COST_PER_TOKEN * (S - 1) decode steps (measured on
 # SmolLM2-135M INT4, 2 cores: 1.29x at S = 2, 1.75x at 4, 2.82x at 8, 4.5x at 16). With a per-token acceptance
 # rate a, a draft of d tokens yields 1 + a + a^2 + ... + a^d tokens per check; the draft length is the d that
@@ -36,6 +48,35 @@ MIN_GAIN = 0.05
 PRIOR = (0.5, 1.0)
 DECAY = 0.8  # weight of earlier checks against the newest one
 MEMORY_TOKENS = 16.0  # the estimate remembers about this many tested tokens (it follows the text as it changes)
+
+
+class CheckCost:
+    """What a draft check costs against the plain decode step it replaces, as measured on this device (engine-wide,
+    owned by the scheduler; the core records each lone decode step and each check).
+
+    Before any measurement a check of d tokens is taken to cost ``1 + CHECK_COST_PER_TOKEN * d`` decode steps (the
+    CPU's law); once both kinds are measured, a length's own average is used, and a length not checked yet is
+    scaled from the nearest one that was. Never less than one decode step.
+    """
+
+    def __init__(self) -> None:
+        self.decode_s: float | None = None  # average seconds of a lone decode step (rows <= speculative_max_batch)
+        self.check_s: dict[int, float] = {}  # draft length -> average seconds of its check
+
+    def record_decode(self, seconds: float) -> None:
+        self.decode_s = seconds if self.decode_s is None else (1 - COST_WEIGHT) * self.decode_s + COST_WEIGHT * seconds
+
+    def record_check(self, num_draft: int, seconds: float) -> None:
+        old = self.check_s.get(num_draft)
+        self.check_s[num_draft] = seconds if old is None else (1 - COST_WEIGHT) * old + COST_WEIGHT * seconds
+
+    def steps(self, num_draft: int) -> float:
+        """A check of ``num_draft`` tokens in decode steps (>= 1)."""
+        prior = 1.0 + CHECK_COST_PER_TOKEN * num_draft
+        if self.decode_s is None or not self.check_s:
+            return prior
+        d = min(self.check_s, key=lambda k: (abs(k - num_draft), k))
+        return max(1.0, self.check_s[d] / self.decode_s * prior / (1.0 + CHECK_COST_PER_TOKEN * d))
 
 
 class NgramDrafter:
@@ -52,10 +93,11 @@ class NgramDrafter:
         max_tokens: the most tokens one draft holds (``--speculative-tokens``).
         min_ngram / max_ngram: n-gram sizes looked up (longest first).
         prior: (accepted, tested) token counts the acceptance rate starts from.
+        cost: the device's check cost (shared by the scheduler's drafters); None: the prior law alone.
     """
 
     def __init__(self, max_tokens: int, min_ngram: int = MIN_NGRAM, max_ngram: int = MAX_NGRAM,
-                 prior: tuple[float, float] = PRIOR) -> None:
+                 prior: tuple[float, float] = PRIOR, cost: CheckCost | None = None) -> None:
         if max_tokens < 1 or not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need max_tokens >= 1 and 1 <= min_ngram <= max_ngram, got {max_tokens}, "
                              f"{min_ngram}, {max_ngram}")
@@ -73,6 +115,10 @@ class NgramDrafter:
         self._num_indexed = 0  # _tokens[:_num_indexed] have their preceding n-grams indexed
         self._skip = 0
         self._misses = 0
+        self.cost = cost or CheckCost()
+        self._credit = 0.0  # decode steps' worth a probe may spend
+        self.num_probes = 0
+        self.stopped = False  # for good (``stop``)
 
     @property
     def acceptance_rate(self) -> float:
@@ -82,7 +128,12 @@ class NgramDrafter:
     @property
     def num_tokens(self) -> int:
         """The draft length the acceptance rate pays for now (0: none)."""
-        return best_draft_length(self.acceptance_rate, self.max_tokens)
+        return best_draft_length(self.acceptance_rate, self.max_tokens, self.cost.steps)
+
+    def stop(self) -> None:
+        """Draft nothing more (the request's logits are not finite: its choices, the host's and the device's
+        argmax over NaN, need not agree, so a check would only cost)."""
+        self.stopped = True
 
     def propose(self, prompt_ids: Sequence[int], output_ids: Sequence[int], limit: int) -> tuple[int, ...]:
         """A draft of at most ``min(limit, num_tokens)`` tokens to follow ``prompt_ids + output_ids``, or ()."""
@@ -92,15 +143,35 @@ class NgramDrafter:
             self._tokens.extend(output_ids[self._num_output:])
             self._num_output = len(output_ids)
         self._index()
+        if self.stopped:
+            return ()
         if self._skip > 0:
             self._skip -= 1
+            self._earn()
             return ()
-        limit = min(limit, self.num_tokens)
-        if limit <= 0:
-            # NOTE(engine): drift back to the prior, so a request whose drafts failed tries again later
-            self._accepted = DECAY * self._accepted + (1 - DECAY) * self._prior[0]
-            self._tested = DECAY * self._tested + (1 - DECAY) * self._prior[1]
-            return ()
+        num = min(limit, self.num_tokens)
+        probing = num <= 0
+        if probing:  # NOTE(engine): drafts don't pay now: try one token only out of the probe credit
+            probe = self.cost.steps(1) - 1.0  # what a failed one-token check costs beyond the decode step
+            if limit <= 0 or (self.num_probes and self._credit < probe):  # (a request's first probe is free)
+                self._earn()
+                return ()
+            num = 1
+        draft = self._lookup(num)
+        if not draft:
+            self._earn()
+        elif probing:
+            if self.num_probes:
+                self._credit -= probe
+            self.num_probes += 1
+        return draft
+
+    def _earn(self) -> None:
+        """A plain decode step: the probe credit grows (capped at about one probe's worth)."""
+        self._credit = min(self._credit + PROBE_SHARE, self.cost.steps(1) - 1.0 + PROBE_SHARE)
+
+    def _lookup(self, limit: int) -> tuple[int, ...]:
+        """What followed the latest earlier occurrence of the longest n-gram ending the tokens (at most ``limit``)."""
         tokens = self._tokens
         for n in range(min(self.max_ngram, len(tokens)), self.min_ngram - 1, -1):
             start = self._next.get(tuple(tokens[-n:]))
@@ -138,15 +209,16 @@ class NgramDrafter:
         self._num_indexed = len(tokens)
 
 
-def best_draft_length(acceptance_rate: float, max_tokens: int) -> int:
+def best_draft_length(acceptance_rate: float, max_tokens: int, steps: Callable[[int], float] | None = None) -> int:
     """The draft length d in [1, max_tokens] with the most expected tokens per decode step's worth of time,
-    ``(1 + a + ... + a^d) / (1 + CHECK_COST_PER_TOKEN * d)``; 0 when even the best doesn't beat 1 + MIN_GAIN."""
+    ``(1 + a + ... + a^d) / steps(d)`` (default ``1 + CHECK_COST_PER_TOKEN * d``, ``CheckCost.steps`` where
+    measured); 0 when even the best doesn't beat 1 + MIN_GAIN."""
     best, best_gain = 0, 1.0 + MIN_GAIN
     expected, power = 1.0, 1.0
     for d in range(1, max_tokens + 1):
         power *= acceptance_rate
         expected += power
-        gain = expected / (1.0 + CHECK_COST_PER_TOKEN * d)
+        gain = expected / (steps(d) if steps is not None else 1.0 + CHECK_COST_PER_TOKEN * d)
         if gain > best_gain:
             best, best_gain = d, gain
     return best

@@ -52,6 +52,22 @@ class EnvFlag:
     description: str
     passthrough: tuple[str, ...] = ()  # companions we report but never change
     library_patterns: tuple[str, ...] = ()  # basenames of the libraries that read it
+    device_nodes: tuple[str, ...] = ()  # paths that exist where a GPU whose backend reads it is present
+
+
+def worth_reporting(flag: EnvFlag, provider: str, requested: bool | None,
+                    device_nodes: tuple[str, ...] | None = None) -> bool:
+    """Whether the startup log shows ``flag`` at INFO (otherwise DEBUG).
+
+    Yes when the user set it (``requested``), when ``provider`` (a short name) reads it, or under ``auto`` when one
+    of the flag's device nodes exists (a GPU that ``auto`` may pick). No library is loaded to find out.
+    NOTE(flags): so a CPU-only start says nothing about MIGraphX or CUDA; the variables are still set under
+    ``auto`` (harmless there, and they must be in place before any backend could load).
+    """
+    if requested is not None or provider in flag.providers:
+        return True
+    nodes = flag.device_nodes if device_nodes is None else device_nodes
+    return provider == "auto" and any(os.path.exists(path) for path in nodes)
 
 
 INT4_GEMV = EnvFlag(
@@ -60,6 +76,7 @@ INT4_GEMV = EnvFlag(
     description="MIGraphX INT4 GEMV fusion for M=1 (decode) MatMulNBits; any value, '0' too, turns it on",
     passthrough=("MIGRAPHX_INT4_GEMV_CONFIG", "MIGRAPHX_INT4_GEMV_TRACE"),
     library_patterns=BACKEND_LIBRARY_PATTERNS,
+    device_nodes=("/dev/kfd",),  # the ROCm kernel driver's node: an AMD GPU
 )
 # NOTE(flags): the CUDA EP's fused INT4 kernels for MatMulNBits (fpA_intB: a CUTLASS mixed-input GEMM and its
 # GEMV, weights repacked at load), read by each MatMulNBits kernel when a session is made ("" / "0" / "off" is off).
@@ -73,16 +90,19 @@ CUDA_INT4_GEMM = EnvFlag(
     name="ORT_FPA_INTB_GEMM",
     providers=frozenset({"cuda"}),
     description="the CUDA EP's fused INT4 GEMM/GEMV for MatMulNBits; '0' or 'off' turns it off",
+    device_nodes=("/dev/nvidiactl",),  # the NVIDIA driver's control node: an NVIDIA GPU
 )
 REGISTRY: tuple[EnvFlag, ...] = (INT4_GEMV, CUDA_INT4_GEMM)
 
 
 def apply_cuda_int4_gemm(provider: str, max_batch: int, requested: bool | None = None, *,
-                         env: MutableMapping[str, str] | None = None) -> str | None:
+                         env: MutableMapping[str, str] | None = None,
+                         device_nodes: tuple[str, ...] | None = None) -> str | None:
     """Set ORT_FPA_INTB_GEMM for a server of ``max_batch`` rows, before its first session.
 
     ``requested``: True -> "1", False -> "0"; None -> "1" when ``max_batch > 1``, unless the environment already
     sets it (the user's own choice stands). Providers other than cuda and auto leave the environment alone.
+    ``device_nodes``: the paths ``worth_reporting`` checks (default: the flag's own).
 
     Returns:
         The one-line report logged (None when nothing applies).
@@ -99,7 +119,8 @@ def apply_cuda_int4_gemm(provider: str, max_batch: int, requested: bool | None =
         env[name] = "1" if on else "0"
         why = "asked for" if requested is not None else f"--max-batch {max_batch}"
         report = f"{name}={env[name]} ({why})"
-    logger.info("backend flags: %s: %s", report, CUDA_INT4_GEMM.description)
+    log = logger.info if worth_reporting(CUDA_INT4_GEMM, provider, requested, device_nodes) else logger.debug
+    log("backend flags: %s: %s", report, CUDA_INT4_GEMM.description)
     return report
 
 
@@ -263,6 +284,7 @@ def apply(
     library_patterns: tuple[str, ...] | None = None,
     maps_path: str = "/proc/self/maps",
     probe_gpus: bool = True,
+    device_nodes: tuple[str, ...] | None = None,
 ) -> FlagReport:
     """Set or unset the backend flags for ``provider``; call once, before any backend library loads.
 
@@ -278,6 +300,7 @@ def apply(
         library_patterns: basenames of the libraries that read the flag (default: the flag's own).
         maps_path: the memory map searched for those libraries.
         probe_gpus: ask hip-python (when importable) for each GPU's arch and fdot2 support.
+        device_nodes: the paths ``worth_reporting`` checks under auto (default: the flag's own).
 
     Returns:
         A FlagReport; ``late=True`` says plainly that the flag cannot take effect in this process.
@@ -324,5 +347,9 @@ def apply(
         loaded_libraries=tuple(loaded or ()), passthrough=passthrough,
         hip_python=archs is not None, gpus=tuple(archs or ()), messages=tuple(messages),
     )
-    (logger.warning if late else logger.info)("backend flags: %s", report.summary())
+    if late:
+        log = logger.warning
+    else:
+        log = logger.info if worth_reporting(flag, provider, int4_gemv, device_nodes) else logger.debug
+    log("backend flags: %s", report.summary())
     return report

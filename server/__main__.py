@@ -21,7 +21,7 @@ from server.settings import DEFAULT_MODEL, Settings, add_settings_arguments, loa
 logger = logging.getLogger("ortserve")
 
 # uvicorn's own graceful timeout is the streams' grace plus this slack: streams still running when the grace
-# ends are cut and end well-formed (server.http.streaming.event_source), and sse-starlette cancels the few whose
+# ends are cut and end well-formed (server.http.sse.event_source), and sse-starlette cancels the few whose
 # clients stopped reading one second later, all before uvicorn cancels whatever is left.
 _UVICORN_SHUTDOWN_SLACK_S = 2.0
 

@@ -52,6 +52,7 @@ def engine_config_from(settings: Settings) -> Any:
         "device_row_summary": settings.device_row_summary,
         "one_row_session": settings.one_row_session,
         "batched_prompts": settings.batched_prompts,
+        "batched_prompt_tokens": settings.batched_prompt_tokens,
         "chat_template": settings.chat_template,
         "grammar_compile_timeout_s": settings.grammar_compile_timeout_s,
         "prefix_caching": settings.prefix_caching,

@@ -84,16 +84,6 @@ class EngineNotReadyError(ServerError):
     error_type = "service_unavailable"
 
 
-class AuthenticationError(ServerError):
-    status_code = 401
-    error_type = "authentication_error"
-
-
-class RequestTooLargeError(ServerError):
-    status_code = 413
-    error_type = "invalid_request_error"
-
-
 # HTTP status -> OpenAI `type` for Starlette's own HTTPExceptions (unknown route, wrong method, ...).
 _HTTP_TYPES = {
     400: "invalid_request_error",

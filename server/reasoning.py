@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from server.tools.parsers import hold_back
+from server.tools.formats.base import hold_back
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -168,3 +168,41 @@ class ReasoningDeltas:
         if self._split.reasoning:
             message.update(reasoning_delta(self._split.reasoning))
         return message
+
+
+class TextDeltas:
+    """The chat deltas of plain text: each output's text is one content delta (no tools, no parsing)."""
+
+    has_calls = False
+
+    def __init__(self) -> None:
+        self._content: list[str] = []
+
+    def feed(self, piece: str, final: bool = False) -> list[dict[str, Any]]:
+        if not piece:
+            return []
+        self._content.append(piece)
+        return [{"content": piece}]
+
+    def message(self) -> dict[str, Any]:
+        return {"content": "".join(self._content), "tool_calls": None}
+
+
+class EchoedDeltas:
+    """A DeltaSource whose output starts with ``echo`` (the continued assistant message, vLLM's ``echo``): the
+    echoed text is read like the rest (it may hold the start of the thinking, or of a call)."""
+
+    def __init__(self, echo: str, inner: DeltaSource) -> None:
+        self._echo = echo
+        self._inner = inner
+
+    def feed(self, piece: str, final: bool = False) -> list[dict[str, Any]]:
+        echo, self._echo = self._echo, ""
+        return self._inner.feed(echo + piece, final)
+
+    @property
+    def has_calls(self) -> bool:
+        return self._inner.has_calls
+
+    def message(self) -> dict[str, Any]:
+        return self._inner.message()

@@ -65,6 +65,10 @@ class Settings(BaseSettings):
         None, description="Chat template for /v1/chat/completions, replacing the model's own: a Jinja file or a "
         "built-in name (chatml, gemma, llama3, phi3). A model without one answers chat requests with a 400.",
     )
+    tool_call_parser: str | None = Field(
+        None, description="Tool-call format of the model's output, instead of the one its chat template shows: "
+        "hermes, qwen3_coder, llama3_json, mistral, phi4_mini, deepseek_r1 or generic (vLLM's flag name).",
+    )
 
     models: list[ModelSpec] = Field(
         default_factory=list, description="More models served beside --model (the model hub): --model repeated, or a "
@@ -179,6 +183,11 @@ class Settings(BaseSettings):
         None, description="New requests' prompts go in together: one right-padded run for all but their last "
         "tokens, which join the step's decode run (default: on with the CUDA EP, where a run costs its kernel "
         "launches; --no-batched-prompts runs each prompt's chunks on their own)."
+    )
+    batched_prompt_tokens: int | None = Field(
+        None, ge=0, le=1_048_576, description="With batched prompts, the most tokens of new requests' whole prompts "
+        "one engine step runs together beside its token budget, so many arrivals at once take a few runs (default: "
+        "2048; 0: within the token budget)."
     )
     device_row_summary: bool | None = Field(
         None, description="Captured decode steps also compute each row's argmax and log-normalizer on the device "
@@ -296,6 +305,15 @@ class Settings(BaseSettings):
             value = [item.strip() for item in value.split(",") if item.strip()]
         if isinstance(value, list):
             return [{"model": item} if isinstance(item, str) else item for item in value]
+        return value
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _check_tool_call_parser(cls, value: str | None) -> str | None:
+        from server.tools.formats import FORMATS  # noqa: PLC0415 - settings load before anything else
+
+        if value is not None and value not in FORMATS:
+            raise ValueError(f"tool_call_parser must be one of {sorted(FORMATS)}, got {value!r}")
         return value
 
     @field_validator("log_level", mode="before")

@@ -39,10 +39,6 @@ class GGUFTensor:
     shape: tuple[int, ...]
     data: np.ndarray  # uint8 [n_bytes], a view into the memory-mapped file
 
-    @property
-    def n_elements(self) -> int:
-        return int(np.prod(self.shape))
-
 
 class GGUFFile:
     """Parses a GGUF (v2/v3, little-endian) header: ``fields`` (key -> value) and ``tensors`` (name -> GGUFTensor).

@@ -22,8 +22,8 @@ from server.anthropic.events import Event, MessageAssembler
 from server.anthropic.protocol import CountTokensRequest, MessagesRequest, as_messages_errors
 from server.reasoning import DeltaSource
 from server.http.prepare import chat_prompt, engine_for, prepare_chat, start_run, start_tracking
-from server.http.streaming import EngineRun, StreamContext, check_error, collected, event_source, named_event, \
-    with_error_event
+from server.http.run import EngineRun, StreamContext, check_error, drain
+from server.http.sse import named_event, stream_batches
 
 router = APIRouter(tags=["messages"])
 
@@ -57,26 +57,11 @@ def _stream(run: EngineRun, ctx: StreamContext, assembler: MessageAssembler, del
             ping_s: float, shutdown_grace_s: float) -> EventSourceResponse:
     """message_start ... message_stop; an engine failure mid-stream ends it with an `error` event."""
 
-    async def events() -> AsyncIterator[bytes]:
-        async for batch in _events(run, ctx, assembler, deltas):
-            for event in batch:
-                yield named_event(event)
-
     def failed(exc: Exception) -> list[bytes]:
         status, body, _ = error_for(exc)  # never a traceback: error_for hides our own bugs
         return [named_event(wire.from_openai_error(status, body, exc))]
 
-    return event_source(with_error_event(events(), run, failed), run, ping_s, shutdown_grace_s)
-
-
-async def _collect(run: EngineRun, ctx: StreamContext, request: Request, assembler: MessageAssembler,
-                   deltas: DeltaSource) -> dict[str, Any]:
-    async def gather() -> dict[str, Any]:
-        async for _ in _events(run, ctx, assembler, deltas):
-            pass
-        return assembler.message()
-
-    return await collected(run, request, gather())
+    return stream_batches(_events(run, ctx, assembler, deltas), run, failed, ping_s, shutdown_grace_s)
 
 
 @router.post("/v1/messages", response_model=None, summary="Create a message (Anthropic's Messages API)")
@@ -93,7 +78,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     deltas = prepared.delta_source()
     if body.stream:
         return _stream(run, ctx, assembler, deltas, settings.sse_ping_s, settings.shutdown_grace_s)
-    return JSONResponse(await _collect(run, ctx, request, assembler, deltas))
+    return JSONResponse(await drain(run, request, _events(run, ctx, assembler, deltas), assembler.message))
 
 
 @router.post("/v1/messages/count_tokens", response_model=None, summary="Count the tokens of a message's prompt")

@@ -19,12 +19,12 @@ from server.openai import protocol
 from server.engine_client import EngineClient
 from server.metrics import RequestTracker
 from server.prompt import RenderedPrompt, TemplateOptions, render_prompt
-from server.reasoning import DeltaSource, ReasoningDeltas, ReasoningFormat
+from server.reasoning import DeltaSource, EchoedDeltas, ReasoningDeltas, ReasoningFormat, TextDeltas
 from server.settings import Settings
 from server.state import ServerState, get_state
-from server.http.streaming import EchoedDeltas, EngineRun, StreamContext, TextDeltas
+from server.http.run import EngineRun, StreamContext
 from server.tools.grammar import Trigger, json_answer_grammar, with_thinking
-from server.tools.parsers import make_parser
+from server.tools.formats import make_format
 from server.tools.plan import ToolPlan, ToolRequest, plan_tools
 from server.tools.stream import ToolCallStream
 
@@ -121,17 +121,18 @@ def refuse_uncontainable_chat(state: ServerState, data: Any) -> None:
 THREADED_MESSAGES = 1000
 
 
-def _plan_and_encode(engine: EngineClient, messages: list[dict[str, Any]], tools: ToolRequest,
-                     options: TemplateOptions) -> tuple[ToolPlan, RenderedPrompt, list[int]]:
-    plan = plan_tools(messages, tools, engine.chat_template, engine.tokenizer)
+def _plan_and_encode(engine: EngineClient, messages: list[dict[str, Any]], tools: ToolRequest, options: TemplateOptions,
+                     tool_format: str | None = None) -> tuple[ToolPlan, RenderedPrompt, list[int]]:
+    plan = plan_tools(messages, tools, engine.chat_template, engine.tokenizer, tool_format)
     return (plan, *_render_and_encode(engine, plan.messages, plan.template_tools, options))
 
 
 async def chat_prompt(engine: EngineClient, messages: list[dict[str, Any]], tools: ToolRequest,
-                      options: TemplateOptions = TemplateOptions()) -> tuple[ToolPlan, RenderedPrompt, list[int]]:
+                      options: TemplateOptions = TemplateOptions(),
+                      tool_format: str | None = None) -> tuple[ToolPlan, RenderedPrompt, list[int]]:
     """The tool plan (format, grammar, parser), the rendered prompt and its ids, in a worker thread (long prompts
-    take milliseconds)."""
-    return await anyio.to_thread.run_sync(_plan_and_encode, engine, messages, tools, options)
+    take milliseconds). ``tool_format``: --tool-call-parser."""
+    return await anyio.to_thread.run_sync(_plan_and_encode, engine, messages, tools, options, tool_format)
 
 
 async def completion_prompt_ids(engine: EngineClient, prompt: str | list[int]) -> list[int]:
@@ -191,7 +192,8 @@ class PreparedChat:
     def delta_source(self) -> DeltaSource:
         """A fresh reader of one choice's output: thinking split off first, then the answer read by the tool-call
         parser (or as plain text). Feed it the output; its ``message()`` is the whole answer."""
-        inner: DeltaSource = (ToolCallStream(make_parser(self.plan.parser), self.plan.max_calls, self.plan.tool_names)
+        inner: DeltaSource = (ToolCallStream(make_format(self.plan.parser, self.plan.tool_names), self.plan.max_calls,
+                                             self.plan.tool_names)
                               if self.plan.parser else TextDeltas())
         source = ReasoningDeltas(self.reasoning, inner) if self.reasoning is not None else inner
         return EchoedDeltas(self.echo, source) if self.echo else source
@@ -224,7 +226,8 @@ async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.
     Messages."""
     messages = (await anyio.to_thread.run_sync(body.template_messages) if len(body.messages) > THREADED_MESSAGES
                 else body.template_messages())
-    plan, rendered, prompt_ids = await chat_prompt(engine, messages, body.tool_request(), body.template_options())
+    plan, rendered, prompt_ids = await chat_prompt(engine, messages, body.tool_request(), body.template_options(),
+                                                   settings.tool_call_parser)
     default_max_tokens = settings.default_max_tokens or remaining_context(engine, len(prompt_ids))
     params = body.to_sampling_params(default_max_tokens, engine.max_model_len)
     structured = plan.structured or params.structured

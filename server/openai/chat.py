@@ -10,7 +10,7 @@ from server.openai import protocol
 from server.http.large_bodies import ThreadedBodyRoute
 from server.openai.protocol import ChatCompletionRequest
 from server.http.prepare import THREADED_MESSAGES, engine_for, prepare_chat, start_run, start_tracking
-from server.http.streaming import collect, stream_chat, tool_finish_reason
+from server.openai.events import collect, stream_chat, tool_finish_reason, usage
 
 router = APIRouter(tags=["generation"], route_class=ThreadedBodyRoute)
 
@@ -38,12 +38,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         logprobs = protocol.chat_logprobs(choice.logprobs, ctx.token_text) if params.logprobs else None
         if readers is None:
             bodies.append(protocol.chat_completion(ctx.request_id, ctx.created, ctx.model, choice.text,
-                                                   choice.finish_reason, ctx.usage(), logprobs))
+                                                   choice.finish_reason, usage(ctx), logprobs))
             continue
         readers[i].feed(choice.text, final=True)
         message = readers[i].message()
         bodies.append(protocol.chat_completion(
             ctx.request_id, ctx.created, ctx.model, message["content"],
-            tool_finish_reason(choice.finish_reason, readers[i]), ctx.usage(), logprobs,
+            tool_finish_reason(choice.finish_reason, readers[i]), usage(ctx), logprobs,
             tool_calls=message["tool_calls"], reasoning=message.get("reasoning_content")))
     return JSONResponse(protocol.with_choices(bodies))

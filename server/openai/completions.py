@@ -16,7 +16,7 @@ from server.http.prepare import (
     start_run,
     start_tracking,
 )
-from server.http.streaming import collect, stream_completion
+from server.openai.events import collect, stream_completion, usage
 
 router = APIRouter(tags=["generation"], route_class=ThreadedBodyRoute)
 
@@ -41,5 +41,5 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         logprobs = protocol.completion_logprobs(choice.logprobs, ctx.token_text, 0) if params.logprobs else None
         bodies.append(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, choice.text,
                                                 finish_reason=choice.finish_reason, logprobs=logprobs,
-                                                usage_dict=ctx.usage()))
+                                                usage_dict=usage(ctx)))
     return JSONResponse(protocol.with_choices(bodies))

@@ -19,7 +19,7 @@ from server.responses.events import ResponseAssembler
 from server.responses.store import make_stored
 from server.http.prepare import engine_for, prepare_chat, start_run, start_tracking
 from server.state import ServerState, get_state
-from server.http.streaming import collect_response, stream_response
+from server.responses.stream import collect_response, stream_response
 
 router = APIRouter(tags=["responses"])
 

@@ -1,1 +1,1 @@
-"""HTTP routes: thin handlers that validate, tokenize in a thread, and hand off to server.http.streaming."""
+"""Operational routes: /health, /metrics and the chat page (the wire protocols have their own packages)."""

@@ -1,4 +1,5 @@
-"""Tool calls as grammars: tools + tool_choice -> one llguidance Lark grammar per output format.
+"""Grammar building blocks shared by the tool-call formats (server.tools.formats): call schemas, the JSON rule,
+the lazy trigger rules, the thinking prefix. Each format's own grammar lives in its class.
 
 Text only: the engine compiles the grammar (StructuredOutput kind "lark"); this module never imports the
 grammar library. `required` and a named function constrain the whole answer; `auto` leaves text free until
@@ -36,24 +37,24 @@ class Trigger:
         return f"<[{self.special_id}]>" if self.special_id is not None else json.dumps(self.text)
 
 
-def _has_ref(node: Any) -> bool:
+def has_ref(node: Any) -> bool:
     if isinstance(node, dict):
-        return "$ref" in node or any(_has_ref(v) for v in node.values())
+        return "$ref" in node or any(has_ref(v) for v in node.values())
     if isinstance(node, list):
-        return any(_has_ref(v) for v in node)
+        return any(has_ref(v) for v in node)
     return False
 
 
-def _rebase_refs(node: Any, base: str) -> Any:
+def rebase_refs(node: Any, base: str) -> Any:
     """A copy of ``node`` whose local refs (``#...``) point under ``base`` (``#/$defs/tool0``)."""
     if isinstance(node, dict):
-        out = {k: _rebase_refs(v, base) for k, v in node.items()}
+        out = {k: rebase_refs(v, base) for k, v in node.items()}
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
             out["$ref"] = base + ref[1:]
         return out
     if isinstance(node, list):
-        return [_rebase_refs(v, base) for v in node]
+        return [rebase_refs(v, base) for v in node]
     return node
 
 
@@ -77,9 +78,9 @@ def call_schema(tools: Sequence[dict[str, Any]], args_key: str = "arguments") ->
     alternatives = []
     for index, tool in enumerate(tools):
         params = parameters_of(tool)
-        if _has_ref(params):
+        if has_ref(params):
             key = f"ortserve_tool{index}"
-            defs[key] = _rebase_refs(params, f"#/$defs/{key}")
+            defs[key] = rebase_refs(params, f"#/$defs/{key}")
             params = {"$ref": f"#/$defs/{key}"}
         alternatives.append({
             "type": "object",
@@ -93,56 +94,39 @@ def call_schema(tools: Sequence[dict[str, Any]], args_key: str = "arguments") ->
     return schema
 
 
-def _json(schema: dict[str, Any]) -> str:
+def json_rule(schema: dict[str, Any]) -> str:
     return "%json " + json.dumps({**close_objects(schema), "x-guidance": _JSON_STYLE}, ensure_ascii=False)
 
 
 def json_answer_grammar(schema: dict[str, Any]) -> str:
     """The whole answer is one JSON value following ``schema`` (objects closed, the tools' JSON style)."""
-    return f"start: {_json(schema)}\n"
+    return f"start: {json_rule(schema)}\n"
 
 
-def _hoist_defs(schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def hoist_defs(schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     schema = dict(schema)
     return schema, schema.pop("$defs", {})
 
 
-def generic_schema(tools: Sequence[dict[str, Any]], *, required: bool, parallel: bool,
-                   response: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The generic format's answer: ``{"tool_calls": [...]}`` (``{"tool_call": ...}`` when not parallel),
-    or, unless ``required``, ``{"response": "..."}``, whose value follows ``response`` (a response_format's
-    schema) when given, else is text."""
-    call, defs = _hoist_defs(call_schema(tools))
-    if parallel:
-        wrapper = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1}},
-                   "required": ["tool_calls"], "additionalProperties": False}
-    else:
-        wrapper = {"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"],
-                   "additionalProperties": False}
-    schema: dict[str, Any] = wrapper
-    if not required:
-        value: dict[str, Any] = {"type": "string"}
-        if response is not None:
-            value = response
-            if _has_ref(response):  # its local refs resolve under $defs once embedded
-                defs = {**defs, "ortserve_response": _rebase_refs(response, "#/$defs/ortserve_response")}
-                value = {"$ref": "#/$defs/ortserve_response"}
-        answer = {"type": "object", "properties": {"response": value}, "required": ["response"],
-                  "additionalProperties": False}
-        schema = {"anyOf": [wrapper, answer]}
-    return {**schema, "$defs": defs} if defs else schema
+# NOTE(tools): after its last call a model writes a newline or two and then its end-of-generation token (Qwen2.5
+# writes "</tool_call>\n<|endoftext|>"); the grammar lets it, instead of reading the newline as the start of
+# another call. The end token itself is allowed by the engine's end-of-generation set (the grammar library is
+# given the same set as the scheduler: engine.model_loader's eos_token_ids).
+_END = r"ORTSERVE_END: /[ \t\r\n]{1,4}/"
+# The opening of a call written without the format's markers (fenced or bare JSON): a lazy trigger too.
+JSON_CALL_TRIGGER = r'\{[ \t\r\n]*"name"'
 
 
-def generic_grammar(tools: Sequence[dict[str, Any]], *, required: bool, parallel: bool,
-                    response: dict[str, Any] | None = None) -> str:
-    return f"start: {_json(generic_schema(tools, required=required, parallel=parallel, response=response))}\n"
-
-
-def _tagged_start(trigger: Trigger, call_rule: str, *, required: bool, repeat: bool, separator: str,
-                  response: dict[str, Any] | None = None) -> list[str]:
+def tagged_start(trigger: Trigger, call_rule: str, *, required: bool, repeat: bool, separator: str,
+                 response: dict[str, Any] | None = None, bare_rule: str | None = None) -> list[str]:
     """Rules that put calls ``<trigger> <call_rule>`` (repeated after ``separator`` when ``repeat``) in the
     answer: only calls when ``required``; otherwise free text first, and the trigger starts enforcement; with a
-    ``response`` schema (a response_format beside the tools), either that JSON or calls, no text.
+    ``response`` schema (a response_format beside the tools), either that JSON or calls, no text. Trailing
+    whitespace may follow the last call (then the end-of-generation token).
+
+    ``bare_rule`` (auto only): the rule for the rest of a call written without markers after its opening
+    ``{"name"`` (see ``bare_call_rules``): that opening is a second lazy trigger, and the text after such a call
+    is free.
 
     NOTE(tools): a special-token trigger cannot occur in free text (llguidance never matches special tokens
     as text), so text may simply run until it. A text trigger needs the free-text alternative to exclude it,
@@ -150,64 +134,46 @@ def _tagged_start(trigger: Trigger, call_rule: str, *, required: bool, repeat: b
     """
     trig = trigger.lark()
     more = f" ({json.dumps(separator) + ' ' if separator else ''}{trig} {call_rule})*" if repeat else ""
+    calls = f"{call_rule}{more} ORTSERVE_END?"
     if required:
-        return [f"start: {trig} {call_rule}{more}"]
+        return [f"start: {trig} {calls}", _END]
     if response is not None:
-        return [f"start: answer | {trig} {call_rule}{more}", f"answer: {_json(response)}"]
-    if trigger.special_id is not None:
-        return [f"start: TEXT | TEXT {trig} {call_rule}{more}", f"TEXT: {_TEXT}"]
-    escaped = _regex_escape(trigger.text)
-    return [f"start: PLAIN | lead {call_rule}{more}",
-            f"PLAIN: {_TEXT} & ~/(?s:.*){escaped}(?s:.*)/",
-            f"lead[lazy]: /(?s:.*){escaped}/"]
-
-
-def hermes_grammar(tools: Sequence[dict[str, Any]], *, trigger: Trigger, close: Trigger, required: bool,
-                   parallel: bool, response: dict[str, Any] | None = None) -> str:
-    """Hermes / Qwen: ``<tool_call>\\n{"name", "arguments"}\\n</tool_call>``, calls separated by a newline."""
-    lines = _tagged_start(trigger, "call", required=required, repeat=parallel, separator="\n", response=response)
-    lines += [f'call: "\\n" body "\\n" {close.lark()}', f"body: {_json(call_schema(tools))}"]
-    return "\n".join(lines) + "\n"
-
-
-def mistral_grammar(tools: Sequence[dict[str, Any]], *, trigger: Trigger, args_token: Trigger | None,
-                    required: bool, parallel: bool, response: dict[str, Any] | None = None) -> str:
-    """Mistral: ``[TOOL_CALLS][{"name", "arguments"}, ...]`` (v3 tokenizers), or ``[TOOL_CALLS]name[ARGS]{...}``
-    per call when the tokenizer has ``[ARGS]`` (v11+)."""
-    if args_token is None:
-        call, defs = _hoist_defs(call_schema(tools))
-        array: dict[str, Any] = {"type": "array", "items": call, "minItems": 1}
-        if not parallel:
-            array["maxItems"] = 1
-        if defs:
-            array["$defs"] = defs
-        lines = _tagged_start(trigger, "calls", required=required, repeat=False, separator="", response=response)
-        return "\n".join(lines + [f"calls: {_json(array)}"]) + "\n"
-    lines = _tagged_start(trigger, "call", required=required, repeat=parallel, separator="", response=response)
-    names = []
-    for index, tool in enumerate(tools):
-        names.append(f"call{index}")
-        # The parameters schema is a document of its own here, so its local refs resolve as written.
-        lines.append(f"call{index}: {json.dumps(function_of(tool)['name'])} {args_token.lark()} "
-                     f"{_json(parameters_of(tool))}")
-    lines.append("call: " + " | ".join(names))
-    return "\n".join(lines) + "\n"
-
-
-def llama3_grammar(tools: Sequence[dict[str, Any]], *, required: bool, python_tag: Trigger | None) -> str:
-    """Llama 3.x: the answer is one ``{"name", "parameters"}`` object (after ``<|python_tag|>`` if the model
-    writes one); in ``auto`` an answer that does not start with ``{`` is text."""
-    lines = [f"call: {_json(call_schema(tools, 'parameters'))}"]
-    tagged = f" | {python_tag.lark()} call" if python_tag is not None and python_tag.special_id is not None else ""
-    if required:
-        lines.insert(0, f"start: call{tagged}")
+        return [f"start: answer | {trig} {calls}", f"answer: {json_rule(response)}", _END]
+    excluded = [regex_escape(trigger.text)] if trigger.special_id is None else []
+    if bare_rule is not None:
+        excluded.append(JSON_CALL_TRIGGER)
+    lines = [_END]
+    if excluded:
+        lines.append(f"PLAIN: {_TEXT} & ~/(?s:.*)({'|'.join(excluded)})(?s:.*)/")
     else:
-        lines.insert(0, f"start: TEXT | call{tagged}")
-        lines.append(r"TEXT: /([^{](?s:.*))?/")
-    return "\n".join(lines) + "\n"
+        lines.append(f"PLAIN: {_TEXT}")
+    if trigger.special_id is not None:
+        alternatives = ["PLAIN", f"PLAIN {trig} {calls}"]
+    else:
+        alternatives = ["PLAIN", f"lead {calls}"]
+        lines.append(f"lead[lazy]: /(?s:.*){regex_escape(trigger.text)}/")
+    if bare_rule is not None:
+        alternatives.append(f"json_lead {bare_rule} ORTSERVE_REST?")
+        lines += [f"json_lead[lazy]: /(?s:.*){JSON_CALL_TRIGGER}/", r"ORTSERVE_REST: /(?s:.+)/"]
+    return [f"start: {' | '.join(alternatives)}", *lines]
 
 
-def _regex_escape(text: str) -> str:
+def bare_call_rules(tools: Sequence[dict[str, Any]], rule: str = "bare") -> list[str]:
+    """Rules for the rest of ``{"name": "<tool>", "arguments": {...}}`` after its ``{"name"`` (the trigger):
+    the name one of ``tools``, the arguments (or ``parameters``) valid against its schema."""
+    lines = [f"{rule}: ORTSERVE_WS? \":\" ORTSERVE_WS? ({' | '.join(f'{rule}{i}' for i in range(len(tools)))}) "
+             f"ORTSERVE_WS? \"}}\"",
+             r'ORTSERVE_ARGKEY: "\"arguments\"" | "\"parameters\""',
+             r"ORTSERVE_WS: /[ \t\r\n]{1,8}/"]
+    for index, tool in enumerate(tools):
+        name = json.dumps(json.dumps(function_of(tool)["name"]))
+        lines.append(f'{rule}{index}: {name} ORTSERVE_WS? "," ORTSERVE_WS? ORTSERVE_ARGKEY ORTSERVE_WS? ":" '
+                     f"ORTSERVE_WS? {rule}{index}_args")
+        lines.append(f"{rule}{index}_args: {json_rule(parameters_of(tool))}")
+    return lines
+
+
+def regex_escape(text: str) -> str:
     """``text`` as a Rust-regex literal inside Lark's ``/.../`` (slashes escaped too)."""
     out = []
     for ch in text:
@@ -233,7 +199,7 @@ def with_thinking(spec: str, open_tag: Trigger, close_tag: Trigger, *, starts_op
     if close_tag.special_id is not None:  # special tokens never match text: the thought runs until the token
         lines = [f"ortserve_think: ORTSERVE_THOUGHT {close_tag.lark()}", f"ORTSERVE_THOUGHT: {_TEXT}"]
     else:
-        lines = [f"ortserve_think[lazy]: /(?s:.*){_regex_escape(close_tag.text)}/"]
+        lines = [f"ortserve_think[lazy]: /(?s:.*){regex_escape(close_tag.text)}/"]
     lines.append(r"ORTSERVE_WS: /[ \t\r\n]+/")
     if starts_open:
         head = "start: ortserve_think ORTSERVE_WS? ortserve_answer"

@@ -15,12 +15,8 @@ from typing import Any, Protocol
 
 from engine.types import InvalidRequestError, StructuredOutput
 from server.tools import grammar
+from server.tools.formats import FORMATS, GENERIC, choose_format
 from server.tools.grammar import Trigger
-from server.tools.parsers import PARSERS
-
-GENERIC = "generic"
-# Markers in a tool-capable template's source -> its native format (first match wins).
-_NATIVE_MARKERS = (("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3_json"))
 
 
 class _Template(Protocol):
@@ -94,19 +90,8 @@ class ToolPlan:
     tool_names: tuple[str, ...] = ()
 
 
-def choose_format(template: _Template) -> str:
-    """Native format when the template renders tools and writes a known call markup; else generic."""
-    if not template.supports_tools:
-        return GENERIC
-    source = template.tool_source
-    for marker, name in _NATIVE_MARKERS:
-        if marker in source:
-            return name
-    return GENERIC
-
-
 def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, template: _Template,
-               tokenizer: _Tokenizer) -> ToolPlan:
+               tokenizer: _Tokenizer, format_name: str | None = None) -> ToolPlan:
     """Render, constrain and parse plan for one request.
 
     Args:
@@ -115,8 +100,9 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
         request: the validated tool fields (a plain ``ToolRequest()`` when the request has none).
         template: the model's chat template (``supports_tools``, ``tool_source``).
         tokenizer: tells which markup strings are special tokens.
+        format_name: the output format (``--tool-call-parser``) instead of the one the template shows.
     """
-    fmt = choose_format(template)
+    fmt = choose_format(template, format_name)
     native = fmt != GENERIC
     rendered = _native_history(messages) if native else _generic_history(messages, request)
     if not request.calls_possible:
@@ -136,7 +122,7 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
     return ToolPlan(
         fmt, rendered, list(request.tools) if native else None,
         structured=StructuredOutput("lark", spec, param="tools"),
-        parser=fmt, preserved_tokens=PARSERS[fmt].preserved_tokens, max_calls=None if parallel else 1,
+        parser=fmt, preserved_tokens=FORMATS[fmt].preserved_tokens, max_calls=None if parallel else 1,
         whole_answer=required or not native or request.response_schema is not None,
         tool_names=tuple(t["function"]["name"] for t in targets))
 
@@ -146,17 +132,8 @@ def _grammar(fmt: str, tools: list[dict[str, Any]], *, required: bool, parallel:
     def trigger(text: str) -> Trigger:
         return Trigger(text, tokenizer.special_token_id(text))
 
-    if fmt == "hermes":
-        return grammar.hermes_grammar(tools, trigger=trigger("<tool_call>"), close=trigger("</tool_call>"),
-                                      required=required, parallel=parallel, response=response)
-    if fmt == "mistral":
-        args = trigger("[ARGS]") if "[ARGS]" in template.tool_source else None
-        return grammar.mistral_grammar(tools, trigger=trigger("[TOOL_CALLS]"), required=required, parallel=parallel,
-                                       args_token=args if args is not None and args.special_id is not None else None,
-                                       response=response)
-    if fmt == "llama3_json":
-        return grammar.llama3_grammar(tools, required=required, python_tag=trigger("<|python_tag|>"))
-    return grammar.generic_grammar(tools, required=required, parallel=parallel, response=response)
+    return FORMATS[fmt]().grammar(tools, required=required, parallel=parallel, trigger=trigger,
+                                  template_source=template.tool_source, response=response)
 
 
 # --- prompt messages --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from server.tools.parsers import ParsedCall, ParsedMessage, ToolParser
+from server.tools.formats.base import ParsedCall, ParsedMessage, ToolFormat
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class ToolCallStream:
 
     Usage::
 
-        stream = ToolCallStream(make_parser("hermes"))
+        stream = ToolCallStream(make_format("hermes"))
         for piece in outputs:
             for delta in stream.feed(piece):   # {"content": ...} or {"tool_calls": [...]}
                 send(delta)
@@ -54,7 +54,7 @@ class ToolCallStream:
             tool its prefix matches (the grammar allows no other), and dropped while the prefix fits several.
     """
 
-    def __init__(self, parser: ToolParser, max_calls: int | None = None, tool_names: Sequence[str] = ()) -> None:
+    def __init__(self, parser: ToolFormat, max_calls: int | None = None, tool_names: Sequence[str] = ()) -> None:
         self._parser = parser
         self._max_calls = max_calls
         self._tool_names = tuple(tool_names)

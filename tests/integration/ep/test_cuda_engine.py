@@ -27,8 +27,13 @@ pytestmark = pytest.mark.device
 
 @pytest.fixture(scope="module")
 def int4_fp16_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The WebGPU tests' synthetic INT4 float16 shape (finite logits, varied greedy output), KV length 256."""
+    """The WebGPU tests' synthetic INT4 float16 shape (finite logits, varied greedy output), KV length 256; or the
+    model folder ORTSERVE_CUDA_TEST_MODEL names (the GPU bench's finite-logit GGUF through ``ortserve convert``:
+    perf/gpu/bench_gguf.py, perf/gpu/issue38.sh)."""
     from engine.builder import SyntheticSpec, build_synthetic
+
+    if os.environ.get("ORTSERVE_CUDA_TEST_MODEL"):
+        return Path(os.environ["ORTSERVE_CUDA_TEST_MODEL"])
 
     spec = SyntheticSpec(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512,
                          vocab_size=1024, max_length=256, quant="int4", dtype="float16", seed=3,

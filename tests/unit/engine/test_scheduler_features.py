@@ -361,3 +361,35 @@ def test_verify_draws_as_plain_sampling_does_so_seeded_text_is_the_same():
     for row in logits[:2]:
         b.record(b.sample(row).token_id)
     assert a.rng.random() == b.rng.random()  # one draw per emitted token, as plain decoding
+
+
+# -- arrivals: whole prompts beside the token budget ------------------------------------------------------------
+
+
+def test_a_burst_of_short_prompts_takes_the_prompt_budget_in_one_step():
+    sched = Scheduler(num_slots=64, max_waiting=64, token_budget=256, prompt_budget=2048, batched_prompt_len=257)
+    burst = [make_request(f"r{i}", range(3, 3 + 40)) for i in range(64)]
+    for r in burst:
+        sched.add(r)
+    out = sched.schedule()
+    # 51 whole prompts of 40 tokens fit 2,048; the next ones take the token budget (whole too: 6 of 40 fit 256)
+    whole = [c for c in out.prefills if c.start == 0 and c.is_last]
+    assert len(out.prefills) == len(whole) == 51 + 6
+    assert [c.request for c in out.prefills] == burst[:57]  # oldest first
+    sched.update_from_output(out, {c.request: 5 for c in out.prefills})
+    out = sched.schedule()
+    assert len(out.decode) == 57 and [c.request for c in out.prefills] == burst[57:]
+
+
+def test_long_prompts_prefixes_and_choices_stay_within_the_token_budget():
+    sched = Scheduler(num_slots=8, max_waiting=8, token_budget=64, prompt_budget=2048, batched_prompt_len=33)
+    long_one = make_request("long", range(3, 3 + 100))
+    n2 = make_request("n2", range(3, 3 + 10), n=2)
+    short = make_request("short", range(3, 3 + 20))
+    for r in (long_one, n2, short):
+        sched.add(r)
+    out = sched.schedule()
+    chunks = {c.request.request_id: (c.start, c.num_tokens) for c in out.prefills}
+    assert chunks["short"] == (0, 20)  # from the prompt budget
+    assert chunks["long"] == (0, 64)  # the token budget, as before
+    assert "n2" not in chunks  # (n > 1 runs on its own path: what the token budget leaves, nothing here)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,43 @@ def test_cuda_int4_gemm_off_holds_for_the_block_and_restores_what_was_there(befo
     with pytest.raises(RuntimeError), flags.cuda_int4_gemm_off(env):
         raise RuntimeError("a session that failed to load")
     assert env.get("ORT_FPA_INTB_GEMM") == before
+
+
+def _gpu_lines(records: list) -> list[str]:
+    """The log lines at INFO or above that mention MIGraphX or CUDA (what a CPU-only start must not show)."""
+    return [r.getMessage() for r in records
+            if r.levelno >= logging.INFO and any(word in r.getMessage().upper()
+                                                 for word in ("MIGRAPHX", "CUDA", "ORT_FPA_INTB_GEMM"))]
+
+
+@pytest.mark.parametrize("provider", ["cpu", "auto"])
+def test_a_cpu_only_start_logs_nothing_about_gpu_flags(provider: str, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    absent = (str(tmp_path / "no-such-device-node"),)  # auto on a machine with no GPU node
+    with caplog.at_level(logging.DEBUG, logger="ep.flags"):
+        flags.apply(provider, None, env={}, probe_gpus=False, device_nodes=absent)
+        flags.apply_cuda_int4_gemm(provider, 8, None, env={}, device_nodes=absent)
+    assert caplog.records, "apply() should still report, at DEBUG"
+    assert _gpu_lines(caplog.records) == []
+
+
+@pytest.mark.parametrize("provider, requested, node", [
+    ("auto", None, True), ("amdgpu", None, False), ("cpu", True, False)])
+def test_gpu_flags_are_reported_where_a_gpu_may_read_them(provider: str, requested: bool | None, node: bool,
+                                                          tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Under auto with the GPU's device node present, for a provider named, or when the user set the flag."""
+    (tmp_path / "kfd").touch()
+    nodes = (str(tmp_path / ("kfd" if node else "absent")),)
+    with caplog.at_level(logging.INFO, logger="ep.flags"):
+        flags.apply(provider, requested, env={}, probe_gpus=False, device_nodes=nodes)
+    assert any(FLAG in line for line in _gpu_lines(caplog.records))
+
+
+@pytest.mark.parametrize("provider, node", [("auto", True), ("cuda", False)])
+def test_cuda_int4_gemm_is_reported_where_a_cuda_gpu_may_read_it(provider: str, node: bool, tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "nvidiactl").touch()
+    nodes = (str(tmp_path / ("nvidiactl" if node else "absent")),)
+    with caplog.at_level(logging.INFO, logger="ep.flags"):
+        flags.apply_cuda_int4_gemm(provider, 8, None, env={}, device_nodes=nodes)
+    assert any("ORT_FPA_INTB_GEMM" in line for line in _gpu_lines(caplog.records))

@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 
 from engine.builder.tokenizer import synthetic_tokenizer
 from server.reasoning import ReasoningDeltas, ReasoningFormat, ReasoningSplitter, reasoning_format
-from server.http.streaming import TextDeltas
+from server.reasoning import TextDeltas
 from server.tools import grammar
+from server.tools.formats import generic
 from server.tools.grammar import Trigger
-from server.tools.parsers import make_parser
+from server.tools.formats import make_format as make_parser
 from server.tools.stream import ToolCallStream
 
 llguidance = pytest.importorskip("llguidance")
@@ -117,7 +118,7 @@ CALL = '{"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}'
 
 
 def test_a_forced_answer_may_think_first(lltok) -> None:
-    forced = grammar.generic_grammar([WEATHER], required=True, parallel=False)
+    forced = generic.generic_grammar([WEATHER], required=True, parallel=False)
     free = grammar.with_thinking(forced, Trigger("<think>"), Trigger("</think>"), starts_open=False)
     assert _accepts(lltok, free, CALL)
     assert _accepts(lltok, free, "<think>\nOslo, then.\n</think>\n\n" + CALL)

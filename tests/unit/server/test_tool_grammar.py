@@ -9,7 +9,10 @@ import pytest
 
 from engine.builder.tokenizer import synthetic_tokenizer
 from engine.types import InvalidRequestError
-from server.tools import grammar
+from server.tools.formats import generic as generic_fmt
+from server.tools.formats import hermes as hermes_fmt
+from server.tools.formats import llama3 as llama3_fmt
+from server.tools.formats import mistral as mistral_fmt
 from server.tools.grammar import Trigger
 from server.tools.plan import ToolRequest, choose_format, generic_instructions, plan_tools
 
@@ -63,7 +66,7 @@ def accepts(lltok, tokenizer, lark: str, *pieces: str | int) -> bool:
 
 
 def test_generic_required_is_a_valid_call_and_nothing_else(lltok, tokenizer) -> None:
-    g = grammar.generic_grammar([WEATHER, TIME], required=True, parallel=False)
+    g = generic_fmt.generic_grammar([WEATHER, TIME], required=True, parallel=False)
     assert accepts(lltok, tokenizer, g, '{"tool_call": ' + W + "}")
     assert accepts(lltok, tokenizer, g, '{"tool_call": ' + T + "}")
     assert not accepts(lltok, tokenizer, g, '{"response": "hi"}')
@@ -74,10 +77,10 @@ def test_generic_required_is_a_valid_call_and_nothing_else(lltok, tokenizer) -> 
 
 
 def test_generic_parallel_auto_and_named(lltok, tokenizer) -> None:
-    parallel = grammar.generic_grammar([WEATHER, TIME], required=True, parallel=True)
+    parallel = generic_fmt.generic_grammar([WEATHER, TIME], required=True, parallel=True)
     assert accepts(lltok, tokenizer, parallel, '{"tool_calls": [' + W + ", " + T + "]}")
     assert not accepts(lltok, tokenizer, parallel, '{"tool_calls": []}')  # at least one call
-    auto = grammar.generic_grammar([WEATHER], required=False, parallel=False)
+    auto = generic_fmt.generic_grammar([WEATHER], required=False, parallel=False)
     assert accepts(lltok, tokenizer, auto, '{"response": "It is sunny."}')
     assert accepts(lltok, tokenizer, auto, '{"tool_call": ' + W + "}")
     assert not accepts(lltok, tokenizer, auto, "It is sunny.")
@@ -93,7 +96,7 @@ def test_generic_auto_answer_follows_a_response_schema_with_refs(lltok, tokenize
     schema = {"$defs": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
               "type": "object", "properties": {"city": {"$ref": "#/$defs/city"}, "temp": {"type": "integer"}},
               "required": ["city", "temp"]}
-    g = grammar.generic_grammar([WEATHER], required=False, parallel=False, response=schema)
+    g = generic_fmt.generic_grammar([WEATHER], required=False, parallel=False, response=schema)
     assert accepts(lltok, tokenizer, g, '{"response": {"city": "Paris", "temp": 21}}')
     assert accepts(lltok, tokenizer, g, '{"tool_call": ' + W + "}")
     assert not accepts(lltok, tokenizer, g, '{"response": "It is sunny."}')  # text no longer fits
@@ -109,14 +112,14 @@ def test_generic_auto_answer_follows_a_response_schema_with_refs(lltok, tokenize
 def test_native_auto_with_a_response_schema_is_that_json_or_calls(lltok, tokenizer) -> None:
     """Hermes (text and special-token tags) and Mistral: the answer follows the schema or is calls; no free text."""
     schema = {"type": "object", "properties": {"sunny": {"type": "boolean"}}, "required": ["sunny"]}
-    hermes = grammar.hermes_grammar([WEATHER], trigger=Trigger("<tool_call>"), close=Trigger("</tool_call>"),
+    hermes = hermes_fmt.hermes_grammar([WEATHER], trigger=Trigger("<tool_call>"), close=Trigger("</tool_call>"),
                                     required=False, parallel=False, response=schema)
     assert accepts(lltok, tokenizer, hermes, '{"sunny": true}')
     assert accepts(lltok, tokenizer, hermes, f"<tool_call>\n{W}\n</tool_call>")
     assert not accepts(lltok, tokenizer, hermes, "It is sunny.")
     assert not accepts(lltok, tokenizer, hermes, '{"sunny": true, "x": 1}')
     tc = tokenizer.token_to_id("[TOOL_CALLS]")
-    mistral = grammar.mistral_grammar([WEATHER], trigger=Trigger("[TOOL_CALLS]", tc), args_token=None,
+    mistral = mistral_fmt.mistral_grammar([WEATHER], trigger=Trigger("[TOOL_CALLS]", tc), args_token=None,
                                       required=False, parallel=True, response=schema)
     assert accepts(lltok, tokenizer, mistral, '{"sunny": false}')
     assert accepts(lltok, tokenizer, mistral, tc, f"[{W}]")
@@ -128,7 +131,7 @@ def test_native_auto_with_a_response_schema_is_that_json_or_calls(lltok, tokeniz
 
 
 def test_no_parameters_means_empty_arguments_and_refs_resolve(lltok, tokenizer) -> None:
-    g = grammar.generic_grammar([PING, NESTED], required=True, parallel=False)
+    g = generic_fmt.generic_grammar([PING, NESTED], required=True, parallel=False)
     assert accepts(lltok, tokenizer, g, '{"tool_call": {"name": "ping", "arguments": {}}}')
     assert not accepts(lltok, tokenizer, g, '{"tool_call": {"name": "ping", "arguments": {"x": 1}}}')
     assert accepts(lltok, tokenizer, g, '{"tool_call": {"name": "book", "arguments": {"who": {"name": "Ada"}}}}')
@@ -136,7 +139,7 @@ def test_no_parameters_means_empty_arguments_and_refs_resolve(lltok, tokenizer) 
 
 
 def test_hermes_auto_is_free_text_until_the_tag_then_a_call(lltok, tokenizer) -> None:
-    g = grammar.hermes_grammar([WEATHER], trigger=Trigger("<tool_call>"), close=Trigger("</tool_call>"),
+    g = hermes_fmt.hermes_grammar([WEATHER], trigger=Trigger("<tool_call>"), close=Trigger("</tool_call>"),
                                required=False, parallel=True)
     assert accepts(lltok, tokenizer, g, "Just text, with <b>tags</b> and {braces}.")
     assert accepts(lltok, tokenizer, g, "")
@@ -148,7 +151,7 @@ def test_hermes_auto_is_free_text_until_the_tag_then_a_call(lltok, tokenizer) ->
 
 
 def test_hermes_required_single_call(lltok, tokenizer) -> None:
-    g = grammar.hermes_grammar([WEATHER, TIME], trigger=Trigger("<tool_call>"), close=Trigger("</tool_call>"),
+    g = hermes_fmt.hermes_grammar([WEATHER, TIME], trigger=Trigger("<tool_call>"), close=Trigger("</tool_call>"),
                                required=True, parallel=False)
     assert accepts(lltok, tokenizer, g, f"<tool_call>\n{T}\n</tool_call>")
     assert not accepts(lltok, tokenizer, g, "Hi")
@@ -164,7 +167,7 @@ def test_hermes_tags_as_added_tokens(qwen_like, tokenizer) -> None:
     tc, end = tokenizer.token_to_id("<tool_call>"), tokenizer.token_to_id("</tool_call>")
     assert Tokenizer(tokenizer).special_token_id("<tool_call>") == tc and lltok.is_special_token(tc)
     assert Tokenizer(tokenizer).special_token_id("hello") is None
-    g = grammar.hermes_grammar([WEATHER], trigger=Trigger("<tool_call>", tc), close=Trigger("</tool_call>", end),
+    g = hermes_fmt.hermes_grammar([WEATHER], trigger=Trigger("<tool_call>", tc), close=Trigger("</tool_call>", end),
                                required=False, parallel=False)
     assert accepts(lltok, tokenizer, g, "Sure. ", tc, f"\n{W}\n", end)
     assert accepts(lltok, tokenizer, g, "Plain <b>text</b>")
@@ -174,12 +177,12 @@ def test_hermes_tags_as_added_tokens(qwen_like, tokenizer) -> None:
 
 def test_mistral_with_special_tokens(lltok, tokenizer) -> None:
     tc, args = tokenizer.token_to_id("[TOOL_CALLS]"), tokenizer.token_to_id("[ARGS]")
-    v3 = grammar.mistral_grammar([WEATHER], trigger=Trigger("[TOOL_CALLS]", tc), args_token=None, required=False,
+    v3 = mistral_fmt.mistral_grammar([WEATHER], trigger=Trigger("[TOOL_CALLS]", tc), args_token=None, required=False,
                                  parallel=True)
     assert accepts(lltok, tokenizer, v3, "Plain answer.")
     assert accepts(lltok, tokenizer, v3, "Let me see. ", tc, f"[{W}, {W}]")
     assert not accepts(lltok, tokenizer, v3, tc, '[{"name": "x"}]')
-    v11 = grammar.mistral_grammar([WEATHER, TIME], trigger=Trigger("[TOOL_CALLS]", tc),
+    v11 = mistral_fmt.mistral_grammar([WEATHER, TIME], trigger=Trigger("[TOOL_CALLS]", tc),
                                   args_token=Trigger("[ARGS]", args), required=True, parallel=True)
     assert accepts(lltok, tokenizer, v11, tc, "get_time", args, '{"tz": "UTC"}', tc, "get_weather", args,
                    '{"city": "Oslo", "unit": "fahrenheit"}')
@@ -189,12 +192,12 @@ def test_mistral_with_special_tokens(lltok, tokenizer) -> None:
 def test_llama3_json(lltok, tokenizer) -> None:
     tag = tokenizer.token_to_id("<|python_tag|>")
     call = '{"name": "get_time", "parameters": {"tz": "UTC"}}'
-    auto = grammar.llama3_grammar([TIME], required=False, python_tag=Trigger("<|python_tag|>", tag))
+    auto = llama3_fmt.llama3_grammar([TIME], required=False, python_tag=Trigger("<|python_tag|>", tag))
     assert accepts(lltok, tokenizer, auto, "The time zone is unknown.")
     assert accepts(lltok, tokenizer, auto, call)
     assert accepts(lltok, tokenizer, auto, tag, call)
     assert not accepts(lltok, tokenizer, auto, '{"name": "get_time", "arguments": {"tz": "UTC"}}')
-    required = grammar.llama3_grammar([TIME], required=True, python_tag=None)
+    required = llama3_fmt.llama3_grammar([TIME], required=True, python_tag=None)
     assert not accepts(lltok, tokenizer, required, "The time zone is unknown.")
 
 
@@ -243,7 +246,7 @@ def test_choose_format_and_plans() -> None:
 
 def test_arguments_without_an_additional_properties_rule_take_no_invented_keys(lltok, tokenizer) -> None:
     # TIME's parameters say nothing of other keys: generation treats them as closed (engine.json_schema).
-    g = grammar.generic_grammar([TIME], required=True, parallel=False)
+    g = generic_fmt.generic_grammar([TIME], required=True, parallel=False)
     assert accepts(lltok, tokenizer, g, '{"tool_call": ' + T + "}")
     assert not accepts(lltok, tokenizer, g, '{"tool_call": {"name": "get_time", "arguments": {"tz": "UTC", "x": 1}}}')
 
@@ -260,3 +263,72 @@ def test_parallel_calls_default_to_the_format(lltok, tokenizer) -> None:
     assert accepts(lltok, tokenizer, asked.structured.spec, '{"tool_calls": [' + W + ", " + T + "]}")
     native = plan_tools(ask, ToolRequest((WEATHER, TIME), "required"), _Template(True, "<tool_call>"), _NoSpecials())
     assert native.max_calls is None
+
+
+@pytest.mark.parametrize("special", [False, True])
+def test_hermes_auto_enforces_a_call_opened_without_markers(qwen_like, special: bool) -> None:
+    """Issue 34: Qwen2.5-Coder writes ```json {"name": ...} ``` or the bare object under auto; once ``{"name"``
+    appears, the lazy grammar keeps the call valid against the tool's schema (and the text after it is free)."""
+    tokenizer, lltok = qwen_like
+    tc, end = tokenizer.token_to_id("<tool_call>"), tokenizer.token_to_id("</tool_call>")
+    g = hermes_fmt.hermes_grammar([WEATHER, TIME], trigger=Trigger("<tool_call>", tc if special else None),
+                                  close=Trigger("</tool_call>", end if special else None), required=False,
+                                  parallel=True)
+    assert accepts(lltok, tokenizer, g, f"```json\n{W}\n```")
+    assert accepts(lltok, tokenizer, g, W)
+    assert accepts(lltok, tokenizer, g, '```json\n{\n  "name": "get_time",\n  "parameters": {"tz": "UTC"}\n}\n```')
+    assert accepts(lltok, tokenizer, g, 'Text with {"other": 1} and {braces}.')
+    assert not accepts(lltok, tokenizer, g, '```json\n{"name": "get_weather", "arguments": {"town": "Paris"}}')
+    assert not accepts(lltok, tokenizer, g, '{"name": "delete_all", "arguments": {}}')
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_whitespace_after_the_last_call_then_the_end(lltok, tokenizer, required: bool) -> None:
+    """Issue 34: after ``</tool_call>`` Qwen writes ``\\n`` and then its end token; the grammar for several calls
+    took that newline for the start of another call, so the model could only write more calls."""
+    g = hermes_fmt.hermes_grammar([WEATHER, TIME], trigger=Trigger("<tool_call>"), close=Trigger("</tool_call>"),
+                                  required=required, parallel=True)
+    assert accepts(lltok, tokenizer, g, f"<tool_call>\n{W}\n</tool_call>\n")
+    assert accepts(lltok, tokenizer, g, f"<tool_call>\n{W}\n</tool_call>\n<tool_call>\n{T}\n</tool_call>\n\n")
+    assert not accepts(lltok, tokenizer, g, f"<tool_call>\n{W}\n</tool_call>\n\n\n\n\n\n")  # bounded
+
+
+def _text_trigger(text: str) -> Trigger:
+    return Trigger(text)
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_new_formats_grammars_take_their_calls(lltok, tokenizer, required: bool) -> None:
+    """Qwen3-Coder XML, Phi-4-mini and DeepSeek R1: each format's grammar takes its own call, and refuses a
+    call to a tool that was not offered."""
+    from server.tools.formats import make_format
+
+    outputs = {
+        "qwen3_coder": ("<tool_call>\n<function=get_time>\n<parameter=tz>\nUTC\n</parameter>\n</function>\n"
+                        "</tool_call>", "<tool_call>\n<function=rm>\n</function>\n</tool_call>"),
+        "phi4_mini": (f"<|tool_call|>[{T}]<|/tool_call|>", '<|tool_call|>[{"name": "rm", "arguments": {}}]<|/tool_call|>'),
+        "deepseek_r1": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n"
+                        '{"tz": "UTC"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+                        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>rm\n```json\n{}\n```"
+                        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    }
+    for name, (good, bad) in outputs.items():
+        g = make_format(name).grammar([WEATHER, TIME], required=required, parallel=True, trigger=_text_trigger)
+        assert accepts(lltok, tokenizer, g, good), name
+        assert accepts(lltok, tokenizer, g, good + "\n"), name
+        assert not accepts(lltok, tokenizer, g, bad), name
+        assert accepts(lltok, tokenizer, g, "Plain text.") != required, name
+
+
+def test_format_from_template_and_override() -> None:
+    from server.tools.formats import choose_format
+
+    qwen3_coder = "<tool_call>\n<function={{ name }}>\n<parameter={{ k }}>"
+    assert choose_format(_Template(True, qwen3_coder)) == "qwen3_coder"
+    assert choose_format(_Template(True, "<｜tool▁calls▁begin｜> <tool_call>")) == "deepseek_r1"
+    assert choose_format(_Template(True, "<|tool|>{{ tools }}<|/tool|>")) == "phi4_mini"
+    assert choose_format(_Template(True, "<|start_header_id|>ipython<|end_header_id|>")) == "llama3_json"
+    assert choose_format(_Template(True, "<tool_call>"), override="mistral") == "mistral"
+    assert choose_format(_Template(False, ""), override="hermes") == "hermes"
+    with pytest.raises(KeyError, match="known"):
+        choose_format(_Template(True, "<tool_call>"), override="nope")

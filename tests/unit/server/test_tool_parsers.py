@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.tools.json_scan import partial_string, scan_object, value_end
-from server.tools.parsers import PARSERS, ParsedCall, hold_back, make_parser
+from server.tools.formats import FORMATS as PARSERS
+from server.tools.formats import make_format as make_parser
+from server.tools.formats.base import ParsedCall, hold_back
 from server.tools.stream import ToolCallStream, new_call_id
 
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}'
@@ -56,6 +58,21 @@ CASES = [
     ("generic", '{"response": "Paris is the capital.\\nIt has \\u00e9 and \\ud83d\\ude00."}',
      "Paris is the capital.\nIt has é and 😀.", []),
     ("generic", "plain text (no grammar)", "plain text (no grammar)", []),
+    # Qwen3-Coder XML
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
+     "</parameter>\n</function>\n</tool_call>", None, [("get_weather", '{"city": "Paris", "days": 3}')]),
+    ("qwen3_coder", "Checking.\n<tool_call>\n<function=get_time>\n<parameter=tz>\nEurope/Paris\n</parameter>\n"
+     "</function>\n</tool_call>\n<tool_call>\n<function=ping>\n</function>\n</tool_call>", "Checking.",
+     [("get_time", '{"tz": "Europe/Paris"}'), ("ping", "{}")]),
+    ("qwen3_coder", "No call.", "No call.", []),
+    # Phi-4-mini
+    ("phi4_mini", f'<|tool_call|>[{WEATHER}, {TIME}]<|/tool_call|>', None,
+     [("get_weather", '{"city": "Paris", "days": 3}'), ("get_time", '{"tz": "Europe/Paris"}')]),
+    ("phi4_mini", "Just text.", "Just text.", []),
+    # DeepSeek R1
+    ("deepseek_r1", "Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+     '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```'
+     "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "Let me look.", [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]),
 ]
 
 
@@ -204,7 +221,7 @@ def test_hold_back() -> None:
 
 
 def test_registry_and_ids() -> None:
-    assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "generic"}
+    assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "generic", "qwen3_coder", "phi4_mini", "deepseek_r1"}
     with pytest.raises(KeyError, match="known"):
         make_parser("nope")
     ids = {new_call_id() for _ in range(50)}

@@ -1,0 +1,144 @@
+"""Tool calls on a real instruct model (issue 34): Qwen2.5-Coder-1.5B-Instruct (`ortserve pull qwen2.5-coder-1.5b`)
+served by `ortserve serve` and driven with the openai SDK, streamed and not.
+
+Under `auto` the model writes its call as a fenced ```json block, as bare JSON or in <tool_call> tags; each
+must come back as tool_calls with nothing of it in content. `required` ends when the model ends (its
+end-of-generation token after a complete call) with finish_reason tool_calls.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+
+from tests.integration.server.conftest import serve_process
+
+pytestmark = pytest.mark.slow
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "location": {"type": "string", "description": "City and country, e.g. Paris, France"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["location"]}}}
+READ_FILE = {"type": "function", "function": {
+    "name": "read_file", "description": "Read a text file and return its content.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+LIST_FILES = {"type": "function", "function": {
+    "name": "list_files", "description": "List the files in a directory.",
+    "parameters": {"type": "object", "properties": {"directory": {"type": "string"}}, "required": ["directory"]}}}
+TOOLS = [WEATHER, READ_FILE, LIST_FILES]
+
+PROMPTS = [
+    ("What's the weather like in Paris right now?", "get_weather"),
+    ("Is it raining in Tokyo? Check the weather for me.", "get_weather"),
+    ("Tell me the temperature in New York in fahrenheit.", "get_weather"),
+    ("Read the file hello.py and tell me what it prints.", "read_file"),
+    ("Show me what is inside config/settings.yaml.", "read_file"),
+    ("Which files are in the src directory?", "list_files"),
+]
+
+
+@pytest.fixture(scope="module")
+def qwen_folder(request) -> Path:
+    """The model folder from the `qwen_model` fixture (`ortserve pull qwen2.5-coder-1.5b`)."""
+    try:
+        return request.getfixturevalue("qwen_model")
+    except pytest.FixtureLookupError:
+        pytest.skip("no qwen_model fixture (ortserve pull qwen2.5-coder-1.5b) on this branch yet")
+
+
+@pytest.fixture(scope="module")
+def client(qwen_folder: Path):
+    with serve_process(qwen_folder, "--served-model-name", "qwen", "--max-batch", "2",
+                       ready_timeout_s=600) as served:
+        yield openai.OpenAI(base_url=f"{served.base}/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+def _chat(client: openai.OpenAI, stream: bool, **kwargs) -> tuple[str, list[tuple[str, dict]], str]:
+    """(content, [(name, arguments)], finish_reason), streamed or not."""
+    body = {"model": "qwen", "temperature": 0, "max_tokens": 160, "tools": TOOLS, **kwargs}
+    if not stream:
+        done = client.chat.completions.create(**body)
+        message = done.choices[0].message
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+        return message.content or "", calls, done.choices[0].finish_reason
+    content, parts, reason = "", {}, None
+    for chunk in client.chat.completions.create(**body, stream=True):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for tc in choice.delta.tool_calls or ():
+            entry = parts.setdefault(tc.index, ["", ""])
+            entry[0] += tc.function.name or ""
+            entry[1] += tc.function.arguments or ""
+        reason = choice.finish_reason or reason
+    return content, [(n, json.loads(a)) for n, a in (parts[i] for i in sorted(parts))], reason
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_calls_are_parsed_however_the_model_writes_them(client: openai.OpenAI, stream: bool) -> None:
+    parsed = []
+    for prompt, tool in PROMPTS:
+        content, calls, reason = _chat(client, stream, messages=[{"role": "user", "content": prompt}])
+        assert "```" not in content and '"name"' not in content, (prompt, content)  # no call left in content
+        ok = bool(calls) and calls[0][0] == tool and reason == "tool_calls"
+        parsed.append(ok)
+        print(f"{'ok ' if ok else 'NO '} {prompt!r}: {calls} {content[:80]!r}")
+    assert sum(parsed) >= 5, parsed
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_ends_when_the_model_ends(client: openai.OpenAI, stream: bool) -> None:
+    content, calls, reason = _chat(client, stream, tool_choice="required", max_tokens=400,
+                                   messages=[{"role": "user", "content": "What's the weather in Berlin?"}])
+    assert reason == "tool_calls" and 1 <= len(calls) <= 3, (reason, calls)
+    assert all(name in {"get_weather", "read_file", "list_files"} for name, _ in calls)
+
+
+def test_named_tool(client: openai.OpenAI) -> None:
+    _, calls, reason = _chat(client, False, tool_choice={"type": "function", "function": {"name": "read_file"}},
+                             messages=[{"role": "user", "content": "Open notes.txt please."}])
+    assert reason == "tool_calls" and [name for name, _ in calls] == ["read_file"]
+    jsonschema.validate(calls[0][1], READ_FILE["function"]["parameters"])
+
+
+def test_parallel_calls(client: openai.OpenAI) -> None:
+    _, calls, reason = _chat(client, False, tool_choice="required", max_tokens=300, parallel_tool_calls=True,
+                             messages=[{"role": "user", "content": "Get the weather in Paris and in Rome."}])
+    assert reason == "tool_calls" and 1 <= len(calls) <= 3
+    for name, arguments in calls:
+        assert name == "get_weather"
+        jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+
+
+def test_a_tool_result_is_answered(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "What's the weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                    "name": "get_weather", "arguments": json.dumps({"location": "Paris, France"})}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"temperature_c": 21, "sky": "sunny"})}]
+    content, calls, reason = _chat(client, False, messages=messages)
+    assert reason == "stop" and not calls, (reason, calls)
+    assert "21" in content and "sunny" in content.lower()
+
+
+def test_json_schema_answer_keys_are_unique(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+              "required": ["city", "population"], "additionalProperties": True}
+    done = client.chat.completions.create(
+        model="qwen", temperature=0, max_tokens=120,
+        messages=[{"role": "user", "content": "Give the capital of Italy and its population as JSON, with any "
+                                              "other facts you like."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+    text = done.choices[0].message.content
+
+    def no_repeats(pairs):
+        keys = [k for k, _ in pairs]
+        assert len(keys) == len(set(keys)), keys
+        return dict(pairs)
+
+    jsonschema.validate(json.loads(text, object_pairs_hook=no_repeats), schema)
