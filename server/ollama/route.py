@@ -20,7 +20,7 @@ from server import __version__
 from server.hub.registry import READY, ModelEntry
 from server.http.prepare import PreparedChat, engine_for, prepare_chat, start_run, start_tracking
 from server.errors import ModelNotFoundError, error_for
-from server.http.streaming import EngineRun, StreamContext, check_error, collected
+from server.http.run import EngineRun, StreamContext, check_error, collected
 from server.ollama import protocol as wire
 from server.openai.protocol import ChatCompletionRequest, finish_reason_str
 from server.state import ServerState, get_state
