@@ -299,7 +299,7 @@ class ModelRegistry:
             from engine.types import EngineError
 
             entry.status, entry.load_error = FAILED, f"{type(exc).__name__}: {exc}"
-            logger.error("loading the model %s failed: %s", entry.name, entry.load_error,
+            logger.error("loading the model failed (%s): %s", entry.name, entry.load_error,
                          exc_info=None if isinstance(exc, EngineError) else exc)
             return
         entry.status, entry.num_loads = READY, entry.num_loads + 1
