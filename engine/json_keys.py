@@ -72,8 +72,9 @@ class KeyTracker:
     def reset(self) -> None:
         """Back to the start of an output."""
         self._state = VALUE if self.json_only else TEXT
-        # NOTE(engine): one frame per open container, innermost last: the set of keys of an object, None for an array.
-        self._stack: list[set[str] | None] = []
+        # NOTE(engine): one frame per open container, innermost last: an object's keys (each with its UTF-8
+        # bytes, for closing_heads), None for an array.
+        self._stack: list[dict[str, bytes] | None] = []
         self._key = bytearray()  # raw bytes of the key being written (state KEY_STR / KEY_ESC)
 
     def restart_text(self) -> None:
@@ -88,7 +89,8 @@ class KeyTracker:
 
     def keys(self) -> set[str] | None:
         """The keys written so far in the innermost open object (None when the innermost container is not one)."""
-        return self._stack[-1] if self._stack else None
+        frame = self._stack[-1] if self._stack else None
+        return None if frame is None else set(frame)
 
     def feed(self, data: bytes) -> None:
         """Advance by accepted bytes (one token's)."""
@@ -110,6 +112,48 @@ class KeyTracker:
         self._run(data, list(self._stack), bytearray(self._key), found)
         return bool(found)
 
+    def closing_heads(self) -> list[bytes] | None:
+        """Inside a key written so far without escapes: the texts that, followed by its closing quote, would
+        complete a key already used in this object (each used key that starts with what is written, less that
+        start). None elsewhere, or after an escape: then ask ``repeats`` or ``closes_repeat`` per token.
+
+        A token whose text before its first quote is one of these, with no backslash there and no second key
+        after it, repeats a key; the mask looks such tokens up by that text instead of probing them one by one.
+        """
+        if self._state != KEY_STR or _BACKSLASH in self._key:
+            return None
+        partial = bytes(self._key)
+        n = len(partial)
+        return [raw[n:] for raw in self._stack[-1].values() if raw.startswith(partial)]
+
+    def repeats(self, tokens: list[bytes]) -> list[int]:
+        """The indexes of ``tokens`` that would each, accepted next, close a key already written in its object.
+
+        Equal to ``[i for i, t in enumerate(tokens) if self.closes_repeat(t)]``, with a fast path for the common
+        case (the mask's hot loop): inside a key, a token whose first quote ends it and which holds no further
+        key is decided by that key's text alone, looked up once per distinct text before the quote.
+        """
+        if self._state != KEY_STR:
+            return [i for i, data in enumerate(tokens) if self.closes_repeat(data)]
+        frame = self._stack[-1]
+        partial = bytes(self._key)
+        decided: dict[bytes, bool] = {}  # text before the quote -> whether that key is used
+        found = []
+        for i, data in enumerate(tokens):
+            q = data.find(b'"')
+            head = data[:q]
+            # a backslash before the quote may escape it; two more quotes after it may hold another whole key
+            if q < 0 or _BACKSLASH in head or data.count(b'"', q + 1) >= 2:
+                if self.closes_repeat(data):
+                    found.append(i)
+                continue
+            used = decided.get(head)
+            if used is None:
+                used = decided[head] = decode_key(partial + head) in frame
+            if used:
+                found.append(i)
+        return found
+
     # NOTE(engine): one loop serves both feed and the probe. The probe works on a copy of the stack list (its
     # frames shared, never written: keys it closes go to ``added``) and stops at the first repeat.
     def _run(self, data: bytes, stack: list, key: bytearray, found: list | None) -> int:
@@ -124,7 +168,7 @@ class KeyTracker:
                     name = decode_key(bytes(key))
                     frame = stack[-1]
                     if found is None:
-                        frame.add(name)
+                        frame[name] = name.encode("utf-8", "surrogatepass")
                     elif name in frame or (id(frame), name) in added:
                         found.append(True)
                         return state
@@ -153,7 +197,7 @@ class KeyTracker:
                 state = STR
             elif state == TEXT:
                 if c == _OPEN_OBJ:
-                    stack.append(set())
+                    stack.append({})
                     state = FIRST_KEY
             elif state == ATOM and c in _ATOM:
                 pass
@@ -175,7 +219,7 @@ class KeyTracker:
         """The state after structural byte ``c`` (not whitespace, not inside a string); -1 when ``c`` is invalid."""
         if state == VALUE or state == FIRST_ITEM:
             if c == _OPEN_OBJ:
-                stack.append(set())
+                stack.append({})
                 return FIRST_KEY
             if c == _OPEN_ARR:
                 stack.append(None)

@@ -131,34 +131,39 @@ class GrammarConstraint:
         if self._keys is not None:
             self.mask_repeated_keys(target)
 
-    def mask_repeated_keys(self, target: np.ndarray) -> int:
+    def mask_repeated_keys(self, target: np.ndarray) -> None:
         """Clear, in one filled bitmask row (int32 ``[words]``), the tokens that would close a JSON key already
-        written in its object; returns how many were cleared.
+        written in its object.
 
-        NOTE(engine): only tokens holding a quote can close a key, so the work is over the few of them that the
-        grammar allows (163 of SmolLM2's 49k tokens hold one), and none at all until some open object has a key.
-        Should every allowed token repeat a key (a schema whose only key pattern is used up), the row is left
-        as the grammar made it: a repeat then beats an empty mask.
+        NOTE(engine): only tokens holding a quote can close a key (163 of SmolLM2's 49k), and none at all until
+        some open object has a key. Inside a key (the hot case) the used keys name the texts that may precede
+        the closing quote, and those are looked up in the vocabulary (VocabBytes.by_head); only the few tokens
+        that escape or hold more keys are probed one by one. Elsewhere the grammar-allowed tokens with enough
+        quotes to open and close a key are probed. Should every allowed token repeat a key (a schema whose only
+        key pattern is used up), the row is left as the grammar made it: a repeat then beats an empty mask.
         """
         keys, vocab = self._keys, self._vocab
         assert keys is not None and vocab is not None
         need = keys.quotes_needed()
         if not need:
-            return 0
-        ids = vocab.quote_ids[min(need, 3)]
-        allowed = ids[(target[ids >> 5] >> (ids & 31)) & 1 != 0]  # the grammar allows them
-        repeats = [t for t in allowed.tolist() if keys.closes_repeat(vocab.bytes_of(t))]
-        if not repeats:
-            return 0
+            return
+        heads = keys.closing_heads()
+        clears = [vocab.by_head[h] for h in heads if h in vocab.by_head] if heads is not None else []
+        ids, word_ids, shifts = vocab.complex_ids if heads is not None else vocab.quote_ids[min(need, 3)]
+        allowed = ids[(target[word_ids] >> shifts) & 1 != 0].tolist()  # the grammar allows them
+        if allowed:
+            found = [allowed[i] for i in keys.repeats([vocab.bytes_of(t) for t in allowed])]
+            if found:
+                clears.append(_word_masks(np.array(found, dtype=np.int64)))
+        if not clears:
+            return
         words = target.view(np.uint32)
-        saved = {t >> 5: words[t >> 5] for t in repeats}
-        for t in repeats:
-            words[t >> 5] &= np.uint32(0xFFFFFFFF ^ (1 << (t & 31)))
+        saved = [(word_ids, words[word_ids]) for word_ids, _ in clears]  # fancy indexing copies
+        for word_ids, clear in clears:
+            words[word_ids] &= clear
         if not words.any():
-            for word, value in saved.items():
-                words[word] = value
-            return 0
-        return len(repeats)
+            for word_ids, values in reversed(saved):
+                words[word_ids] = values
 
     def accept(self, token_id: int) -> bool:
         """Advance by one sampled token; False when the grammar rejects it (then ``error`` says why)."""
@@ -210,6 +215,20 @@ class GrammarConstraint:
         return _clip(self._matcher.get_error()) if self._matcher.is_error() else None
 
 
+def _word_masks(token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bitmask words holding ``token_ids`` and, per word, the mask that clears those tokens' bits (uint32, for
+    ``words[word_ids] &= clear``)."""
+    word_ids, inverse = np.unique(token_ids >> 5, return_inverse=True)
+    bits = np.zeros(len(word_ids), dtype=np.uint32)
+    np.bitwise_or.at(bits, inverse, (np.uint32(1) << (token_ids & 31).astype(np.uint32)))
+    return word_ids, ~bits
+
+
+def _bit_index(token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, bitmask word of each, bit of each): to read a row's bits of ``token_ids`` in one step."""
+    return token_ids, token_ids >> 5, token_ids & 31
+
+
 class VocabBytes:
     """The vocabulary as the key tracker reads it: each token's bytes, which are special, which hold a quote.
 
@@ -231,8 +250,21 @@ class VocabBytes:
                 self._quoted[i] = data
         ids = np.array(sorted(self._quoted), dtype=np.int32)
         counts = np.array([self._quoted[i].count(b'"') for i in ids.tolist()], dtype=np.int32)
-        # quote_ids[k]: the token ids holding at least k quotes (k = 1, 2, 3), ascending
-        self.quote_ids = {k: ids[counts >= k] for k in (1, 2, 3)}
+        # quote_ids[k]: the token ids holding at least k quotes (k = 1, 2, 3), ascending, as _bit_index
+        self.quote_ids = {k: _bit_index(ids[counts >= k]) for k in (1, 2, 3)}
+        # Inside a key: the tokens whose first quote closes it, grouped by the text before that quote, as
+        # (word indexes, bits) to clear; the others (a backslash before the quote, or two more quotes after it:
+        # perhaps another key) are probed one by one.
+        heads: dict[bytes, list[int]] = collections.defaultdict(list)
+        complex_ids = []
+        for i, data in self._quoted.items():
+            q = data.index(b'"')
+            if b"\\" in data[:q] or data.count(b'"', q + 1) >= 2:
+                complex_ids.append(i)
+            else:
+                heads[data[:q]].append(i)
+        self.by_head = {head: _word_masks(np.array(group, dtype=np.int64)) for head, group in heads.items()}
+        self.complex_ids = _bit_index(np.array(sorted(complex_ids), dtype=np.int32))
 
     def bytes_of(self, token_id: int) -> bytes:
         data = self._quoted.get(token_id)

@@ -176,3 +176,12 @@ def test_probe_equals_feeding_a_copy(json_only):
         probe = keys.closes_repeat(token)
         closed = [name for name in ("a", "c") if token.startswith(name.encode() + b'"')]
         assert probe == bool(closed), token
+
+
+@pytest.mark.parametrize("prefix", [b'{"ab":1,"a', b'{"ab":1,"', b'{"a\\"b":1,"a\\', b'{"ab":1,"a\\u00', b'{"ab":1', b'{"ab":"x'])
+def test_repeats_equals_a_probe_per_token(prefix):
+    tokens = [b'"', b'b"', b'b":', b'b":"', b'c"', b'":1,"ab"', b'b":1,"ab":', b'\\"', b'"b"', b'62"', b'b', b'",',
+              b',"ab"', b'","ab":', b'"b":1,"ab"', b'\\u0062"']
+    keys = fed(prefix)
+    assert keys.repeats(tokens) == [i for i, t in enumerate(tokens) if keys.closes_repeat(t)]
+    assert keys.repeats(tokens) or prefix in (b'{"ab":1,"a\\u00',)
