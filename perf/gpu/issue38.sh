@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Issue 38's device figures (CUDA, H200), through HTTP with `ortserve bench` (the openai client, /v1/completions
+# streamed). After the CUDA staging calls (perf/gpu/stage_cuda.sh) and perf/gpu/llama_server.sh start (llama-server
+# and the bench GGUF under /root/peer); carry [".device/whl", ".device/setup-cuda.sh", ".peer"]:
+#   source .device/setup-cuda.sh; bash perf/gpu/issue38.sh [steps]        -> $OUT/issue38.json, $OUT/run_log.txt
+# model: the bench GGUF and its conversion if the background job has not made them; tests: the CUDA engine tests on
+# the converted bench GGUF (finite logits) against the CPU EP (TESTS_K picks some); spec: one stream, default
+# settings against --speculative-tokens 0, on build_synthetic's 1B shape (non-finite logits, greedy), on the bench
+# GGUF greedy (its random output repeats: drafts hit) and at temperature 1 (drafts never hit, finite logits);
+# peer: llama-server (CUDA) and ortserve (--max-batch 64) on the same GGUF: 1, 8 and 64 streams, a ~900-token TTFT
+# idle and beside 7 streams; arrivals: 64 requests at once, three times, on both.
+set -o pipefail
+steps=${*:-model tests spec peer arrivals}  # 'summarize' alone: only the summary of what $OUT holds
+OUT=${OUT:-/tmp/issue38_out}; mkdir -p "$OUT"
+LOG=$OUT/run_log.txt
+P=/root/peer
+GGUF_DIR=$P/bench-1b
+export PYTHONUNBUFFERED=1
+log() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
+has() { [[ " $steps " == *" $1 "* ]]; }
+
+if has model; then  # the background job's (llama_server.sh start), at most 3 minutes more
+  for _ in $(seq 180); do [ -f $P/model.done ] || [ ! -f $P/model.log ] && break; sleep 1; done
+fi
+if has model && [ ! -f $GGUF_DIR/genai_config.json ]; then
+  log "model: not made by the background job ($(cat $P/model.done 2>/dev/null || echo none)); making it now"
+  bash perf/gpu/llama_server.sh model 2>&1 | tail -n 5 | tee -a "$LOG"
+fi
+
+if has tests; then
+  log "tests: CUDA engine tests on $GGUF_DIR"
+  ORTSERVE_CUDA_TEST_MODEL=$GGUF_DIR ORTSERVE_DEVICE_TESTS=1 timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q \
+    -p no:cacheprovider -rs tests/integration/ep/test_cuda_engine.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 \
+    | tail -n 30 > "$OUT/pytest_log.txt"
+  tail -n 3 "$OUT/pytest_log.txt" | tee -a "$LOG"
+fi
+
+bench() {  # bench NAME PORT ARGS...: one ortserve bench report in $OUT/r-NAME.json
+  local name=$1 port=$2; shift 2
+  timeout ${BENCH_TIMEOUT:-120} python3 -m server bench --url "http://127.0.0.1:$port/v1" --endpoint completions \
+    --no-progress --out "$OUT/r-$name.json" "$@" 2>&1 | tail -n 2 | cut -c1-200 | tee -a "$LOG"
+}
+wait_up() {  # wait_up PORT PID
+  for _ in $(seq 480); do
+    curl -sf "http://127.0.0.1:$1/health" >/dev/null && curl -sf "http://127.0.0.1:$1/v1/models" >/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || { log "server on $1 died"; return 1; }
+    sleep 0.25
+  done
+  return 1
+}
+ours() {  # ours PORT MODEL_DIR MAX_BATCH ARGS...: start ortserve on CUDA (SERVER)
+  local port=$1 model=$2 b=$3; shift 3
+  setsid python3 -m server serve --model "$model" --provider cuda --max-model-len 1024 --max-batch "$b" --port "$port" \
+    --log-level warning --shutdown-grace-s 2 "$@" > "$OUT/server-$port.log" 2>&1 &
+  SERVER=$!
+  wait_up "$port" $SERVER
+}
+stop() { kill "$1" 2>/dev/null; for _ in $(seq 40); do kill -0 "$1" 2>/dev/null || break; sleep 0.25; done; kill -9 "$1" 2>/dev/null; }
+spec_counts() {  # the server's draft counters (/metrics)
+  curl -sf "http://127.0.0.1:$1/metrics" | grep -E "^ortserve_[a-z_]*(spec|phase|steps)" | tr '\n' ' ' | cut -c1-1500 \
+    | tee -a "$LOG"; echo | tee -a "$LOG"
+}
+SHORT="--prompt-tokens 25 --output-tokens 128"
+
+if has spec; then
+  for _ in $(seq 120); do [ -f $P/synthetic.done ] || [ ! -f $P/synthetic.log ] && break; sleep 1; done
+  if [ ! -f /tmp/ortserve-1b/genai_config.json ]; then
+    log "spec: building build_synthetic's 1B shape"
+    OUT=$OUT/build PROVIDER=cuda bash perf/gpu/serving.sh build > /dev/null 2>&1; rm -rf "$OUT/build"
+  fi
+  for m in synthetic gguf; do
+    dir=/tmp/ortserve-1b; [ $m = gguf ] && dir=$GGUF_DIR
+    for mode in default spec0; do
+      args=(); [ $mode = spec0 ] && args=(--speculative-tokens 0)
+      log "spec: $m, $mode (--max-batch 8)"
+      ours 8200 "$dir" 8 "${args[@]}" || continue
+      bench "spec-$m-$mode-greedy" 8200 $SHORT --concurrency 1 --num-requests ${C1_REQUESTS:-24} --warmup 1 \
+        --extra-body '{"logprobs": 0}'
+      spec_counts 8200
+      if [ $m = gguf ]; then
+        bench "spec-$m-$mode-t1" 8200 $SHORT --concurrency 1 --num-requests ${C1_REQUESTS:-24} --warmup 1 \
+          --temperature 1.0 --extra-body '{"logprobs": 0}'
+        spec_counts 8200
+      fi
+      grep -iE "not finite|error|traceback" "$OUT/server-8200.log" | head -n 3 | tee -a "$LOG"
+      stop $SERVER
+    done
+  done
+fi
+
+LONG_WORDS=${LONG_PROMPT_WORDS:-700}  # ~900 Llama 3 tokens (each report holds its prompts' token counts)
+peer_runs() {  # peer_runs NAME PORT: the same client against one server
+  local n=$1 port=$2
+  bench "$n-c1" $port $SHORT --concurrency 1 --num-requests 16 --warmup 1
+  bench "$n-c8" $port $SHORT --concurrency 8 --num-requests 64 --warmup 1 --client-processes 4
+  bench "$n-c64" $port $SHORT --concurrency 64 --num-requests ${C64_REQUESTS:-192} --warmup 1 --client-processes 4
+  bench "$n-ttft-idle" $port --prompt-tokens $LONG_WORDS --output-tokens 8 --concurrency 1 --num-requests 4 --warmup 1
+  (sleep 1; bench "$n-ttft-busy" $port --prompt-tokens $LONG_WORDS --output-tokens 8 --concurrency 1 --num-requests 5 \
+    --warmup 0 --seed 7) &
+  local beside=$!
+  bench "$n-c7-busy" $port --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
+  wait $beside
+}
+arrivals() {  # arrivals NAME PORT: 64 requests sent at once, three times (distinct prompts each time)
+  for i in 1 2 3; do
+    bench "$1-arrivals$i" $2 --prompt-tokens 25 --output-tokens 32 --concurrency 64 --num-requests 64 --warmup 0 \
+      --client-processes 4 --seed $((100 + i))
+  done
+}
+if has peer || has arrivals; then
+  LS=$P/build/bin/llama-server
+  if [ -x $LS ]; then
+    log "llama-server: $($LS --version 2>&1 | grep -i version | head -n 1)"
+    setsid $LS -m $P/bench-1b.gguf -ngl 99 -np 64 -c 65536 -b 2048 -ub 512 --host 127.0.0.1 --port 8301 \
+      --alias bench-1b > "$OUT/llama-server.log" 2>&1 &
+    PEER=$!
+    if wait_up 8301 $PEER; then
+      has peer && peer_runs peer 8301
+      has arrivals && arrivals peer 8301
+    fi
+    stop $PEER
+  else
+    log "llama-server not built: $(cat $P/build.done 2>/dev/null || echo running); $(tail -n 3 $P/build.log 2>/dev/null)"
+  fi
+  if ours 8300 $GGUF_DIR 64; then
+    has peer && peer_runs ours 8300
+    has arrivals && arrivals ours 8300
+    stop $SERVER
+  fi
+fi
+
+log "done"
+python3 - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+reports = {}
+for p in sorted(out.glob("r-*.json")):
+    r = json.loads(p.read_text())
+    runs = r.get("runs", [])
+    reports[p.stem[2:]] = {"runs": runs, "settings": r.get("settings")}
+    for run in runs:
+        s = run["summary"]
+        t = s.get("ttft") or {}
+        print(f"{p.stem[2:]:28s} {s.get('output_tokens_per_s', 0):9.0f} tok/s  TTFT p50 {t.get('p50_ms')} p99 "
+              f"{t.get('p99_ms')} ms  prompt tokens {s.get('num_prompt_tokens', s.get('prompt_tokens_mean'))}")
+    p.unlink()
+(out / "issue38.json").write_text(json.dumps(reports))
+with open(out / "servers.log", "w") as f:
+    for p in sorted(out.glob("*server*.log")):
+        f.write(f"==> {p.name}\n{p.read_text()[-15000:]}\n")
+        p.unlink()
+PY
