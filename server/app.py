@@ -21,6 +21,7 @@ import anyio
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from ep.profiles import DEVICE_SWITCH_INTERVAL_MS  # noqa: F401 - a model on a device (the profiles' default)
 from server.engine_client import EmbedderClient, EngineClient
 from server.errors import install_error_handlers
 from server.http.security import AuthMiddleware, BodyLimitMiddleware
@@ -83,12 +84,6 @@ def load_engine(settings: Settings) -> EngineClient:
     return AsyncEngine.from_model_dir(model_dir, engine_config_from(settings))
 
 
-# NOTE(server): the device step of a batch is a few ms; the event loop's work for its outputs (detokenizing,
-# SSE events) can take longer. With Python's 5 ms switch interval the engine thread, back from a step, waited up to
-# 5 ms for the loop to yield before it could sample and launch the next step; at 0.5 ms it waits less than that.
-DEVICE_SWITCH_INTERVAL_MS = 0.5
-
-
 def _tune_interpreter(settings: Settings, engine: Any) -> None:
     """Once the model is loaded: freeze the heap and set the thread switch interval.
 
@@ -101,8 +96,8 @@ def _tune_interpreter(settings: Settings, engine: Any) -> None:
     gc.freeze()
     interval = settings.gil_switch_interval_ms
     placement = getattr(engine, "placement", None)
-    if interval is None and placement is not None and placement.kv_cache == "device":
-        interval = DEVICE_SWITCH_INTERVAL_MS
+    if interval is None and placement is not None:  # the device profile's (engine.types.DevicePlacement)
+        interval = placement.switch_interval_ms
     if interval is not None:
         sys.setswitchinterval(interval / 1000)
     logger.info("interpreter: %d objects frozen, switch interval %.2f ms", gc.get_freeze_count(),
