@@ -202,6 +202,7 @@ class DevicePlacement:
     graph_capture_note: str = ""  # why capture is on or off
     kv_rows: str = "host"  # how one row is bound (ep.addressing): "host" | "pointer" | "opaque"
     runner: str = ""  # engine.placement's choice: "rows (host)", "rows (pointer)", "buckets", "whole buffer"
+    switch_interval_ms: float | None = None  # the device profile's thread switch interval once loaded (None: Python's)
 
 
 # --- errors, mapped by class (never by message) to HTTP statuses in server/errors.py --------------

@@ -215,6 +215,8 @@ def _response(status: int, body: dict[str, Any], headers: dict[str, str], path: 
               exc: BaseException | None = None) -> JSONResponse:
     if is_anthropic_path(path):
         body = anthropic_error(status, body, exc)
+    elif path.startswith("/api/"):  # Ollama's native API: {"error": "message"} (its clients raise ResponseError)
+        body = {"error": body["error"]["message"]}
     return JSONResponse(body, status_code=status, headers=headers)
 
 

@@ -12,7 +12,13 @@ from typing import Any
 from pydantic import Field, PrivateAttr, model_validator
 
 from engine.types import InvalidRequestError
-from server.decisions.questions import MAX_OPTIONS, Distribution, LabelSet, Option, Question
+from server.decisions.questions import (
+    MAX_OPTIONS,
+    Distribution,
+    LabelSet,
+    Option,
+    Question,
+)
 from server.openai.protocol import OpenAIBaseModel
 
 MAX_QUESTIONS = 400  # OpenAI's bound; System One's too

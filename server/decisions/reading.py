@@ -55,7 +55,7 @@ def _template_options(template_kwargs: Mapping[str, Any] | None) -> TemplateOpti
     return TemplateOptions(kwargs=kwargs)
 
 
-def _single_token_at(engine: EngineClient, prompt_text: str):  # noqa: ANN202 - a closure
+def _single_token_at(engine: EngineClient, prompt_text: str):
     tail = prompt_text[-_TAIL_CHARS:]
     head = engine.tokenizer.encode(tail)
     cache: dict[str, int | None] = {}

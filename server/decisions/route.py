@@ -24,7 +24,7 @@ def _counts(answers: list) -> dict[str, int]:
 @router.post("/v1/decisions", summary="Answer typed questions about an input (OpenAI's Decisions API)")
 async def create_decision(body: wire.DecisionRequest, request: Request) -> JSONResponse:
     arrival = time.perf_counter()
-    state, engine = engine_for(request, body.model)
+    state, engine = await engine_for(request, body.model)
     parsed = body.parsed_questions()
     outcome = await race_disconnect(request, ask(engine, body.messages(), [q for q, _ in parsed], new_id("dec"),
                                                  body.chat_template_kwargs))
@@ -32,7 +32,7 @@ async def create_decision(body: wire.DecisionRequest, request: Request) -> JSONR
     answers = [wire.openai_answer(item, name, answer)
                for item, (_, name), answer in zip(items, parsed, outcome.answers)]
     state.metrics.readout_done("decisions", arrival, _counts(outcome.answers))
-    return JSONResponse({"answers": answers, "model": state.served_model_name,
+    return JSONResponse({"answers": answers, "model": request.state.ortserve_model,
                          "usage": wire.openai_usage(outcome.num_input_tokens, outcome.num_cached_tokens)})
 
 
@@ -45,7 +45,7 @@ def _systemone_model(name: str | None) -> str | None:
 @router.post("/v1/systemone", summary="Answer named questions about a state (System One's format)")
 async def create_systemone(body: wire.SystemOneRequest, request: Request) -> JSONResponse:
     arrival = time.perf_counter()
-    state, engine = engine_for(request, _systemone_model(body.model))
+    state, engine = await engine_for(request, _systemone_model(body.model))
     parsed = body.parsed_questions()
     outcome = await race_disconnect(request, ask(engine, body.messages(), [q for _, q in parsed], new_id("s1"),
                                                  body.chat_template_kwargs, input_param="state"))
@@ -53,6 +53,6 @@ async def create_systemone(body: wire.SystemOneRequest, request: Request) -> JSO
     answers = {name: wire.systemone_answer(q, answer)
                for (name, q), answer in zip(parsed, outcome.answers) if answer is not None}
     state.metrics.readout_done("systemone", arrival, _counts(outcome.answers))
-    return JSONResponse({"model": state.served_model_name, "answers": answers,
+    return JSONResponse({"model": request.state.ortserve_model, "answers": answers,
                          "usage": {"input_tokens": outcome.num_input_tokens, "output_tokens": 0,
                                    "cached_tokens": outcome.num_cached_tokens}})

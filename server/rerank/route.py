@@ -19,7 +19,8 @@ from engine.types import InvalidRequestError
 from server.decisions.questions import Question
 from server.decisions.reading import ask_pairs
 from server.engine_client import EmbedderClient, EngineClient
-from server.errors import ModelCannotError, ModelNotFoundError
+from server.errors import ModelCannotError
+from server.http.prepare import engine_for
 from server.http.run import race_disconnect
 from server.openai.protocol import new_id
 from server.rerank import protocol as wire
@@ -31,27 +32,33 @@ router = APIRouter(tags=["rerank"])
 RELEVANCE = Question("predicate", "The document answers the query.", asked_as="Does the document answer the query?")
 
 
-def _scorer(state: ServerState, name: str | None) -> tuple[str, EmbedderClient | None]:
-    """(served name, its embedding engine, or None for the chat model) for a request's ``model``.
+async def _scorer(request: Request, state: ServerState, name: str | None) -> tuple[str, EmbedderClient | None,
+                                                                           EngineClient | None]:
+    """(served name, embedding engine, chat engine: one of the two) for a request's ``model``, loaded (the hub).
+
+    NOTE(server): an embedding model ranks by cosine, a chat model by P(yes) (even one served with --embeddings).
+    None: --rerank-model, else the first embedding model, else the default chat model.
 
     Raises:
         EngineNotReadyError (503) while loading; ModelNotFoundError (404) for an unknown name; ModelCannotError (400)
         for a model that cannot rerank (an embedding model served with pooling 'none').
     """
-    state.require_engine()
-    name = name if name is not None else state.settings.rerank_model
+    state.require_ready()
+    registry = state.registry
     if name is None:
-        names = state.embedding_names()
-        name = names[0] if names else state.served_model_name
-    if name in state.embedders:
-        served, embedder = state.require_embedder(name)
-        if embedder.pooling == "none":
-            raise ModelCannotError(f"The model {served!r} is served with pooling 'none' (a vector per token); it "
+        name = state.settings.rerank_model or next((e.name for e in registry.entries if e.kind == "embedding"), None)
+    entry = registry.find(name) if name is not None else None
+    if entry is not None and entry.kind is None and entry is not registry.default:
+        registry.lookup(name, "chat")  # resolves its kind (an embedding model answers ModelCannotError there)
+    if entry is not None and entry.kind == "embedding":
+        held = await state.acquire(request, name, "embedding")
+        embedder = held.embedder
+        if embedder is None or embedder.pooling == "none":
+            raise ModelCannotError(f"The model {held.name!r} is served with pooling 'none' (a vector per token); it "
                                    f"cannot score a document by one embedding")
-        return served, embedder
-    if state.accepts_model(name):
-        return state.served_model_name, None
-    raise ModelNotFoundError(name, state.served_model_name, also=state.embedding_names())
+        return held.name, embedder, None
+    _, engine = await engine_for(request, name)
+    return request.state.ortserve_model, None, engine
 
 
 def _cosines(embedder: EmbedderClient, pairs: Sequence[tuple[str, str]]) -> tuple[list[str], list[list[int]]]:
@@ -67,9 +74,9 @@ def _cosines(embedder: EmbedderClient, pairs: Sequence[tuple[str, str]]) -> tupl
     return texts, ids
 
 
-async def _scores(state: ServerState, scorer: EmbedderClient | None,
+async def _scores(served: str, scorer: EmbedderClient | None, engine: EngineClient | None,
                   pairs: Sequence[tuple[str, str]]) -> tuple[list[float], int]:
-    """One score per (query, document) pair and the tokens read (``scorer`` None: the chat model)."""
+    """One score per (query, document) pair and the tokens read (by ``scorer``, else the chat ``engine``)."""
     if scorer is not None:
         texts, ids = await anyio.to_thread.run_sync(_cosines, scorer, pairs)
         vectors = await scorer.embed(ids)
@@ -80,10 +87,10 @@ async def _scores(state: ServerState, scorer: EmbedderClient | None,
         # NOTE(server): each text once in the count, as the embeddings it took (a query shared by all pairs once)
         return [float(np.dot(unit[a], unit[b])) for a, b in pairs], sum(len(x) for x in ids)
     inputs = [[{"role": "user", "content": f"Query: {query}\n\nDocument: {doc}"}] for query, doc in pairs]
-    engine: EngineClient = state.require_engine()
+    assert engine is not None
     outcome = await ask_pairs(engine, [(m, RELEVANCE) for m in inputs], new_id("rerank"), input_param="documents")
     if any(a is None for a in outcome.answers):
-        raise ModelCannotError(f"The model {state.served_model_name!r} cannot rerank: 'yes' and 'no' are not single "
+        raise ModelCannotError(f"The model {served!r} cannot rerank: 'yes' and 'no' are not single "
                                f"tokens where its answer starts")
     return [a[0].probabilities[0] for a in outcome.answers if a is not None], outcome.num_input_tokens
 
@@ -94,9 +101,10 @@ async def _scores(state: ServerState, scorer: EmbedderClient | None,
 async def rerank(body: wire.RerankRequest, request: Request) -> JSONResponse:
     arrival = time.perf_counter()
     state = get_state(request)
-    served, scorer = _scorer(state, body.model)
+    served, scorer, engine = await _scorer(request, state, body.model)
     docs = body.document_texts()
-    scores, num_tokens = await race_disconnect(request, _scores(state, scorer, [(body.query, d) for d in docs]))
+    scores, num_tokens = await race_disconnect(request, _scores(served, scorer, engine,
+                                                                [(body.query, d) for d in docs]))
     state.metrics.readout_done("rerank", arrival, {"documents": len(docs)})
     if body.tei:
         return JSONResponse(wire.tei_response(docs, scores, body.top_n, bool(body.return_text)))
@@ -111,8 +119,8 @@ async def rerank(body: wire.RerankRequest, request: Request) -> JSONResponse:
 async def score(body: wire.ScoreRequest, request: Request) -> JSONResponse:
     arrival = time.perf_counter()
     state = get_state(request)
-    served, scorer = _scorer(state, body.model)
+    served, scorer, engine = await _scorer(request, state, body.model)
     pairs = body.pairs()
-    scores, num_tokens = await race_disconnect(request, _scores(state, scorer, pairs))
+    scores, num_tokens = await race_disconnect(request, _scores(served, scorer, engine, pairs))
     state.metrics.readout_done("score", arrival, {"pairs": len(pairs)})
     return JSONResponse(wire.score_response(scores, served, num_tokens))
