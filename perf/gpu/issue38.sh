@@ -69,7 +69,7 @@ if has spec; then
     log "spec: building build_synthetic's 1B shape"
     OUT=$OUT/build PROVIDER=cuda bash perf/gpu/serving.sh build > /dev/null 2>&1; rm -rf "$OUT/build"
   fi
-  for m in synthetic gguf gguf-untied; do
+  for m in ${SPEC_MODELS:-synthetic gguf gguf-untied}; do
     dir=/tmp/ortserve-1b; [ $m = gguf ] && dir=$GGUF_DIR; [ $m = gguf-untied ] && dir=$GGUF_DIR-untied
     for mode in default spec0; do
       args=(); [ $mode = spec0 ] && args=(--speculative-tokens 0)
