@@ -141,6 +141,10 @@ class RunnerBase:
     # (session, ms) of each run since the core last took them; None: not kept (the step trace is off)
     run_log: list[tuple[str, float]] | None = None
     chunks: RowChunks | None = None  # runs of S tokens in a row (row-view KV only)
+    # NOTE(engine): the attention mask a run binds is cut to the positions in use where the runner can (host KV,
+    # plain CPU inputs: ``Runner``); the full-width row is the fallback (device inputs cross whole).
+    _narrow_mask = False
+    mask_bytes = 0  # bytes of attention mask the last run read: rows x width x 8 (what a step pays for its context)
     prompt_budget = 0  # tokens of whole prompts a step runs together beside prefill_chunk (the scheduler's)
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
@@ -357,6 +361,8 @@ class Runner(RunnerBase):
         binding = self._decode_bindings.get((lo, hi)) or self._make_decode_binding(lo, hi)
         if self._narrow_mask:
             self._bind_narrow_mask(binding, lo, hi)
+        else:
+            self.mask_bytes = (hi - lo) * self.length * 8
         self._run(binding)
         self.slot_len[rows] = pos + 1
         if hi - lo > len(rows):
@@ -377,6 +383,7 @@ class Runner(RunnerBase):
         self._set_row_ones(slot, ones)
         binding = self._decode_bindings.get((slot, slot + 1)) or self._make_decode_binding(slot, slot + 1)
         binding.bind_cpu_input(self.io.attention_mask, self.mask[slot:slot + 1, :ones])
+        self.mask_bytes = ones * 8
         self._run(binding)
         self.slot_len[slot] = ones
         return self.decode_logits[:1, 0]
@@ -422,6 +429,7 @@ class Runner(RunnerBase):
         mask = self._mask_scratch[:(hi - lo) * width].reshape(hi - lo, width)  # [w, W]
         np.less(self._mask_cols[:width], ones[:, None], out=mask)  # row r: ones[r] leading ones
         binding.bind_ortvalue_input(self.io.attention_mask, ort.OrtValue.ortvalue_from_numpy(mask))
+        self.mask_bytes = mask.nbytes
 
     def _make_decode_binding(self, lo: int, hi: int) -> ort.IOBinding:
         binding = self.session.io_binding()
@@ -573,6 +581,7 @@ class RowChunks:
             self._prompt_bindings[(lo, k)] = binding
         binding.bind_ortvalue_input(io.input_ids, ort.OrtValue.ortvalue_from_numpy(ids))
         binding.bind_ortvalue_input(io.attention_mask, ort.OrtValue.ortvalue_from_numpy(mask))
+        owner.mask_bytes = mask.nbytes
         if io.position_ids:
             pos = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), ids.shape).copy()
             binding.bind_ortvalue_input(io.position_ids, ort.OrtValue.ortvalue_from_numpy(pos))
@@ -625,7 +634,8 @@ class RowChunks:
         self.num_runs += 1
         owner, io, num, vocab = self.owner, self.io, len(token_ids), self.owner.vocab_size
         ids, pos = owner._chunk_inputs(token_ids, start)
-        owner._set_ones(np.array([slot]), np.array([start + num]))
+        ones = start + num
+        owner._set_row_ones(slot, ones)
         verify = self.keep_last and all_logits
         binding = self._bindings.get((slot, verify)) or self._make_binding(slot, verify)
         if verify:
@@ -642,8 +652,11 @@ class RowChunks:
         binding.bind_ortvalue_input(io.input_ids, ort.OrtValue.ortvalue_from_numpy(ids))
         if io.position_ids:
             binding.bind_ortvalue_input(io.position_ids, ort.OrtValue.ortvalue_from_numpy(pos))
+        if owner._narrow_mask:  # the row's ones only: [1, start + S] (see _make_binding)
+            binding.bind_cpu_input(io.attention_mask, owner.mask[slot:slot + 1, :ones])
+        owner.mask_bytes = (ones if owner._narrow_mask else owner.length) * 8
         owner._run(binding, self.session, self.run_options)
-        owner.slot_len[slot] = start + num
+        owner.slot_len[slot] = ones
         return logits[0]
 
     def _make_binding(self, slot: int, verify: bool) -> ort.IOBinding:
@@ -651,7 +664,11 @@ class RowChunks:
         logits_to_keep is ``_keep_n`` (its logits output is bound per run)."""
         owner, io = self.owner, self.io
         binding = self.session.io_binding()
-        owner._bind_host(binding, io.attention_mask, _value(owner.mask[slot:slot + 1]))
+        # NOTE(engine): a chunk or a draft check after a past reads the mask only for its row's length (GQA's
+        # seqlens_k) and its width (total_sequence_length); bound whole, every run of a long context paid for the
+        # full max_model_len row (cast, sum, and GQA's sizes). Host rows bind the row's ones per run instead.
+        if not owner._narrow_mask:
+            owner._bind_host(binding, io.attention_mask, _value(owner.mask[slot:slot + 1]))
         if self.keep_last:
             owner._bind_host(binding, LOGITS_TO_KEEP, self._keep_n_value if verify else self._keep_one)
             if not verify:
