@@ -76,7 +76,7 @@ def run_runner(model: str, length: int, steps: int, reps: int, batch: int) -> di
 
     loaded = placement.load(read_model_folder(model), EngineConfig(max_model_len=length, max_batch=batch))
     runner = loaded.runner
-    wall_ms, cpu_ms, prefill_ms, prefill_cpu_ms = [], [], [], []
+    wall_ms, cpu_ms, prefill_ms, prefill_cpu_ms, verify_ms, verify_cpu_ms = [], [], [], [], [], []
     for rep in range(reps + 1):  # the first is a warm-up
         runner.release(0)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -92,10 +92,21 @@ def run_runner(model: str, length: int, steps: int, reps: int, batch: int) -> di
                 wall_ms.append((time.perf_counter() - t0) * 1e3)
                 cpu_ms.append((time.process_time() - c0) * 1e3)
             token, pos = int(np.argmax(logits[0])), pos + 1
-    return {"decode_wall_ms": statistics.median(wall_ms), "decode_wall_min_ms": min(wall_ms),
+        if runner.can_verify:  # draft checks (speculative decoding's runs): the token and 3 drafted ones
+            for _ in range(steps // 2):
+                t0, c0 = time.perf_counter(), time.process_time()
+                logits = runner.verify(0, [token, 11, 12, 13], pos)
+                if rep:
+                    verify_ms.append((time.perf_counter() - t0) * 1e3)
+                    verify_cpu_ms.append((time.process_time() - c0) * 1e3)
+                token, pos = int(np.argmax(logits[0])), pos + 1  # (one accepted: the next check overwrites)
+    return {"verify_wall_ms": statistics.median(verify_ms) if verify_ms else None,
+            "verify_cpu_ms": statistics.median(verify_cpu_ms) if verify_cpu_ms else None,
+            "mask_bytes": getattr(runner, "mask_bytes", None),
+            "decode_wall_ms": statistics.median(wall_ms), "decode_wall_min_ms": min(wall_ms),
             "decode_cpu_ms": statistics.median(cpu_ms), "decode_cpu_mean_ms": statistics.fmean(cpu_ms),
             "prefill_wall_ms": statistics.median(prefill_ms), "prefill_cpu_ms": statistics.median(prefill_cpu_ms),
-            "steps": len(wall_ms), "input_bytes": getattr(runner, "last_input_bytes", None)}
+            "steps": len(wall_ms)}
 
 
 def run_engine(model: str, length: int, steps: int, reps: int, batch: int) -> dict[str, Any]:
@@ -189,8 +200,36 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for row in rows:
         out.setdefault(row["level"], {}).setdefault(str(row["length"]), []).append(row)
     return {level: {length: {k: round(statistics.median(r[k] for r in runs), 2) for k in runs[0]
-                             if isinstance(runs[0][k], (int, float)) and k not in ("length", "round")}
+                             if all(isinstance(r.get(k), (int, float)) for r in runs)
+                             and k not in ("length", "round")}
                     for length, runs in by_len.items()} for level, by_len in out.items()}
+
+
+def plot(json_paths: list[str], out: str) -> None:
+    """Decode CPU ms/token (bars) and wall ms/token (dots) per (level, max_model_len), one panel per JSON file
+    (a model), one bar per set in it (before/after)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(json_paths), figsize=(6.5 * len(json_paths), 4.2), squeeze=False)
+    for ax, path in zip(axes[0], json_paths):
+        sets = json.loads(Path(path).read_text())
+        groups = list(dict.fromkeys((lv, ln) for st in sets for lv, by in st["summary"].items() for ln in by))
+        width = 0.8 / len(sets)
+        for i, st in enumerate(sets):
+            xs = [g + i * width for g, (lv, ln) in enumerate(groups) if ln in st["summary"].get(lv, {})]
+            figs = [st["summary"][lv][ln] for lv, ln in groups if ln in st["summary"].get(lv, {})]
+            ax.bar(xs, [f["decode_cpu_ms"] for f in figs], width, color=f"C{i}", label=f"{st['label']}: CPU")
+            ax.plot(xs, [f["decode_wall_ms"] for f in figs], "o", color=f"C{i}", mec="k", label=f"{st['label']}: wall")
+        ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], [f"{lv}\n{ln}" for lv, ln in groups])
+        ax.set_title(f"{sets[0]['model']}: decode ms per token (medians over rounds)", fontsize=10)
+        ax.set_ylabel("ms per token")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,9 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=8, help="--max-batch (KV rows)")
     p.add_argument("--label", default="", help="a name for this set of runs (e.g. before/after)")
     p.add_argument("--json", help="append the rows and summary to this JSON file (a list of sets)")
+    p.add_argument("--plot", nargs="+", metavar="JSON", help="only plot these JSON files (one panel each) "
+                   "into --plot-out")
+    p.add_argument("--plot-out", default="cpu-context.png")
     p.add_argument("--worker", choices=sorted(LEVELS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
+    if args.plot:
+        plot(args.plot, args.plot_out)
+        return 0
     if args.worker:
         print(json.dumps(LEVELS[args.worker](args.model, lengths[0], args.steps, args.reps, args.batch)))
         return 0
