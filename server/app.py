@@ -147,10 +147,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 return
         if state.status == "stopping":  # shut down while loading: the lifespan's finally shuts it down
             return
+        await registry.start()
         state.status = "ready"
         engine = state.engine
         _tune_interpreter(state.settings, engine)
-        await registry.start()
         if state.settings.step_trace:  # NOTE(server): the loop's late wake-ups beside the engine's steps
             from engine.step_trace import TraceFile, watch_loop
 
@@ -162,9 +162,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             logger.info("model %s ready (max_model_len %d)%s", state.served_model_name, engine.max_model_len,
                         f"; embeddings: {', '.join(state.embedding_names())}" if state.embedders else "")
         if not registry.one_model:
-            logger.info("serving %d models: %s (each loads on its first request; memory budget %s)",
+            logger.info("serving %d models: %s (each loads on its first request; memory budget %s, from %s)",
                         len(registry.entries), ", ".join(registry.served_names()),
-                        format_bytes(registry.budget_bytes))
+                        format_bytes(registry.budget_bytes or 0), registry.budget_source)
 
     if state.status != "ready" and (registry.chat_loader is not None or not registry.one_model):
         load_task = asyncio.create_task(load())

@@ -86,7 +86,8 @@ class Settings(BaseSettings):
     memory_budget: str | None = Field(
         None, description="Memory the loaded hub models may use together (bytes, or 8G, 512M): weights plus KV as "
         "estimated from each folder. The least recently used idle model is unloaded to make room. Default: the "
-        "machine's RAM less 10%% (less 2 GiB at most); for GPU memory set it.",
+        "selected device's memory on a GPU (as ONNX Runtime or its driver reports it), the machine's RAM on the "
+        "CPU, less 10%% (2 GiB at most).",
     )
     load_timeout_s: float = Field(
         120.0, gt=0.0, le=86_400.0, description="Seconds a request waits for its model to load; longer is a 503 "

@@ -68,7 +68,7 @@ async def _embed(state: ServerState, embedder: EmbedderClient, inputs: Sequence[
 @router.post("/v1/embeddings", summary="Create embeddings")
 async def create_embeddings(body: wire.EmbeddingRequest, request: Request) -> JSONResponse:
     state = get_state(request)
-    entry = await state.acquire(request, body.model, "embedding")
+    entry = await state.acquire(request, body.model, "embedding", body.ttl)
     name, embedder = entry.name, entry.embedder
     if embedder.pooling == "none":
         raise InvalidRequestError(f"the model {name!r} is served with pooling 'none' (one vector per token), which "

@@ -127,8 +127,10 @@ class ModelRegistry:
         self.entries = [ModelEntry(model) for model in catalog]
         self.one_model = one_model
         self.chat_loader, self.embedder_loader = chat_loader, embedder_loader
-        self.budget_bytes = parse_bytes(settings.memory_budget) if settings.memory_budget else \
-            default_memory_budget()
+        # NOTE(hub): without --memory-budget, the device's memory or RAM (default_memory_budget), known from
+        # start() on: selecting the device imports onnxruntime and may register an EP library, off the event loop
+        self.budget_bytes: int | None = parse_bytes(settings.memory_budget) if settings.memory_budget else None
+        self.budget_source = "--memory-budget" if settings.memory_budget else ""
         self._by_name: dict[str, ModelEntry] = {}
         for entry in self.entries:
             for alias in entry.model.names:
@@ -315,6 +317,8 @@ class ModelRegistry:
         if self._room is None:
             self._room = asyncio.Lock()
         async with self._room:
+            await self._find_budget()
+            assert self.budget_bytes is not None
             while True:
                 others = [e for e in self.entries if e is not entry and e.status in (LOADING, READY)]
                 used = sum(e.estimate_bytes for e in others)
@@ -340,8 +344,15 @@ class ModelRegistry:
             await _shutdown(engine, embedder)
         logger.info("model %s unloaded", entry.name)
 
+    async def _find_budget(self) -> None:
+        if self.budget_bytes is None:
+            self.budget_bytes, self.budget_source = await anyio.to_thread.run_sync(
+                lambda: default_memory_budget(selected_device(self.settings)))
+
     async def start(self) -> None:
-        """Start the idle reaper (pinned models are loaded by the app's lifespan)."""
+        """Find the memory budget and start the idle reaper (pinned models are loaded by the app's lifespan)."""
+        if not self.one_model:  # NOTE(hub): a one-model server's models are the server: never budgeted
+            await self._find_budget()
         if self._reaper is None and any(not e.model.pinned for e in self.entries):
             self._reaper = asyncio.create_task(self._reap(), name="hub reaper")
 
@@ -375,6 +386,22 @@ class ModelRegistry:
                 elif now - entry.last_used_s >= entry.ttl_s(self.settings):
                     logger.info("model %s idle for %.1f s: unloading it", entry.name, now - entry.last_used_s)
                     await self.unload(entry)
+
+
+def selected_device(settings: Settings) -> Any | None:
+    """The device the server's --provider and --device select, as ep.device reports it (a DeviceRecord); None for
+    the CPU or where selection fails (the budget is then RAM's). Blocking; imports onnxruntime."""
+    from ep.names import normalize_provider
+
+    try:
+        if normalize_provider(settings.provider, allow_auto=True) == "cpu":
+            return None
+        from ep.device import select_device
+
+        return select_device(settings.provider, settings.device, settings.ep_library).record
+    except Exception as exc:  # the engines report a bad --provider/--device themselves, with their own errors
+        logger.warning("memory budget: no device selected (%s: %s); using RAM", type(exc).__name__, exc)
+        return None
 
 
 async def _shutdown(*engines: Any) -> None:

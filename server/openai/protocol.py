@@ -74,6 +74,21 @@ def _unsupported(param: str, message: str, code: str = "unsupported_parameter") 
     return InvalidRequestError(message, param=param, code=code)
 
 
+class IdleTTLField(OpenAIBaseModel):
+    """LM Studio's per-request ``ttl``, beside the OpenAI fields of chat, completions, responses and embeddings."""
+
+    ttl: float | None = Field(None, description="LM Studio's idle TTL: seconds the model stays loaded once idle "
+                                                "(its idle unload, as Ollama's keep_alive; 0: right after this "
+                                                "request). A pinned model never unloads.")
+
+    @field_validator("ttl")
+    @classmethod
+    def _check_ttl(cls, value: float | None) -> float | None:
+        if value is not None and not 0 <= value < float("inf"):
+            raise _unsupported("ttl", f"ttl must be a number of seconds >= 0, got {value}", code="invalid_value")
+        return value
+
+
 # --- chat request -----------------------------------------------------------------------------------
 
 
@@ -213,7 +228,7 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool = Field(False, description="Send a last chunk with `usage` and empty `choices`.")
 
 
-class _SamplingFields(OpenAIBaseModel, StructuredOutputFields):
+class _SamplingFields(IdleTTLField, StructuredOutputFields):
     """Fields shared by chat and completions (structured outputs: StructuredOutputFields); ranges are checked
     once, by SamplingParams."""
 
