@@ -283,11 +283,11 @@ async def api_embed(body: wire.EmbedRequest, request: Request) -> dict:
     state = get_state(request)
     before = _loads(state, body.model)
     entry = await state.acquire(request, body.model, "embedding", wire.keep_alive_s(body.keep_alive))
-    embedder = entry.embedder
+    request.state.ortserve_model, embedder = entry.name, entry.embedder
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
     inputs = embeddings_wire.EmbeddingRequest(model=entry.name, input=texts).inputs()
     dims = _dimensions(embedder, body.dimensions)
-    vectors, num_tokens = await _embed(state, embedder, inputs,
+    vectors, num_tokens = await _embed(state, entry.name, embedder, inputs,
                                        embedder.max_seq_length if body.truncate else None)
     if dims is not None:
         import numpy as np

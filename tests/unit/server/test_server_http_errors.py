@@ -222,7 +222,8 @@ def test_rejections_are_counted(client: TestClient) -> None:
     client.post(CHAT, json={})
     client.post(CHAT, content=b"{bad")
     text = client.get("/metrics").text
-    assert 'ortserve_requests_total{status="rejected"} 2.0' in text
+    # refused before they were routed: counted under the default model (the only one here)
+    assert 'ortserve_requests_total{model_name="smollm2-135m-instruct",status="rejected"} 2.0' in text
 
 
 def test_openapi_docs_served(client: TestClient) -> None:
