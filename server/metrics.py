@@ -160,9 +160,14 @@ class ServerMetrics:
         if kind == "embedding":
             for status in ("ok", REJECTED, "error"):
                 self.embedding_requests.labels(model_name, status)
+            for series in (self.embedding_inputs, self.embedding_tokens, self.embedding_latency):
+                series.labels(model_name)
             return
         for status in [*(str(reason) for reason in FinishReason), REJECTED]:
             self.requests.labels(model_name, status)
+        for series in (self.time_to_first_token, self.inter_token_latency, self.e2e_request_latency,
+                       self.request_queue_time, self.prompt_tokens, self.generation_tokens):
+            series.labels(model_name)
 
     def render(self, stats: EngineStats | dict[str, EngineStats] | None, model_name: str = "",
                prefix_caching: bool = True, num_embedding_requests: int | dict[str, int] = 0) -> bytes:

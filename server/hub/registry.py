@@ -325,9 +325,11 @@ class ModelRegistry:
                 if used + entry.estimate_bytes <= self.budget_bytes:
                     return
                 idle = [e for e in others if e.status == READY and e.leases == 0 and not e.model.pinned]
-                if not idle:
-                    busy = [f"{e.name!r} ({format_bytes(e.estimate_bytes)})" for e in others]
-                    raise MemoryBudgetError(entry.name, entry.estimate_bytes, used, self.budget_bytes, busy)
+                held = used - sum(e.estimate_bytes for e in idle)
+                if held + entry.estimate_bytes > self.budget_bytes:
+                    # NOTE(hub): even with every idle model gone it would not fit: unload none of them for nothing
+                    busy = [f"{e.name!r} ({format_bytes(e.estimate_bytes)})" for e in others if e not in idle]
+                    raise MemoryBudgetError(entry.name, entry.estimate_bytes, held, self.budget_bytes, busy)
                 victim = min(idle, key=lambda e: e.last_used_s)
                 logger.info("evicting the idle model %s (%s) to make room for %s (%s)", victim.name,
                             format_bytes(victim.estimate_bytes), entry.name, format_bytes(entry.estimate_bytes))
@@ -372,20 +374,25 @@ class ModelRegistry:
         ttls = [e.ttl_s(self.settings) for e in self.entries if not e.model.pinned]
         return min(1.0, max(0.05, min(ttls, default=1.0) / 4))
 
+    def to_reap(self, now_s: float) -> list[ModelEntry]:
+        """The loaded models to unload at monotonic time ``now_s``: idle (no request holds them) past their
+        keep-alive (ttl_s), or whose engine process died; never a pinned one."""
+        return [e for e in self.entries if e.status == READY and not e.leases and not e.model.pinned
+                and (not e.alive or now_s - e.last_used_s >= e.ttl_s(self.settings))]
+
     async def _reap(self) -> None:
         """Unload models idle past their keep-alive; forget engines whose process died (reloaded on demand)."""
         while True:
             await asyncio.sleep(self._period_s())
             now = time.monotonic()
-            for entry in self.entries:
-                if entry.status != READY or entry.leases or entry.model.pinned:
+            for entry in self.to_reap(now):
+                if entry.leases or entry.status != READY:  # taken while an earlier one was unloading
                     continue
                 if not entry.alive:
                     logger.warning("model %s: its engine has stopped; unloading it", entry.name)
-                    await self.unload(entry)
-                elif now - entry.last_used_s >= entry.ttl_s(self.settings):
+                else:
                     logger.info("model %s idle for %.1f s: unloading it", entry.name, now - entry.last_used_s)
-                    await self.unload(entry)
+                await self.unload(entry)
 
 
 def selected_device(settings: Settings) -> Any | None:
