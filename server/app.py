@@ -204,11 +204,13 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     """
     from server import __version__
     from server.anthropic import route as messages
+    from server.decisions import route as decisions
     from server.embeddings import route as embeddings
     from server.http.prepare import refuse_uncontainable_chat
     from server.hub import admin
     from server.ollama import route as ollama
     from server.openai import chat, completions, models
+    from server.rerank import route as rerank
     from server.responses import route as responses
     from server.routes import health, metrics
     from server.tokenize import route as tokenize
@@ -235,8 +237,8 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     app.state.ortserve_body_check = partial(refuse_uncontainable_chat, state)
 
     install_error_handlers(app)
-    for module in (chat, completions, responses, messages, tokenize, embeddings, models, health, metrics, admin,
-                   ollama):
+    for module in (chat, completions, responses, messages, tokenize, embeddings, decisions, rerank, models, health,
+                   metrics, admin, ollama):
         app.include_router(module.router)
     if settings.ui:
         from server.routes.ui import install_ui

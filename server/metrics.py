@@ -25,6 +25,9 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.0
 # before the engine ran the request).
 REJECTED = "rejected"
 
+# The endpoint label of the readout series: requests that read logits instead of generating.
+READOUT_ENDPOINTS = ("decisions", "systemone", "rerank", "score")
+
 # NOTE(server): the KV "block" the gateway hashes prompts by (the vllm:cache_config_info labels). Prefix reuse here
 # is per token (a slot keeps any prefix), so every block size is exact; this is vLLM's default.
 CACHE_BLOCK_SIZE = 16
@@ -168,6 +171,27 @@ class ServerMetrics:
         for series in (self.time_to_first_token, self.inter_token_latency, self.e2e_request_latency,
                        self.request_queue_time, self.prompt_tokens, self.generation_tokens):
             series.labels(model_name)
+
+        # Requests that read logits instead of generating (/v1/decisions, /v1/systemone, rerank, /v1/score), by
+        # endpoint: decisions, systemone, rerank, score.
+        self.readout_requests = Counter("ortserve_readout_requests", "Decision, rerank and score requests by outcome.",
+                                        ["endpoint", "status"], registry=r)
+        for endpoint in READOUT_ENDPOINTS:
+            for status in ("ok", REJECTED, "error"):
+                self.readout_requests.labels(endpoint=endpoint, status=status)
+        self.readout_items = Counter(
+            "ortserve_readout_items", "Questions answered (or refused) and documents scored.", ["endpoint", "outcome"],
+            registry=r)
+        self.readout_latency = Histogram(
+            "ortserve_readout_request_latency_seconds", "Decision, rerank and score request arrival to its answer.",
+            ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
+
+    def readout_done(self, endpoint: str, arrival_s: float, items: dict[str, int]) -> None:
+        """Record a successful readout request (``items``: outcome -> count, e.g. answered / refused)."""
+        self.readout_requests.labels(endpoint=endpoint, status="ok").inc()
+        for outcome, count in items.items():
+            self.readout_items.labels(endpoint=endpoint, outcome=outcome).inc(count)
+        self.readout_latency.labels(endpoint=endpoint).observe(time.perf_counter() - arrival_s)
 
     def render(self, stats: EngineStats | dict[str, EngineStats] | None, model_name: str = "",
                prefix_caching: bool = True, num_embedding_requests: int | dict[str, int] = 0) -> bytes:

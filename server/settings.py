@@ -99,6 +99,11 @@ class Settings(BaseSettings):
         None, description="Embedding model served beside --model on /v1/embeddings (requests pick it by `model`): "
         "a known name (all-minilm-l6-v2), a sentence-transformers folder or a converted model folder.",
     )
+    rerank_model: str | None = Field(
+        None, description="The model /v1/rerank, /rerank, /v2/rerank and /v1/score use when a request names none: "
+        "an embedding model's name (cosine of the embeddings) or the chat model's (the probability of 'yes' to "
+        "'Does the document answer the query?'). Default: the embedding model if one is served, else the chat model.",
+    )
     served_embedding_model_name: str | None = Field(
         None, description="Name clients use for --embedding-model (default: the name it was given by)."
     )

@@ -5,7 +5,11 @@ The same file serves llama.cpp's llama-server and, through ``ortserve convert``,
 The vocabulary comes from llama.cpp's ``models/ggml-vocab-llama-bpe.gguf`` (tokenizer fields only, no tensors) and
 gguf-py from the same sources (llama-cpp-python's sdist vendors both; ``perf/gpu/peer_sources.sh`` packs them).
 
-    python -m perf.gpu.bench_gguf --vocab ggml-vocab-llama-bpe.gguf --out bench-1b.gguf [--shape llama-3.2-1b]
+    python -m perf.gpu.bench_gguf --vocab ggml-vocab-llama-bpe.gguf --out bench-1b.gguf [--shape llama-3.2-1b] [--untied]
+
+Tied (the default, as Llama-3.2-1B) a random model's greedy output repeats the token it just read, so prompt-lookup
+drafts always hit; ``--untied`` gives its LM head weights of its own and varied greedy output (drafts miss, and greedy
+comparisons against the CPU EP mean something).
 
 Weights: every linear and the tied embedding as Q4_0 blocks (an fp16 scale d and 32 4-bit codes q, value
 ``d * (q - 8)``) with codes uniform in 0..15 and ``d = std / 4.61`` (the codes' standard deviation), so each weight
@@ -45,8 +49,10 @@ def q4_0_blocks(rng: np.random.Generator, rows: int, cols: int, std: float) -> n
 
 
 def write_bench_gguf(vocab_path: Path, out: Path, shape: dict[str, int], std: float = 0.02, seed: int = 0,
-                     context_length: int = 8192) -> Path:
-    """Write the bench GGUF (see the module docstring); returns ``out``."""
+                     context_length: int = 8192, untied: bool = False) -> Path:
+    """Write the bench GGUF (see the module docstring); returns ``out``. ``untied``: an LM head of its own (random
+    like the rest) instead of the embedding's: greedy output is then varied (tied, a random model's logits favour the
+    token just read, so its greedy output repeats one token and prompt-lookup drafts always hit)."""
     import gguf
 
     vocab = gguf.GGUFReader(str(vocab_path))
@@ -89,6 +95,8 @@ def write_bench_gguf(vocab_path: Path, out: Path, shape: dict[str, int], std: fl
 
     linear("token_embd.weight", n_vocab, h)  # tied: llama.cpp and the converter use it as the LM head too
     w.add_tensor("output_norm.weight", np.ones(h, dtype=np.float32))
+    if untied:
+        linear("output.weight", n_vocab, h)
     for i in range(layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", np.ones(h, dtype=np.float32))
@@ -127,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="llama-3.2-1b", choices=sorted(SHAPES))
     p.add_argument("--std", type=float, default=0.02, help="the weights' standard deviation (default 0.02)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--untied", action="store_true", help="an LM head of its own: varied greedy output (drafts miss)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    write_bench_gguf(args.vocab, args.out, SHAPES[args.shape], std=args.std, seed=args.seed)
+    write_bench_gguf(args.vocab, args.out, SHAPES[args.shape], std=args.std, seed=args.seed, untied=args.untied)
     print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
     return 0
