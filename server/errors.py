@@ -246,8 +246,8 @@ def _count_outcome(request: Request, status: int) -> None:
     if request.url.path in READOUT_PATHS:
         state = getattr(request.app.state, "ortserve", None)
         if state is not None and status != 499:
-            state.metrics.readout_requests.labels(endpoint=READOUT_PATHS[request.url.path],
-                                                  status=REJECTED if status < 500 else "error").inc()
+            state.metrics.readout_requests.labels(state.metric_model(request), READOUT_PATHS[request.url.path],
+                                                  REJECTED if status < 500 else "error").inc()
         return
     if request.url.path in EMBEDDING_PATHS:
         state = getattr(request.app.state, "ortserve", None)

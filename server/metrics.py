@@ -151,15 +151,38 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS, registry=r)
         self.embedding_requests_running = Gauge(
             "ortserve_embedding_requests_running", "Embedding requests waiting or running.", m, registry=r)
+
+        # Requests that read logits instead of generating (/v1/decisions, /v1/systemone, rerank, /v1/score), by
+        # endpoint: decisions, systemone, rerank, score.
+        self.readout_requests = Counter("ortserve_readout_requests", "Decision, rerank and score requests by outcome.",
+                                        [MODEL, "endpoint", "status"], registry=r)
+        self.readout_items = Counter(
+            "ortserve_readout_items", "Questions answered (or refused) and documents scored.",
+            [MODEL, "endpoint", "outcome"], registry=r)
+        self.readout_latency = Histogram(
+            "ortserve_readout_request_latency_seconds", "Decision, rerank and score request arrival to its answer.",
+            [MODEL, "endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
         self._zeros: set[tuple[str, str]] = set()  # (kind, model) whose outcome series are exported
         if default_model:
             self.export_zeros(default_model)
+
+    def readout_done(self, endpoint: str, arrival_s: float, items: dict[str, int], model_name: str) -> None:
+        """Record a successful readout request (``items``: outcome -> count, e.g. answered / refused)."""
+        self.readout_requests.labels(model_name, endpoint, "ok").inc()
+        for outcome, count in items.items():
+            self.readout_items.labels(model_name, endpoint, outcome).inc(count)
+        self.readout_latency.labels(model_name, endpoint).observe(time.perf_counter() - arrival_s)
 
     def export_zeros(self, model_name: str, kind: str = "chat") -> None:
         """Export every outcome series of a model at zero (once), so dashboards see each series from the start."""
         if (kind, model_name) in self._zeros:
             return
         self._zeros.add((kind, model_name))
+        # rerank and score: both kinds (cosine of an encoder, P(yes) of a decoder); decisions: chat models
+        endpoints = ("rerank", "score") if kind == "embedding" else READOUT_ENDPOINTS
+        for endpoint in endpoints:
+            for status in ("ok", REJECTED, "error"):
+                self.readout_requests.labels(model_name, endpoint, status)
         if kind == "embedding":
             for status in ("ok", REJECTED, "error"):
                 self.embedding_requests.labels(model_name, status)
@@ -171,27 +194,6 @@ class ServerMetrics:
         for series in (self.time_to_first_token, self.inter_token_latency, self.e2e_request_latency,
                        self.request_queue_time, self.prompt_tokens, self.generation_tokens):
             series.labels(model_name)
-
-        # Requests that read logits instead of generating (/v1/decisions, /v1/systemone, rerank, /v1/score), by
-        # endpoint: decisions, systemone, rerank, score.
-        self.readout_requests = Counter("ortserve_readout_requests", "Decision, rerank and score requests by outcome.",
-                                        ["endpoint", "status"], registry=r)
-        for endpoint in READOUT_ENDPOINTS:
-            for status in ("ok", REJECTED, "error"):
-                self.readout_requests.labels(endpoint=endpoint, status=status)
-        self.readout_items = Counter(
-            "ortserve_readout_items", "Questions answered (or refused) and documents scored.", ["endpoint", "outcome"],
-            registry=r)
-        self.readout_latency = Histogram(
-            "ortserve_readout_request_latency_seconds", "Decision, rerank and score request arrival to its answer.",
-            ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
-
-    def readout_done(self, endpoint: str, arrival_s: float, items: dict[str, int]) -> None:
-        """Record a successful readout request (``items``: outcome -> count, e.g. answered / refused)."""
-        self.readout_requests.labels(endpoint=endpoint, status="ok").inc()
-        for outcome, count in items.items():
-            self.readout_items.labels(endpoint=endpoint, outcome=outcome).inc(count)
-        self.readout_latency.labels(endpoint=endpoint).observe(time.perf_counter() - arrival_s)
 
     def render(self, stats: EngineStats | dict[str, EngineStats] | None, model_name: str = "",
                prefix_caching: bool = True, num_embedding_requests: int | dict[str, int] = 0) -> bytes:
