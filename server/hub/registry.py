@@ -31,6 +31,7 @@ from server.settings import Settings
 logger = logging.getLogger("ortserve.hub")
 
 UNLOADED, LOADING, READY, FAILED = "unloaded", "loading", "ready", "failed"
+OLLAMA_TAG = ":latest"
 # NOTE(hub): how soon a request whose model is loading may try again, when the load outlasts --load-timeout-s
 LOADING_RETRY_AFTER_S = 5
 
@@ -154,6 +155,10 @@ class ModelRegistry:
         entry = self._by_name.get(name)
         if entry is None:  # the engine's own name (a folder's) also routes, once loaded
             entry = next((e for e in self.entries if e.engine is not None and e.engine.model_name == name), None)
+        if entry is None and name.endswith(OLLAMA_TAG):
+            # NOTE(hub): Ollama's names carry a tag, and a name without one means ":latest"; its clients (Open WebUI
+            # among them) add it, and /api/tags lists ours with it
+            entry = self.find(name.removesuffix(OLLAMA_TAG))
         return entry
 
     def lookup(self, name: str | None, kind: str) -> ModelEntry:

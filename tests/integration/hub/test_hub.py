@@ -130,7 +130,8 @@ def test_ollama_client(hub: ServeProcess) -> None:
     ollama = pytest.importorskip("ollama")
     client = ollama.Client(host=hub.base)
     names = {m.model for m in client.list().models}
-    assert {SMOL, GEMMA, MINILM} <= names
+    assert {f"{SMOL}:latest", f"{GEMMA}:latest", f"{MINILM}:latest"} <= names  # Ollama's names carry a tag
+    assert client.chat(model=f"{SMOL}:latest", messages=HI, options={"num_predict": 2}).done  # and route
     assert client.ps().models  # loaded ones
     reply = client.chat(model=SMOL, messages=HI, options={"temperature": 0, "num_predict": 12, "seed": 1})
     assert reply.message.role == "assistant" and reply.message.content and reply.done
