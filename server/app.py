@@ -106,8 +106,8 @@ def _tune_interpreter(settings: Settings, engine: Any) -> None:
 
 def load_embedder(settings: Settings, model: Any) -> EmbedderClient:
     """The embedding engine of one catalog model (blocking; run in a thread): an embedding model's own (its own
-    session and thread, the pooling it was trained with), or, for a chat model served with ``--embeddings``, its
-    embedding graph pooled by ``--pooling``.
+    session and thread, the pooling it was trained with; in a hub, in an engine process of its own), or, for a chat
+    model served with ``--embeddings``, its embedding graph pooled by ``--pooling`` (here, beside the chat model's).
 
     Args:
         settings: the model's settings (``model`` is its folder).
@@ -120,6 +120,10 @@ def load_embedder(settings: Settings, model: Any) -> EmbedderClient:
                              intra_op_threads=settings.intra_op_threads, max_queue=settings.embedding_max_queue,
                              max_batch_tokens=settings.embedding_batch_tokens, pooling=pooling,
                              nice=settings.embedding_nice)
+    if model.kind == "embedding" and model.extra.get("engine_process"):  # a hub's embedding model
+        from engine.embedding_process import EmbeddingProcessClient
+
+        return EmbeddingProcessClient(model.folder, config)
     return EmbeddingEngine.from_model_dir(model.folder, config)
 
 

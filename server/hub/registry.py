@@ -77,12 +77,14 @@ class ModelEntry:
 
     @property
     def alive(self) -> bool:
-        """Loaded and its engine still running (a killed engine process is not)."""
-        return self.status == READY and (self.engine is None or getattr(self.engine, "is_running", True))
+        """Loaded and its engines still running (a killed engine process is not)."""
+        return self.status == READY and all(getattr(e, "is_running", True) for e in (self.engine, self.embedder)
+                                            if e is not None)
 
     @property
     def pid(self) -> int | None:
-        return getattr(self.engine, "engine_pid", None) if self.engine is not None else None
+        """Its engine process's (a chat model's, else an embedding model's own), None where it runs here."""
+        return next((pid for e in (self.engine, self.embedder) if (pid := getattr(e, "engine_pid", None))), None)
 
     def ttl_s(self, settings: Settings) -> float:
         if self.model.pinned:
@@ -277,10 +279,12 @@ class ModelRegistry:
             model.folder = Path(resolve_model(model.spec.model))
             model.kind = model.kind or kind_of_folder(model.folder)
         settings = model.settings_for(self.settings)
-        if not self.one_model and model.kind == "chat":
-            # NOTE(hub): each chat model's session in a process of its own: a crash or a kill of one leaves the
-            # others serving, and unloading gives back all of its memory
+        if not self.one_model:
+            # NOTE(hub): each model's session in a process of its own (an embedding model's too: the embedder
+            # loader reads the flag from the catalog model): a crash or a kill of one leaves the others serving,
+            # and unloading gives back all of its memory. A one-model server keeps its engines where they were.
             settings = settings.model_copy(update={"engine_process": True})
+            model.extra["engine_process"] = True
         return settings
 
     async def _load(self, entry: ModelEntry) -> None:
