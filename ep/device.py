@@ -124,13 +124,11 @@ class DeviceRecord:
 
     def memory_bytes(self, sysfs: Path = SYSFS) -> int | None:
         """The device's own memory in bytes, as ORT or its driver reports it; None where nothing reports it (a CPU
-        device, whose memory is the host's RAM, or a GPU without a report).
+        device, whose memory is the host's RAM and which carries none of these reports, or a GPU without one).
 
         Args:
             sysfs: the root of sysfs (tests give a folder of their own).
         """
-        if self.device_type == "CPU":
-            return None
         ep_metadata, metadata = dict(self.ep_metadata), dict(self.metadata)
         for key in _EP_MEMORY_KEYS:
             if ep_metadata.get(key, "").strip().isdigit():
