@@ -85,7 +85,8 @@ class IdleTTLField(OpenAIBaseModel):
     @classmethod
     def _check_ttl(cls, value: float | None) -> float | None:
         if value is not None and not 0 <= value < float("inf"):
-            raise _unsupported("ttl", f"ttl must be a number of seconds >= 0, got {value}", code="invalid_value")
+            # NOTE(server): no param here: the error names the field's location (ttl)
+            raise InvalidRequestError(f"ttl must be a number of seconds >= 0, got {value}", code="invalid_value")
         return value
 
 
