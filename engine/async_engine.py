@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.chat_template import ChatTemplate
 from engine.config import EngineConfig
-from engine.core import PHASES, CoreOutput, EngineCore
+from engine.core import PHASES, EngineCore
 from engine.core_client import EngineCoreClient, use_engine_process
 from engine.core_process import build_core
 from engine.detokenizer import IncrementalDetokenizer
@@ -26,6 +26,7 @@ from engine.scheduler import Request
 from engine.structured_output import GrammarConstraint, StructuredOutputBackend
 from engine.tokenizer import Tokenizer
 from engine.types import (
+    CoreOutput,
     EngineDeadError,
     EngineOverloadedError,
     EngineStats,

@@ -21,7 +21,6 @@ import weakref
 from collections.abc import Sequence
 
 from engine.config import EngineConfig
-from engine.core import CoreSnapshot, Sink
 from engine.core_process import run_engine_process
 from engine.core_wire import (
     ABORT, ADD, DEAD, GRAMMAR, OUT, READY, SHUTDOWN, SNAP, CoreFacts, FrameReader, decode_exception, decode_outputs,
@@ -29,7 +28,7 @@ from engine.core_wire import (
 )
 from engine.model_loader import ModelFolder
 from engine.scheduler import Request
-from engine.types import EngineDeadError, EngineError, ModelLoadError, StructuredOutput
+from engine.types import CoreSnapshot, EngineDeadError, EngineError, ModelLoadError, Sink, StructuredOutput
 
 log = logging.getLogger(__name__)
 

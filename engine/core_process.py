@@ -24,7 +24,7 @@ from typing import Any
 
 from engine import placement
 from engine.config import EngineConfig
-from engine.core import CoreOutput, EngineCore, Sink
+from engine.core import EngineCore
 from engine.core_wire import (
     ABORT, ADD, DEAD, FAILED, GRAMMAR, OUT, READY, SHUTDOWN, SNAP, CoreFacts, dumps, encode_exception, encode_outputs,
     loads,
@@ -33,7 +33,7 @@ from engine.model_loader import ModelFolder, read_model_folder
 from engine.prefix_cache import MIN_REUSE_BATCHED_PROMPTS
 from engine.scheduler import Request, Scheduler
 from engine.structured_output import GrammarConstraint, StructuredOutputBackend
-from engine.types import EngineDeadError, FinishReason
+from engine.types import CoreOutput, EngineDeadError, FinishReason, Sink
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.core import CoreOutput
-from engine.types import DevicePlacement, EngineError, FinishReason, TokenLogprob
+from engine.types import CoreOutput, DevicePlacement, EngineError, FinishReason, TokenLogprob
 
 PICKLE_PROTOCOL = 5
 

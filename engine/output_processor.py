@@ -9,9 +9,8 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from engine.core import CoreOutput
 from engine.detokenizer import IncrementalDetokenizer
-from engine.types import FinishReason, RequestOutput, SamplingParams
+from engine.types import CoreOutput, FinishReason, RequestOutput, SamplingParams
 
 
 @dataclass(eq=False)

@@ -31,7 +31,7 @@ def _rows(n: int, step: int) -> list[tuple]:
 
 
 def _engine_child(conn, n: int, logprobs: bool) -> None:
-    from engine.core import CoreOutput, CoreSnapshot
+    from engine.types import CoreOutput, CoreSnapshot
     from engine.core_wire import OUT, dumps, encode_outputs
     from engine.types import TokenLogprob
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 
-from engine.core import CoreOutput
+from engine.types import CoreOutput
 from engine.core_wire import FrameReader, decode_exception, decode_outputs, dumps, encode_exception, encode_outputs, loads
 from engine.types import (
     EngineError, EngineOverloadedError, FinishReason, InvalidRequestError, PromptTooLongError, TokenLogprob,
