@@ -21,7 +21,7 @@ from engine.core_process import build_core
 from engine.detokenizer import IncrementalDetokenizer
 from engine.model_loader import ModelFolder, read_model_folder
 from engine.output_processor import OutputProcessor, RequestState, merge_by_choice
-from engine.runner import ModelRunner
+from engine.model_runner import ModelRunner
 from engine.scheduler import Request
 from engine.structured_output import GrammarConstraint, StructuredOutputBackend
 from engine.tokenizer import Tokenizer

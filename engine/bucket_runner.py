@@ -27,7 +27,8 @@ from engine.device_kv import RowCopier, batch_buckets, bucket_for
 from engine.graph_capture import DeviceAllocator, DeviceDecodeIO
 from engine.kv_cache import KVCache
 from engine.model_loader import GraphIO
-from engine.runner import LOGITS_TO_KEEP, InputAllocator, RowChunks, RunnerBase, _value, host_input
+from engine.row_chunks import LOGITS_TO_KEEP, RowChunks, _value
+from engine.runner import InputAllocator, RunnerBase, host_input
 
 log = logging.getLogger(__name__)
 

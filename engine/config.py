@@ -49,12 +49,12 @@ class EngineConfig:
             small-M kernel is several times faster than its tiled one at 4-8 rows); 0 -> off, None -> the
             device's default.
         fixed_chunk_shapes: prompt chunks and draft checks in a row run as pieces of fixed lengths, each run
-            once at load (``engine.runner.chunk_pieces``: 141 tokens as 128 + 13); None -> on for the CUDA EP,
+            once at load (``engine.row_chunks.chunk_pieces``: 141 tokens as 128 + 13); None -> on for the CUDA EP,
             whose first run of a length costs 50-85 ms, when its fused INT4 kernels are on (ORT_FPA_INTB_GEMM;
             with ORT's own kernels pieces of 14-16 tokens after a past gave tokens unlike the CPU EP's); row-view
             KV only.
         batched_prompts: new requests' prompts that fit one run go in together, all but each one's last token as
-            one first-prompt run filled up to a common width (``engine.runner.RowChunks.prompts``), the last
+            one first-prompt run filled up to a common width (``engine.row_chunks.RowChunks.prompts``), the last
             tokens within the step's decode run; None -> on for the CUDA EP (runs of fixed widths, warmed at
             load), False -> one chunk run each.
         batched_prompt_tokens: with batched prompts, the most tokens of new requests' whole prompts one step runs

@@ -37,7 +37,8 @@ from engine.device_kv import AddressRowCopier, RowCopier, address_copy_graph_byt
 from engine.graph_capture import CAPTURE_PROVIDERS, OpenedSession, open_session
 from engine.kv_cache import HOST, OPAQUE, POINTER, HostKVAllocator, KVAllocator, KVCache, KVShape, make_kv_allocator
 from engine.model_loader import ModelFolder, check_graph, create_session, resolve_max_model_len
-from engine.runner import ModelRunner, Runner, make_input_allocator
+from engine.model_runner import ModelRunner
+from engine.runner import Runner, make_input_allocator
 from engine.types import DevicePlacement, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
     kv = KVCache(kv_shape, allocator)
     cuda = selected is not None and selected.provider == "cuda"
     fixed_shapes = config.fixed_chunk_shapes
-    if fixed_shapes is None:  # NOTE(engine): measured on CUDA (see engine.runner.chunk_pieces); MIGraphX pads itself
+    if fixed_shapes is None:  # NOTE(engine): measured on CUDA (see engine.row_chunks.chunk_pieces); MIGraphX pads itself
         from ep.flags import cuda_int4_gemm_on
 
         # NOTE(engine): only beside the fused INT4 kernels: with ORT's own MatMulNBits kernels (onnxruntime-gpu
