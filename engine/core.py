@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.runner import Runner
+from engine.model_runner import ModelRunner
 from engine.sampler import RequestSampler, SampleResult, needs_logits, sample_batch
 from engine.scheduler import Finished, PrefillChunk, Request, Scheduler, SchedulerOutput, Verify
 from engine.step_trace import StepTrace
@@ -60,7 +60,7 @@ class EngineCore:
         step_trace: a file each step is recorded in (``engine.step_trace``); None: no record.
     """
 
-    def __init__(self, runner: Runner, scheduler: Scheduler, sink: Sink, seed: int | None = None,
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, sink: Sink, seed: int | None = None,
                  fault_injector: FaultInjector | None = None,
                  structured: StructuredOutputBackend | None = None,
                  between_steps: Callable[[bool], None] | None = None, step_trace: str | None = None) -> None:

@@ -5,17 +5,43 @@ run together (``RowChunks``), and the fixed run lengths they take (``chunk_piece
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import onnxruntime as ort
 
 from engine.model_loader import GraphIO
 
+if TYPE_CHECKING:
+    from engine.kv_cache import KVCache
+
 # NOTE(engine): ortserve-built graphs have this optional int64 [1] input (an overridable initializer,
 # default 0 = every position): 1 makes a prefill chunk compute only its last position's logits. Folders from
 # other builders lack it and get all positions, of which the last is used.
 LOGITS_TO_KEEP = "logits_to_keep"
+
+class ChunkOwner(Protocol):
+    """What ``RowChunks`` uses of the runner that owns it (``engine.runner.RunnerBase``): its buffers, its
+    per-slot KV lengths and its host-input binding."""
+
+    kv: KVCache
+    mask: np.ndarray  # int64 [num_slots, length]
+    slot_len: np.ndarray  # int64 [num_slots]: valid KV positions per slot
+    num_slots: int
+    vocab_size: int
+    prefill_chunk: int
+    prompt_budget: int
+    max_batched_prompt: int
+
+    def _bind_host(self, binding: ort.IOBinding, name: str, value: ort.OrtValue) -> None: ...
+
+    def _run(self, binding: ort.IOBinding, session: ort.InferenceSession | None = None,
+             run_options: ort.RunOptions | None = None) -> None: ...
+
+    def _set_ones(self, rows: np.ndarray, ones: np.ndarray) -> None: ...
+
+    def _chunk_inputs(self, token_ids: Sequence[int], start: int) -> tuple[np.ndarray, np.ndarray]: ...
+
 
 # NOTE(engine): on the CUDA EP the first run of a chunk length costs 50-85 ms, every later one 3-4 ms (H200, 1B,
 # perf/gpu/probe_buckets: "unseen_chunk_first_ms"), and nearly every prompt ends in a length not seen before:
@@ -84,7 +110,7 @@ class RowChunks:
             (None: as ``fixed_shapes``).
     """
 
-    def __init__(self, owner: Any, session: ort.InferenceSession, io: GraphIO,
+    def __init__(self, owner: ChunkOwner, session: ort.InferenceSession, io: GraphIO,
                  run_options: ort.RunOptions | None = None, fixed_shapes: bool = False, max_verify: int = 0,
                  batch_prompts: bool = False, prompt_shapes: bool | None = None) -> None:
         self.owner = owner
