@@ -15,7 +15,8 @@ from typing import Any
 
 from engine.chat_template import ChatTemplate
 from engine.config import EngineConfig
-from engine.core import PHASES, EngineCore
+from engine.core import EngineCore
+from engine.step_stats import PHASES
 from engine.core_client import EngineCoreClient, use_engine_process
 from engine.core_process import build_core
 from engine.detokenizer import IncrementalDetokenizer

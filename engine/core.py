@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.constraint_masks import ConstraintMasks
 from engine.model_runner import ModelRunner
 from engine.sampler import RequestSampler, SampleResult, needs_logits, sample_batch
 from engine.scheduler import Finished, PrefillChunk, Request, Scheduler, SchedulerOutput, Verify
+from engine.step_stats import PHASES, StepStats
 from engine.step_trace import StepTrace
 from engine.types import (
     CoreOutput, CoreSnapshot, EngineDeadError, EngineError, FaultInjector, FinishReason, Sink, StepInfo,
@@ -27,12 +29,6 @@ if TYPE_CHECKING:
     from engine.structured_output import StructuredOutputBackend
 
 log = logging.getLogger(__name__)
-
-
-# NOTE(engine): schedule (and KV copies), decode_run (masks + the decode run, logits on the host), decode_sample,
-# decode_update (constraints, scheduler update, outputs handed over), verify (draft checks), prefill (chunks and
-# their first tokens).
-PHASES = ("schedule", "decode_run", "decode_sample", "decode_update", "verify", "prefill")
 
 
 _SHUTDOWN = object()
@@ -69,10 +65,7 @@ class EngineCore:
         # wait for work (an engine process sends its snapshot then: engine.core_process).
         self.between_steps = between_steps
         self.fault_injector = fault_injector
-        self.structured = structured
-        # NOTE(engine): one preallocated bitmask, one row per batch position; only constrained rows are
-        # filled and read, so a batch without constraints never touches it.
-        self._bitmask = structured.allocate_bitmask(scheduler.num_slots) if structured is not None else None
+        self.masks = ConstraintMasks(structured, scheduler.num_slots)
         self.scheduler = scheduler
         self.sink = sink
         self.vocab_size = runner.vocab_size
@@ -85,14 +78,8 @@ class EngineCore:
         self._thread: threading.Thread | None = None
         self.snapshot = CoreSnapshot(num_slots_free=scheduler.num_slots)
         self.dead: BaseException | None = None
-        self._prompt_total = 0
-        self._gen_total = 0
-        self._steps = 0
-        self._rate = 0.0
-        self._spec_drafted = 0
-        self._spec_accepted = 0
+        self.stats = StepStats()
         self._nonfinite_reported = False
-        self._phase = [0.0] * len(PHASES)
         self._trace = StepTrace(step_trace, PHASES) if step_trace else None
         if self._trace is not None:
             runner.run_log = []
@@ -194,19 +181,19 @@ class EngineCore:
     def step(self) -> None:
         """One scheduler step: KV copies, the decode batch (outputs sent at once), draft checks, then the
         prefill chunks (one run each)."""
-        phase, clock = self._phase, time.perf_counter
+        stats, phase, clock = self.stats, self.stats.phase, time.perf_counter
         t0 = clock()
-        before = tuple(phase) if self._trace is not None else ()
+        before = phase.as_tuple() if self._trace is not None else ()
         out = self.scheduler.schedule()
         for copy in out.copies:  # NOTE(engine): before any run: a copy reads rows this step may overwrite
             self.runner.copy_kv(copy.src, copy.dst, copy.start, copy.end)
         t = clock()
-        phase[0] += t - t0
+        phase.schedule += t - t0
         prefills: Sequence[PrefillChunk] = out.prefills
         joined: tuple[PrefillChunk, ...] = ()
         if prefills and self.runner.can_batch_prompts:
             joined, prefills = self._run_prompts(prefills)
-            phase[5] += clock() - t
+            phase.prefill += clock() - t
         if out.decode or joined:
             t = clock()
             self._run_decode(out.decode, joined)
@@ -219,26 +206,20 @@ class EngineCore:
                 t1 = clock()
                 num_verified += self._run_verify(verify)
                 self.scheduler.check_cost.record_check(len(verify.draft), clock() - t1)
-            phase[4] += clock() - t
+            phase.verify += clock() - t
         if prefills:
             t = clock()
             for chunk in prefills:  # NOTE(engine): each its own run; a last chunk's first token goes out at once
                 self._run_prefill(chunk)
-            phase[5] += clock() - t
-        self._steps += 1
+            phase.prefill += clock() - t
         end = clock()
-        elapsed = end - t0
         if self._trace is not None:
-            self._trace.step(t0, end, before, phase, decode=len(out.decode) + len(joined),
+            self._trace.step(t0, end, before, phase.as_tuple(), decode=len(out.decode) + len(joined),
                              prefill=[c.num_tokens for c in prefills], prefill_start=[c.start for c in prefills],
                              joined=len(joined), copies=len(out.copies),
                              verify=len(out.verify), runs=self.runner.run_log)
             self.runner.run_log = []
-        num_decoded = len(out.decode) + num_verified
-        if num_decoded and elapsed > 0:
-            # NOTE(engine): an exponential average of decode tokens/s over recent steps, for metrics.
-            self._rate = 0.8 * self._rate + 0.2 * (num_decoded / elapsed) if self._rate else \
-                num_decoded / elapsed
+        stats.record_step(len(out.decode) + num_verified, end - t0)
         self._publish(time.monotonic())
 
     def _run_prompts(self, chunks: Sequence[PrefillChunk]) -> tuple[tuple[PrefillChunk, ...], list[PrefillChunk]]:
@@ -257,35 +238,35 @@ class EngineCore:
         rest = [c for c in chunks if all(c is not b for b in batch)]
         try:
             if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self._steps, "prefill", tuple(c.request.request_id for c in batch)))
+                self.fault_injector(StepInfo(self.stats.steps_total, "prefill", tuple(c.request.request_id for c in batch)))
             self.runner.prefill_prompts([c.request.slot for c in batch], [c.token_ids[:-1] for c in batch])
         except Exception as exc:
             self._fail([c.request for c in batch], exc)
             return (), rest
-        self._prompt_total += sum(c.num_tokens - 1 for c in batch)
+        self.stats.prompt_tokens_total += sum(c.num_tokens - 1 for c in batch)
         return tuple(batch), rest
 
     def _run_decode(self, running: tuple[Request, ...], joined: tuple[PrefillChunk, ...] = ()) -> None:
         """One decode run: a token for each of ``running`` and the last prompt token of each ``joined`` chunk
         (``_run_prompts``), whose sample is the request's first token."""
         failed: dict[Request, str] = {}  # why a choice's constraint failed (that choice only)
-        phase, clock = self._phase, time.perf_counter
+        phase, clock = self.stats.phase, time.perf_counter
         t0 = clock()
         batch = running
         positions = {id(c.request): len(c.request.prompt_ids) - 1 for c in joined}
         if joined:
             batch = tuple(sorted((*running, *(c.request for c in joined)), key=lambda r: r.slot))
         try:
-            masked = self._fill_masks(batch, failed)
+            masked = self.masks.fill(batch, failed)
             if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self._steps, "decode", tuple(r.request_id for r in batch)))
+                self.fault_injector(StepInfo(self.stats.steps_total, "decode", tuple(r.request_id for r in batch)))
             samplers = [r.sampler_state for r in batch]
             logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
                                         [positions.get(id(r), r.num_computed_tokens) for r in batch],
                                         logits=needs_logits(samplers, masked))
             t1 = clock()
             summary = self.runner.decode_summary
-            results = sample_batch(logits, samplers, self._bitmask, masked, summary=summary)
+            results = sample_batch(logits, samplers, self.masks.bitmask, masked, summary=summary)
         except Exception as exc:
             self._fail(batch, exc)
             return
@@ -293,22 +274,22 @@ class EngineCore:
                            logits[np.arange(len(batch)), [r.token_id for r in results]])
         t2 = clock()
         sampled = {r: res.token_id for r, res in zip(batch, results)}
-        complete = self._advance(batch, results, masked, failed)
+        complete = self.masks.advance(batch, results, masked, failed)
         step = SchedulerOutput(joined[0] if joined else None, running, more_prefills=joined[1:])
         finished = self.scheduler.update_from_output(step, sampled, complete)
-        self._gen_total += len(batch)
-        self._prompt_total += len(joined)
+        self.stats.generation_tokens_total += len(batch)
+        self.stats.prompt_tokens_total += len(joined)
         self._emit([(r, (res,)) for r, res in zip(batch, results)], finished, failed, complete)
-        phase[1] += t1 - t0
-        phase[2] += t2 - t1
-        phase[3] += clock() - t2
+        phase.decode_run += t1 - t0
+        phase.decode_sample += t2 - t1
+        phase.decode_update += clock() - t2
 
     def _run_verify(self, verify: Verify) -> int:
         """Check one request's draft in one run; returns the tokens it added."""
         request = verify.request
         try:
             if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self._steps, "verify", (request.request_id,)))
+                self.fault_injector(StepInfo(self.stats.steps_total, "verify", (request.request_id,)))
             logits = self.runner.verify(request.slot, verify.token_ids, request.num_computed_tokens)  # [S, V]
             results = request.sampler_state.verify(logits, verify.draft)
         except Exception as exc:
@@ -319,9 +300,9 @@ class EngineCore:
         finished = self.scheduler.update_from_output(SchedulerOutput(None, (), (verify,)),
                                                      {request: [r.token_id for r in results]})
         num_added = len(request.output_ids) - num_before  # fewer than results when a stop token came first
-        self._gen_total += num_added
-        self._spec_drafted += len(verify.draft)
-        self._spec_accepted += len(results) - 1
+        self.stats.generation_tokens_total += num_added
+        self.stats.spec_draft_tokens_total += len(verify.draft)
+        self.stats.spec_accepted_tokens_total += len(results) - 1
         self._emit([(request, results[:num_added])], finished)
         return num_added
 
@@ -331,14 +312,14 @@ class EngineCore:
         failed: dict[Request, str] = {}
         try:
             # NOTE(engine): only the last chunk of a prompt samples, so only it is masked.
-            masked = self._fill_masks(choices, failed) if chunk.is_last else []
+            masked = self.masks.fill(choices, failed) if chunk.is_last else []
             if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self._steps, "prefill", (request.request_id,)))
+                self.fault_injector(StepInfo(self.stats.steps_total, "prefill", (request.request_id,)))
             logits = self.runner.prefill(request.slot, chunk.token_ids, chunk.start,
                                          also=[f.slot for f in request.forks])
             # n > 1: every choice samples its first token from the same logits, each with its own sampler
             results = sample_batch(np.broadcast_to(logits, (len(choices), len(logits))),
-                                   [c.sampler_state for c in choices], self._bitmask, masked) \
+                                   [c.sampler_state for c in choices], self.masks.bitmask, masked) \
                 if chunk.is_last else []
         except Exception as exc:
             self._fail(choices, exc)
@@ -346,11 +327,11 @@ class EngineCore:
         if results:
             self._check_finite(choices, logits[[r.token_id for r in results]])
         sampled = {c: res.token_id for c, res in zip(choices, results)}
-        complete = self._advance(choices, results, masked, failed) if results else set()
+        complete = self.masks.advance(choices, results, masked, failed) if results else set()
         finished = self.scheduler.update_from_output(SchedulerOutput(chunk, ()), sampled, complete)
-        self._prompt_total += chunk.num_tokens
+        self.stats.prompt_tokens_total += chunk.num_tokens
         if results:
-            self._gen_total += len(results)
+            self.stats.generation_tokens_total += len(results)
             self._emit([(c, (res,)) for c, res in zip(choices, results)], finished, failed, complete)
 
     def _check_finite(self, batch: Sequence[Request], values: np.ndarray) -> None:
@@ -368,50 +349,6 @@ class EngineCore:
                     log.warning("the model's logits are not finite (NaN or inf) in request %s after %d tokens: its "
                                 "output is arbitrary (float16 overflow?); drafts are off for such requests "
                                 "(reported once)", request.request_id, request.num_tokens)
-
-    def _fill_masks(self, batch: Sequence[Request], failed: dict[Request, str]) -> list[int]:
-        """Fill the bitmask rows of the constrained requests of ``batch`` (row i for batch[i]).
-
-        Returns the rows to mask; a constraint already in error (a grammar resource limit) goes to
-        ``failed`` instead, and its row is sampled unmasked and then dropped.
-        """
-        rows = [(r.constraint, i) for i, r in enumerate(batch) if r.constraint is not None]
-        if not rows:
-            return []
-        assert self.structured is not None and self._bitmask is not None
-        self.structured.fill(rows, self._bitmask)
-        masked = []
-        for constraint, i in rows:
-            error = constraint.error
-            if error is None:
-                masked.append(i)
-            else:
-                failed[batch[i]] = f"structured output failed: {error}"
-        return masked
-
-    def _advance(self, batch: Sequence[Request], results: Sequence[SampleResult], masked: Sequence[int],
-                 failed: dict[Request, str]) -> set[Request]:
-        """After sampling: advance each constraint by its token; returns the requests now complete.
-
-        A token the grammar rejects fails that choice only (into ``failed``). A stop token (eos) that
-        completes the grammar is left to the usual stop check.
-        """
-        complete = set()
-        for i in masked:
-            request, token_id = batch[i], results[i].token_id
-            try:
-                accepted = request.constraint.accept(token_id)
-                done = accepted and request.constraint.is_done
-            except Exception as exc:  # NOTE(engine): the library raises only on API misuse; still, one request
-                log.exception("constraint of %s raised", request.request_id)
-                failed[request] = f"structured output failed: {type(exc).__name__}: {exc}"
-                continue
-            if not accepted:
-                failed[request] = (f"structured output failed: the grammar rejected token {token_id} "
-                                   f"({request.constraint.error})")
-            elif done and not request.is_stop_token(token_id):
-                complete.add(request)
-        return complete
 
     def _emit(self, items: Sequence[tuple[Request, Sequence[SampleResult]]], finished: list[Finished],
               failed: dict[Request, str] | None = None, complete: set[Request] | None = None) -> None:
@@ -483,14 +420,6 @@ class EngineCore:
             self.runner.release(request.slot, keep=len(self.scheduler.cache.cached(request.slot)))
 
     def _publish(self, now: float) -> None:
-        s = self.scheduler
-        self.snapshot = CoreSnapshot(
-            num_running=len(s.running), num_waiting=len(s.waiting), num_slots_free=s.num_free_slots,
-            prompt_tokens_total=self._prompt_total, generation_tokens_total=self._gen_total,
-            decode_tokens_per_s=self._rate if s.running else 0.0, steps_total=self._steps, last_step_s=now,
-            prefix_cache_queries_total=s.prefix_queries_total, prefix_cache_hits_total=s.prefix_hits_total,
-            spec_draft_tokens_total=self._spec_drafted, spec_accepted_tokens_total=self._spec_accepted,
-            num_kv_tokens_running=sum(r.num_computed_tokens for r in s.running.values()),
-            num_kv_tokens_cached=s.cache.num_tokens, phase_s=tuple(self._phase),
-            thread_cpu_s=time.thread_time() if threading.current_thread() is self._thread else
-            self.snapshot.thread_cpu_s)
+        on_core_thread = threading.current_thread() is self._thread
+        self.snapshot = self.stats.snapshot(self.scheduler, now, time.thread_time() if on_core_thread else
+                                            self.snapshot.thread_cpu_s)
