@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.constraint_masks import ConstraintMasks
+from engine.core_wire import AbortRequests
 from engine.model_runner import ModelRunner
 from engine.sampler import RequestSampler, SampleResult, needs_logits, sample_batch
 from engine.scheduler import Finished, PrefillChunk, Request, Scheduler, SchedulerOutput, Verify
@@ -32,14 +33,6 @@ log = logging.getLogger(__name__)
 
 
 _SHUTDOWN = object()
-
-
-class _Abort:
-    __slots__ = ("request_ids", "index")
-
-    def __init__(self, request_ids: Sequence[str], index: int | None = None) -> None:
-        self.request_ids = list(request_ids)
-        self.index = index  # None: every choice
 
 
 class EngineCore:
@@ -99,7 +92,7 @@ class EngineCore:
 
     def abort(self, request_ids: Sequence[str], index: int | None = None) -> None:
         """Stop requests (every choice, or only choice ``index`` of an n > 1 request)."""
-        self._inbox.put(_Abort(request_ids, index))
+        self._inbox.put(AbortRequests(list(request_ids), index))
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Abort everything, stop the thread and wait for it."""
@@ -150,7 +143,7 @@ class EngineCore:
             block, changed = False, True
             if item is _SHUTDOWN:
                 return False
-            if isinstance(item, _Abort):
+            if isinstance(item, AbortRequests):
                 for request in self.scheduler.abort(item.request_ids, item.index):
                     self._release(request)
             elif isinstance(item, Request):
