@@ -7,7 +7,6 @@ async side only through its inbox queue and the sink callback; no locks around s
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.constraint_masks import ConstraintMasks
+from engine.core_inbox import SHUTDOWN, CoreInbox
 from engine.core_wire import AbortRequests
 from engine.model_runner import ModelRunner
 from engine.sampler import RequestSampler, SampleResult, needs_logits, sample_batch
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-_SHUTDOWN = object()
 
 
 class EngineCore:
@@ -63,11 +62,7 @@ class EngineCore:
         self.sink = sink
         self.vocab_size = runner.vocab_size
         self._seeds = np.random.SeedSequence(seed)
-        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
-        # NOTE(engine): once the loop has ended (shutdown or death) the inbox is closed under this lock, so
-        # an add can never land in an inbox nobody drains (its caller would wait forever).
-        self._inbox_lock = threading.Lock()
-        self._inbox_closed = False
+        self._inbox = CoreInbox()
         self._thread: threading.Thread | None = None
         self.snapshot = CoreSnapshot(num_slots_free=scheduler.num_slots)
         self.dead: BaseException | None = None
@@ -85,18 +80,16 @@ class EngineCore:
 
     def add(self, request: Request) -> None:
         """Queue a request for the core thread; raises EngineDeadError once the loop has ended."""
-        with self._inbox_lock:
-            if self._inbox_closed:
-                raise EngineDeadError(f"the engine thread has stopped: {self.dead!r}")
-            self._inbox.put(request)
+        if not self._inbox.add(request):
+            raise EngineDeadError(f"the engine thread has stopped: {self.dead!r}")
 
     def abort(self, request_ids: Sequence[str], index: int | None = None) -> None:
         """Stop requests (every choice, or only choice ``index`` of an n > 1 request)."""
-        self._inbox.put(AbortRequests(list(request_ids), index))
+        self._inbox.abort(request_ids, index)
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Abort everything, stop the thread and wait for it."""
-        self._inbox.put(_SHUTDOWN)
+        self._inbox.shutdown()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 
@@ -141,7 +134,7 @@ class EngineCore:
                 return True
             item = self._inbox.get(block=block)
             block, changed = False, True
-            if item is _SHUTDOWN:
+            if item is SHUTDOWN:
                 return False
             if isinstance(item, AbortRequests):
                 for request in self.scheduler.abort(item.request_ids, item.index):
@@ -154,7 +147,7 @@ class EngineCore:
         try:
             for choice in (request, *request.forks):
                 choice.sampler_state = RequestSampler(choice.params, choice.prompt_ids, self.vocab_size,
-                                                      self._choice_rng(choice))
+                                                      choice_rng(self._seeds, choice))
             self.scheduler.add(request)
         except Exception as exc:  # NOTE(engine): never let one request's problem stop the core thread
             refused = isinstance(exc, EngineError)  # overloaded, invalid: raised to the caller as is
@@ -162,14 +155,6 @@ class EngineCore:
                 log.exception("could not queue request %s", request.request_id)
             self.sink([CoreOutput(request.request_id, (), FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}",
                                   seq=request.seq, exception=exc if refused else None)])
-
-    def _choice_rng(self, request: Request) -> np.random.Generator | None:
-        """The rng of one choice: None for a seeded choice 0 (the sampler seeds it as with n = 1); choice i > 0
-        of a seeded request draws from (seed, i), so seeded n > 1 requests are reproducible too."""
-        seed = request.params.seed
-        if seed is None:
-            return np.random.default_rng(self._seeds.spawn(1)[0])
-        return None if request.index == 0 else np.random.default_rng([seed, request.index])
 
     def step(self) -> None:
         """One scheduler step: KV copies, the decode batch (outputs sent at once), draft checks, then the
@@ -357,19 +342,7 @@ class EngineCore:
         for f in finished:
             self._release(f.request)
         self._publish(time.monotonic())  # stats agree with the outputs by the time they are seen
-        outputs = []
-        for r, results in items:
-            if failed and r in failed:
-                outputs.append(CoreOutput(r.request_id, (), FinishReason.ERROR, error=failed[r], seq=r.seq,
-                                          first_scheduled_s=r.first_scheduled_s, index=r.index,
-                                          num_cached_tokens=r.num_cached_tokens))
-                continue
-            logprobs = tuple(res.logprob for res in results if res.logprob is not None)
-            outputs.append(CoreOutput(r.request_id, tuple(res.token_id for res in results), reasons.get(id(r)),
-                                      logprobs or None, seq=r.seq, first_scheduled_s=r.first_scheduled_s,
-                                      index=r.index, num_cached_tokens=r.num_cached_tokens,
-                                      grammar_complete=bool(complete) and r in complete))
-        self.sink(outputs)
+        self.sink(step_outputs(items, reasons, failed, complete))
 
     def _fail(self, batch: Sequence[Request], exc: Exception) -> None:
         """A run failed: its requests end with ERROR; the engine goes on with the others."""
@@ -383,16 +356,8 @@ class EngineCore:
                               seq=r.seq, index=r.index) for r in batch])
 
     def _finish_all(self, reason: FinishReason, error: str | None, exception: BaseException | None = None) -> None:
-        with self._inbox_lock:
-            self._inbox_closed = True
-        dropped = self.scheduler.abort_all()
-        while True:  # adds that never reached the scheduler
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, Request):
-                dropped.append(item)
+        dropped = self._inbox.close()  # adds that never reached the scheduler
+        dropped = self.scheduler.abort_all() + dropped
         dropped += [fork for r in dropped if r.index == 0 and r.slot is None for fork in r.forks]  # never admitted
         for request in dropped:
             try:  # NOTE(engine): a broken runner must not keep the final outputs from their consumers
@@ -416,3 +381,32 @@ class EngineCore:
         on_core_thread = threading.current_thread() is self._thread
         self.snapshot = self.stats.snapshot(self.scheduler, now, time.thread_time() if on_core_thread else
                                             self.snapshot.thread_cpu_s)
+
+
+def step_outputs(items: Sequence[tuple[Request, Sequence[SampleResult]]], reasons: dict[int, FinishReason],
+                 failed: dict[Request, str] | None, complete: set[Request] | None) -> list[CoreOutput]:
+    """One CoreOutput per request of ``items`` (request, the results appended to it this step): its tokens and
+    log-probabilities, and ``reasons[id(request)]`` when it finished; a choice in ``failed`` ends with ERROR."""
+    outputs = []
+    for r, results in items:
+        if failed and r in failed:
+            outputs.append(CoreOutput(r.request_id, (), FinishReason.ERROR, error=failed[r], seq=r.seq,
+                                      first_scheduled_s=r.first_scheduled_s, index=r.index,
+                                      num_cached_tokens=r.num_cached_tokens))
+            continue
+        logprobs = tuple(res.logprob for res in results if res.logprob is not None)
+        outputs.append(CoreOutput(r.request_id, tuple(res.token_id for res in results), reasons.get(id(r)),
+                                  logprobs or None, seq=r.seq, first_scheduled_s=r.first_scheduled_s,
+                                  index=r.index, num_cached_tokens=r.num_cached_tokens,
+                                  grammar_complete=bool(complete) and r in complete))
+    return outputs
+
+
+def choice_rng(seeds: np.random.SeedSequence, request: Request) -> np.random.Generator | None:
+    """The rng of one choice: None for a seeded choice 0 (the sampler seeds it as with n = 1); choice i > 0
+    of a seeded request draws from (seed, i), so seeded n > 1 requests are reproducible too; an unseeded one
+    draws from a fresh child of ``seeds``."""
+    seed = request.params.seed
+    if seed is None:
+        return np.random.default_rng(seeds.spawn(1)[0])
+    return None if request.index == 0 else np.random.default_rng([seed, request.index])
