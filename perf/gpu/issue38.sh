@@ -10,7 +10,7 @@
 # peer: llama-server (CUDA) and ortserve (--max-batch 64) on the same GGUF: 1, 8 and 64 streams, a ~900-token TTFT
 # idle and beside 7 streams; arrivals: 64 requests at once, three times, on both.
 set -o pipefail
-steps=${*:-model tests spec peer arrivals}
+steps=${*:-model tests spec peer arrivals}  # 'summarize' alone: only the summary of what $OUT holds
 OUT=${OUT:-/tmp/issue38_out}; mkdir -p "$OUT"
 LOG=$OUT/run_log.txt
 P=/root/peer
@@ -19,6 +19,9 @@ export PYTHONUNBUFFERED=1
 log() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
 has() { [[ " $steps " == *" $1 "* ]]; }
 
+if has model; then  # the background job's (llama_server.sh start), at most 3 minutes more
+  for _ in $(seq 180); do [ -f $P/model.done ] || [ ! -f $P/model.log ] && break; sleep 1; done
+fi
 if has model && [ ! -f $GGUF_DIR/genai_config.json ]; then
   log "model: not made by the background job ($(cat $P/model.done 2>/dev/null || echo none)); making it now"
   bash perf/gpu/llama_server.sh model 2>&1 | tail -n 5 | tee -a "$LOG"
@@ -54,11 +57,13 @@ ours() {  # ours PORT MODEL_DIR MAX_BATCH ARGS...: start ortserve on CUDA (SERVE
 }
 stop() { kill "$1" 2>/dev/null; for _ in $(seq 40); do kill -0 "$1" 2>/dev/null || break; sleep 0.25; done; kill -9 "$1" 2>/dev/null; }
 spec_counts() {  # the server's draft counters (/metrics)
-  curl -sf "http://127.0.0.1:$1/metrics" | grep -E "^ortserve_(spec|speculative)[a-z_]*(total)?" | tr '\n' ' ' | tee -a "$LOG"; echo | tee -a "$LOG"
+  curl -sf "http://127.0.0.1:$1/metrics" | grep -E "^ortserve_[a-z_]*(spec|phase|steps)" | tr '\n' ' ' | cut -c1-1500 \
+    | tee -a "$LOG"; echo | tee -a "$LOG"
 }
 SHORT="--prompt-tokens 25 --output-tokens 128"
 
 if has spec; then
+  for _ in $(seq 120); do [ -f $P/synthetic.done ] || [ ! -f $P/synthetic.log ] && break; sleep 1; done
   if [ ! -f /tmp/ortserve-1b/genai_config.json ]; then
     log "spec: building build_synthetic's 1B shape"
     OUT=$OUT/build PROVIDER=cuda bash perf/gpu/serving.sh build > /dev/null 2>&1; rm -rf "$OUT/build"
@@ -69,11 +74,11 @@ if has spec; then
       args=(); [ $mode = spec0 ] && args=(--speculative-tokens 0)
       log "spec: $m, $mode (--max-batch 8)"
       ours 8200 "$dir" 8 "${args[@]}" || continue
-      bench "spec-$m-$mode-greedy" 8200 $SHORT --concurrency 1 --num-requests ${C1_REQUESTS:-16} --warmup 1 \
+      bench "spec-$m-$mode-greedy" 8200 $SHORT --concurrency 1 --num-requests ${C1_REQUESTS:-24} --warmup 1 \
         --extra-body '{"logprobs": 0}'
       spec_counts 8200
       if [ $m = gguf ]; then
-        bench "spec-$m-$mode-t1" 8200 $SHORT --concurrency 1 --num-requests ${C1_REQUESTS:-16} --warmup 1 \
+        bench "spec-$m-$mode-t1" 8200 $SHORT --concurrency 1 --num-requests ${C1_REQUESTS:-24} --warmup 1 \
           --temperature 1.0 --extra-body '{"logprobs": 0}'
         spec_counts 8200
       fi

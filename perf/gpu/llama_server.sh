@@ -4,7 +4,8 @@
 #   bash perf/gpu/llama_server.sh build    llama-server only (ninja, all cores; ~5 min) -> /root/peer/build/bin
 #   bash perf/gpu/llama_server.sh model    the bench GGUF (perf/gpu/bench_gguf.py) -> /root/peer/bench-1b.gguf, and
 #                                          its conversion (ortserve convert, float16) -> /root/peer/bench-1b
-#   bash perf/gpu/llama_server.sh start    both, detached (setsid), so they go on into the next calls; logs and a
+#   bash perf/gpu/llama_server.sh synthetic  build_synthetic's 1B shape (serving.sh's) -> /tmp/ortserve-1b
+#   bash perf/gpu/llama_server.sh start    all three, detached (setsid), so they go on into the next calls; logs and a
 #                                          'done' file per job in /root/peer
 # carry [".peer"] (and the CUDA staging part, perf/gpu/stage_cuda.sh, in the same call).
 set -uo pipefail
@@ -38,17 +39,26 @@ convert_gguf(sys.argv[1], sys.argv[2], accuracy_level=4, dtype='float16', overwr
   fi
   echo "bench model in $(( $(date +%s) - t0 )) s"; ls -la $P/bench-1b
   ;;
+synthetic)  # build_synthetic's 1B shape as serving.sh makes it (non-finite fp16 logits), for the speculation A/B
+  PYTHONPATH=$PWD python3 - <<'PY' || exit 1
+from pathlib import Path
+from perf.gpu.shapes import SHAPES
+from engine.builder import SyntheticSpec, build_synthetic
+spec = SyntheticSpec(**SHAPES["llama-3.2-1b"], max_length=1024, quant="int4", dtype="float16", seed=0)
+build_synthetic(Path("/tmp/ortserve-1b"), spec, accuracy_level=4)
+PY
+  ;;
 start)
   rm -rf $P/tree && mkdir -p $P/tree && cp -a perf engine ep server bench .peer pyproject.toml $P/tree/
-  for j in model build; do
+  for j in model build synthetic; do
     rm -f $P/$j.done
     (cd $P/tree && setsid bash -c "bash perf/gpu/llama_server.sh $j > $P/$j.log 2>&1; echo \$? > $P/$j.done" \
       < /dev/null > /dev/null 2>&1 &)
   done
   echo "started model and build in the background: $P/{model,build}.log"
   ;;
-wait)  # wait for both jobs (at most ${2:-420} s), then show how they ended
+wait)  # wait for the jobs (at most ${2:-420} s), then show how they ended
   for _ in $(seq "${2:-420}"); do [ -f $P/model.done ] && [ -f $P/build.done ] && break; sleep 1; done
-  for j in model build; do echo "== $j: rc $(cat $P/$j.done 2>/dev/null || echo running)"; tail -n 4 $P/$j.log; done
+  for j in model build synthetic; do echo "== $j: rc $(cat $P/$j.done 2>/dev/null || echo running)"; tail -n 4 $P/$j.log; done
   ;;
 esac

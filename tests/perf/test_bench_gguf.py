@@ -1,0 +1,61 @@
+"""perf/gpu/bench_gguf.py: random Q4_0 blocks at the asked scale, and a bench GGUF that carries the vocabulary file's
+tokenizer and a Llama shape's tensors (a tiny shape and vocabulary here; the GPU machine writes the 1B one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from perf.gpu.bench_gguf import q4_0_blocks, write_bench_gguf
+from perf.gpu.plot_issue38 import figure
+
+
+def test_q4_0_blocks_dequantize_to_weights_of_the_asked_scale():
+    blocks = q4_0_blocks(np.random.default_rng(0), 64, 256, std=0.02)
+    assert blocks.shape == (64, 256 // 32 * 18) and blocks.dtype == np.uint8
+    w = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q4_0)
+    assert w.shape == (64, 256) and np.isfinite(w).all()
+    assert w.std() == pytest.approx(0.02, rel=0.05)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        q4_0_blocks(np.random.default_rng(0), 2, 40, std=0.02)
+
+
+def _vocab(path: Path, n: int) -> Path:
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list([f"t{i}" for i in range(n)])
+    w.add_token_types([1] * n)
+    w.add_token_merges(["t 1", "t 2"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_the_bench_gguf_has_the_vocabulary_and_every_llama_tensor(tmp_path: Path):
+    shape = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=96)
+    out = write_bench_gguf(_vocab(tmp_path / "vocab.gguf", 96), tmp_path / "bench.gguf", shape)
+    r = gguf.GGUFReader(str(out))
+    tokens = r.fields["tokenizer.ggml.tokens"]
+    assert [bytes(tokens.parts[i]).decode() for i in tokens.data[:3]] == ["t0", "t1", "t2"]
+    assert bytes(r.fields["tokenizer.ggml.pre"].parts[-1]).decode() == "llama-bpe"
+    tensors = {t.name: t for t in r.tensors}
+    assert len(tensors) == 2 + 9 * 2 and "output.weight" not in tensors  # tied LM head
+    up = tensors["blk.1.ffn_up.weight"]
+    assert up.tensor_type == gguf.GGMLQuantizationType.Q4_0 and list(up.shape) == [64, 128]
+    assert tensors["output_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    with pytest.raises(ValueError, match="holds 96 tokens"):
+        write_bench_gguf(tmp_path / "vocab.gguf", tmp_path / "bad.gguf", dict(shape, vocab_size=128))
+
+
+def test_the_plot_reads_each_reports_first_run():
+    report = {"ours-c1": {"runs": [{"summary": {"output_tokens_per_s": 700.0, "ttft": {"p50_ms": 9.0, "p99_ms": 12}}}]},
+              "peer-c1": {"runs": []}}
+    assert figure(report) == {"ours-c1": {"tok_s": 700.0, "ttft_p50_ms": 9.0, "ttft_p99_ms": 12}}
