@@ -78,14 +78,14 @@ class BucketRunner(RunnerBase):
                                 if b in self.buckets and other is not session}
         self.copier = copier
         self.staging = staging if copier is not None else None
-        # NOTE(engine): a staged chunk is a run of its own at the EP's uncaptured cost (WebGPU, H200, 1B: 17-18 ms
+        # NOTE(engine): a staged chunk is a run of its own at the EP's uncaptured cost (on WebGPU the same
         # for 16-256 tokens alike, docs/perf/issue22/s5); several in one step stalled running streams 50-75 ms
         # when prompts arrived together, so one request's chunk per step where prompts are staged
         self.max_prefills_per_step = 1 if self.staging is not None else 0
         # NOTE(engine): and a reused prefix saves a staged run only when it is a chunk long: a shorter one leaves a
-        # run of the rest (the same 17-18 ms) and adds row copies (slot <- cache, staging <- slot), whose queued
-        # device work the next steps wait for (WebGPU, H200: steps of 56-110 ms beside 1-9 copies when repeated
-        # prompts arrived together, docs/perf/GPU.md "Fifth pass")
+        # run of the rest (the same cost) and adds row copies (slot <- cache, staging <- slot), whose queued
+        # device work the next steps wait for (WebGPU: steps of 56-110 ms beside 1-9 copies when repeated prompts
+        # arrived together, docs/perf/GPU.md "Fifth pass")
         self.min_prefix_reuse = prefill_chunk if self.staging is not None else None
         self._kv_buffers = kv.buffers
         self._stage_buffers = self.staging.buffers if self.staging is not None else []

@@ -3,7 +3,7 @@ thread in this process (``InProcessCoreClient``) and the server process's end of
 (``EngineCoreClient``, engine.core_process); ``make_core_client`` picks (``use_engine_process``).
 
 Why a process: in one process the event loop (SSE, detokenizing) and the core thread take turns on the interpreter
-lock (issue 22: at 64 streams on an H200 the engine step took 8.8 ms where its own work is much less). A reader thread
+lock (at 64 streams on a GPU the engine step took several times its own work: docs/perf/GPU.md). A reader thread
 here receives each message of step outputs and hands them to the sink (AsyncEngine._dispatch) as the core thread does
 in-process; what follows (OutputProcessor, stop strings) is unchanged.
 """

@@ -30,7 +30,7 @@ PICKLE_PROTOCOL = 5
 
 @dataclass(frozen=True)
 class CoreFacts:
-    """What the engine process knows once the model is loaded and the parent needs (the "ready" message)."""
+    """What the engine process knows once the model is loaded and the parent needs (the ``Ready`` message)."""
 
     max_model_len: int
     vocab_size: int

@@ -44,7 +44,7 @@ from engine.types import DevicePlacement, ModelLoadError
 log = logging.getLogger(__name__)
 
 # NOTE(engine): the opaque memories whose buffers bind as a prefix of their rows (the handle with a smaller first
-# dimension) and take the ScatterND row copy: measured on the WebGPU plugin EP (H200, onnxruntime-ep-webgpu 0.4.0).
+# dimension) and take the ScatterND row copy: measured on the WebGPU plugin EP (onnxruntime-ep-webgpu 0.4.0).
 PREFIX_VIEW_MEMORY = frozenset({"webgpu_buf", "webgpu_buffer"})
 
 
@@ -124,7 +124,7 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
         from ep.flags import cuda_int4_gemm_on
 
         # NOTE(engine): only beside the fused INT4 kernels: with ORT's own MatMulNBits kernels (onnxruntime-gpu
-        # 1.31.1, H200) pieces of 14-16 tokens after a past gave greedy tokens unlike the CPU EP's from the 6th on
+        # 1.31.1) pieces of 14-16 tokens after a past gave greedy tokens unlike the CPU EP's from the 6th on
         # (tests/integration/ep/test_cuda_engine.py, exact chunks and the fused kernels both match)
         fixed_shapes = cuda and cuda_int4_gemm_on()
     batch_prompts = config.batched_prompts
@@ -197,8 +197,8 @@ def _address_copier(folder: ModelFolder, config: EngineConfig, selected: Any, kv
 
 # NOTE(engine): the CUDA EP's attention kernels for prompt chunks (its sdpa_kernel option, a bitmask of
 # onnxruntime's AttentionBackend: flash 1 | memory-efficient 2 | unfused 16). Unpinned, GroupQueryAttention prefers
-# cuDNN's SDPA on SM >= 90, whose plan is built per new (chunk length, past length): 45-77 ms each time a prompt chunk
-# met a new pair on an H200 (docs/perf/GPU.md "Fifth pass", perf/gpu/gaps.py), where chunks vary by design.
+# cuDNN's SDPA on SM >= 90, whose plan is built per new (chunk length, past length): tens of ms each time a prompt chunk
+# met a new pair (docs/perf/GPU.md "Fifth pass"), where chunks vary by design.
 # Decode steps keep the default: their shapes are fixed and captured.
 PROMPT_SDPA_KERNEL = "19"
 
@@ -220,8 +220,8 @@ def _one_row_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSe
     kernels (``EngineConfig.one_row_session``); None where it does not apply or is turned off.
 
     NOTE(engine): ORT_FPA_INTB_GEMM is read by each MatMulNBits kernel as its session is made, so one process holds
-    sessions of both kinds. Measured on an H200 (synthetic 1B, captured steps; ep/flags.py): the fused kernels take
-    1 row 1.06 -> 1.25 ms, 8 rows 2.08 -> 1.42, 64 rows 3.22 -> 2.82. One session can only have one or the other.
+    sessions of both kinds. Measured (synthetic 1B, captured steps; ep/flags.py, docs/perf/GPU.md): the fused kernels
+    make 1 row 18% slower, 8 rows 32% and 64 rows 12% faster. One session can only have one or the other.
     """
     from ep.flags import cuda_int4_gemm_off, cuda_int4_gemm_on
 

@@ -43,8 +43,8 @@ class ChunkOwner(Protocol):
     def _chunk_inputs(self, token_ids: Sequence[int], start: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
-# NOTE(engine): on the CUDA EP the first run of a chunk length costs 50-85 ms, every later one 3-4 ms (H200, 1B,
-# perf/gpu/probe_buckets: "unseen_chunk_first_ms"), and nearly every prompt ends in a length not seen before:
+# NOTE(engine): on the CUDA EP the first run of a chunk length costs over 10x every later one (docs/perf/GPU.md),
+# and nearly every prompt ends in a length not seen before:
 # that was the ITL p99 of streams beside arriving prompts (84 ms) and most of a 64-stream burst's TTFT. With fixed
 # shapes a chunk runs as pieces whose lengths are its base-16 digits (141 -> 128 + 13), each length warmed at load:
 # 31 lengths up to 256, at most 2 runs per chunk below 256.

@@ -166,7 +166,7 @@ class RunnerBase:
         else:
             # NOTE(engine): onnxruntime's Python wrapper refuses address-bound buffers (a KV prefix) under
             # capture ("requires fixed WebGPU device OrtValues"); the session itself replays them correctly
-            # (perf/gpu/probe_buckets.py), so a captured step runs through the binding it was captured with.
+            # (docs/perf/GPU.md), so a captured step runs through the binding it was captured with.
             session._sess.run_with_iobinding(binding._iobinding, run_options)
         if self.run_log is not None:  # the step trace (engine.step_trace): each run's session and time
             ms = round((time.perf_counter() - t0) * 1e3, 3)
@@ -241,7 +241,7 @@ class Runner(RunnerBase):
         n, vocab = self.num_slots, self.vocab_size
         self.buckets = (n,)
         # NOTE(engine): the logits beside the inputs: host-accessible (pinned) memory on a device copies 4x
-        # faster than pageable memory (33 MB of float32 logits at batch 64 on an H200: 0.6 vs 2.3 ms)
+        # faster than pageable memory (float32 logits at batch 64: docs/perf/GPU.md)
         self.decode_logits, _ = input_allocator((n, 1, vocab), np.float32)
         self.logits_source = getattr(input_allocator, "source", "cpu")
         self.chunks = RowChunks(self, session, io, fixed_shapes=fixed_shapes, max_verify=max_verify,

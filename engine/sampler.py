@@ -23,8 +23,8 @@ from engine.types import SamplingParams, TokenLogprob
 
 # NOTE(engine): a greedy batch's pass splits its rows over threads above this many logits (numpy's ufuncs release
 # the GIL) on machines of 4 cores or more; below it one thread is faster than the hand-off. 128k vocab: batch 32+.
-# Tried: splitting batch 8 with logprobs too (1M logits; its pass is 1.9 ms of a 5.1 ms step through HTTP on an
-# H200's host): 2.1 ms, the work moved to the pool but took no less wall time (issue22.sh phases, decode_sample).
+# Tried: splitting batch 8 with logprobs too (1M logits): the work moved to the pool but took no less wall time
+# (the decode_sample phase, docs/perf/GPU.md).
 _THREADED_LOGITS = 1 << 22
 _pool: ThreadPoolExecutor | None = None
 
@@ -47,8 +47,8 @@ def greedy_pass(logits: np.ndarray, normalizers: bool = False) -> tuple[np.ndarr
     ``(x[token] - max) - log_sum``, ``log_softmax``'s value operation for operation.
 
     NOTE(engine): large batches split their rows over threads (numpy's ufuncs release the GIL): at batch 64 and
-    128k vocab a per-row log-softmax cost ~19 ms of a step whose model run takes 3.5 ms on an H200, and even the
-    argmax alone 1.2 ms.
+    128k vocab a per-row log-softmax cost ~5x the GPU step's model run, and even the argmax alone a third of it
+    (docs/perf/GPU.md).
     """
     global _pool
     n = logits.shape[0]

@@ -15,8 +15,8 @@ NOTE(engine): the downside is bounded by time, whatever the model writes or the 
 what a check of d draft tokens costs on this device in decode steps, measured by the core; a request drafts when
 its own acceptance rate makes a draft pay at that cost, and otherwise only tries again (a one-token probe) out of a
 credit that grows by ``PROBE_SHARE`` of a decode step per plain step, so failed probes cost at most that share of
-its time (H200, CUDA: a check ran 3-10x a captured decode step, and a model whose drafts never hit was 9x slower
-with drafts under a step-counted back-off).
+its time (on CUDA a check ran 3-10x a captured decode step, and a model whose drafts never hit was 9x slower with
+drafts under a step-counted back-off: docs/perf/GPU.md).
 """
 
 from __future__ import annotations

@@ -19,8 +19,7 @@ logger = logging.getLogger(__name__)
 
 WEBGPU_GRAPH_CAPTURE_OPTION = "enableGraphCapture"  # lands as ep.webgpuexecutionprovider.enableGraphCapture
 CUDA_GRAPH_OPTION = "enable_cuda_graph"
-# NOTE(ep): Dawn's API validation costs about 2 ms per decode step of a 1B model on an H200 (probe_step:
-# 3.7 ms instead of 6.0 with validation); the engine's kernels come from ORT, so it is off unless asked for
+# NOTE(ep): Dawn's API validation costs over a third of a 1B model's decode step (docs/perf/GPU.md); the engine's kernels come from ORT, so it is off unless asked for
 # (--ep-option validationMode=basic).
 WEBGPU_DEFAULT_OPTIONS = {"validationMode": "disabled"}
 
