@@ -40,7 +40,7 @@ convert_gguf(sys.argv[1], sys.argv[2], accuracy_level=4, dtype='float16', overwr
   echo "bench model in $(( $(date +%s) - t0 )) s"; ls -la $P/bench-1b
   ;;
 synthetic)  # build_synthetic's 1B shape as serving.sh makes it (non-finite fp16 logits), for the speculation A/B
-  PYTHONPATH=$PWD python3 - <<'PY' || exit 1
+  PYTHONPATH=$PWD/.peer/gguf-py:$PWD python3 - <<'PY' || exit 1
 from pathlib import Path
 from perf.gpu.shapes import SHAPES
 from engine.builder import SyntheticSpec, build_synthetic
