@@ -157,6 +157,9 @@ class AsyncEngine:
         # NOTE(engine): in flight = running + waiting; the waiting part is bounded by max_queue.
         if len(states) >= self.config.max_batch + self.config.max_queue:
             raise EngineOverloadedError()
+        if params.label_token_ids and max(params.label_token_ids) >= self.vocab_size:
+            raise InvalidRequestError(f"label_token_ids must be in [0, {self.vocab_size}), got "
+                                      f"{max(params.label_token_ids)}", param="label_token_ids", code="invalid_value")
         constraints: list[GrammarConstraint | None] = [None] * params.n
         if params.structured is not None:
             self._core.prepare_grammar(params.structured)  # an engine process compiles it meanwhile

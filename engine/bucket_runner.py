@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
@@ -28,9 +29,66 @@ from engine.graph_capture import DeviceAllocator, DeviceDecodeIO
 from engine.kv_cache import KVCache
 from engine.model_loader import GraphIO
 from engine.row_chunks import LOGITS_TO_KEEP, RowChunks, _value
-from engine.runner import InputAllocator, RunnerBase, host_input
+from engine.runner import HOST_SOURCE, InputAllocator, RunnerBase, host_input
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DecodePath:
+    """How decode steps run (a value record; ``engine.placement`` fills it from the device profile).
+
+    Attributes:
+        buckets: the device binds a buffer's prefix of rows: decode at the size of the work, in buckets
+            (1, 2, 4, ... num_slots); False -> every decode run covers all slots.
+        device_alloc: give the decode inputs and the logits fixed device buffers (what a captured graph needs);
+            the numpy buffers then stage the inputs, uploaded before each run.
+        packed_input: with ``device_alloc``: the graph takes its decode inputs packed into this one int32
+            ``[num_slots, 2]`` input (token id, seqlens_k) (see ``engine.graph_capture.capture_graph_bytes``).
+        graph_ids: with ``device_alloc`` and several buckets: run each bucket's captured step under its own
+            ``gpu_graph_id`` (the bucket size).
+        row_summary: with ``device_alloc``: the decode graph also outputs each row's argmax and log-normalizer
+            (``engine.graph_capture.add_row_summary``); ``decode`` then leaves them in ``decode_summary``.
+        bucket_sessions: bucket width -> the session its decode steps run on (another session of the same decode
+            graph on the same device, e.g. the CUDA one-row step's without the fused INT4 kernels); the others run
+            on the decoder's session.
+    """
+
+    buckets: bool = True
+    device_alloc: DeviceAllocator | None = None
+    packed_input: str | None = None
+    graph_ids: bool = False
+    row_summary: bool = False
+    bucket_sessions: Mapping[int, ort.InferenceSession] | None = None
+
+
+@dataclass(frozen=True)
+class RowPrompts:
+    """Prompt chunks and draft checks straight in the slot's own row (row-view KV: pointer), on ``session`` (the
+    plain graph; None: the decoder's), uncaptured (``gpu_graph_id=-1`` where decode steps are captured).
+    ``fixed_shapes``, ``max_verify``, ``batch_prompts``, ``prompt_shapes``: see ``engine.row_chunks.RowChunks``."""
+
+    session: ort.InferenceSession | None = None
+    io: GraphIO | None = None
+    fixed_shapes: bool = False
+    max_verify: int = 0
+    batch_prompts: bool = False
+    prompt_shapes: bool | None = None
+
+
+@dataclass(frozen=True)
+class StagedPrompts:
+    """Prompt chunks through a one-slot staging KV (``_prefill_staged``) on ``session`` (a session of the plain
+    graph on the same device; None: the decoder's), whose row ``copier`` copies into the slot on the device."""
+
+    staging: KVCache
+    copier: RowCopier
+    session: ort.InferenceSession | None = None
+    io: GraphIO | None = None
+
+
+# Without a prompt path (None) a prompt goes one token per run beside the idle rows (``_prefill_whole``).
+PromptPath = RowPrompts | StagedPrompts | None
 
 
 class BucketRunner(RunnerBase):
@@ -38,46 +96,30 @@ class BucketRunner(RunnerBase):
 
     Args:
         session, io, kv, prefill_chunk, max_position, input_allocator: see ``engine.runner.RunnerBase``.
-        prefix_views: the device binds a buffer's prefix of rows (decode at the size of the work, in buckets);
-            False -> every decode run covers all slots.
-        device_alloc: give the decode inputs and the logits fixed device buffers (what a captured graph needs);
-            the numpy buffers then stage the inputs, uploaded before each run.
-        packed_input: with ``device_alloc``: the graph takes its decode inputs packed into this one int32
-            ``[num_slots, 2]`` input (token id, seqlens_k) (see ``engine.graph_capture.capture_graph_bytes``).
-        staging: a one-slot KV cache for chunked prefill (``_prefill_staged``), with ``prefill_session`` (a
-            session of the plain graph on the same device; default ``session``), ``prefill_io`` (its names;
-            default ``io``) and ``copier`` (device row copies).
-        graph_ids: with ``device_alloc`` and several buckets: run each bucket's captured step under its own
-            ``gpu_graph_id`` (the bucket size).
-        row_chunks: row-view KV (pointer): prompt chunks and draft checks run in the slot's own row on
-            ``prefill_session`` (uncaptured: ``gpu_graph_id=-1`` where steps are captured), no staging.
-        fixed_shapes, max_verify, batch_prompts, prompt_shapes: for the row chunks (see ``RowChunks``).
-        row_summary: with ``device_alloc``: the decode graph also outputs each row's argmax and log-normalizer
-            (``engine.graph_capture.add_row_summary``); ``decode`` then leaves them in ``decode_summary``.
-        bucket_sessions: bucket width -> the session its decode steps run on (another session of the same decode
-            graph on the same device, e.g. the CUDA one-row step's without the fused INT4 kernels; see
-            ``engine.placement``); the others run on ``session``.
+        decode: how decode steps run (``DecodePath``).
+        prompts: how prompt chunks run (``RowPrompts``, ``StagedPrompts``; None: one token per run).
     """
 
     whole_buffer = True
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
-                 max_position: int, input_allocator: InputAllocator = host_input, prefix_views: bool = True,
-                 device_alloc: DeviceAllocator | None = None, packed_input: str | None = None,
-                 staging: KVCache | None = None, prefill_session: ort.InferenceSession | None = None,
-                 prefill_io: GraphIO | None = None, copier: RowCopier | None = None, graph_ids: bool = False,
-                 row_chunks: bool = False, fixed_shapes: bool = False, max_verify: int = 0,
-                 row_summary: bool = False, batch_prompts: bool = False, prompt_shapes: bool | None = None,
-                 bucket_sessions: Mapping[int, ort.InferenceSession] | None = None) -> None:
+                 max_position: int, input_allocator: InputAllocator = host_input,
+                 decode: DecodePath = DecodePath(), prompts: PromptPath = None) -> None:
         super().__init__(session, io, kv, prefill_chunk=prefill_chunk, max_position=max_position,
                          input_allocator=input_allocator)
+        self.decode_path, self.prompt_path = decode, prompts
+        device_alloc, packed_input, graph_ids = decode.device_alloc, decode.packed_input, decode.graph_ids
+        row_chunks = isinstance(prompts, RowPrompts)
+        staged = prompts if isinstance(prompts, StagedPrompts) else None
+        prefill_session = prompts.session if prompts is not None else None
+        prefill_io = prompts.io if prompts is not None else None
         n, vocab = self.num_slots, self.vocab_size
         # NOTE(engine): decode widths; one (all slots) when a prefix of the KV can't be bound
-        self.buckets = batch_buckets(n) if prefix_views else (n,)
-        self.bucket_sessions = {b: other for b, other in (bucket_sessions or {}).items()
+        self.buckets = batch_buckets(n) if decode.buckets else (n,)
+        self.bucket_sessions = {b: other for b, other in (decode.bucket_sessions or {}).items()
                                 if b in self.buckets and other is not session}
-        self.copier = copier
-        self.staging = staging if copier is not None else None
+        self.copier = staged.copier if staged is not None else None
+        self.staging = staged.staging if staged is not None and staged.copier is not None else None
         # NOTE(engine): a staged chunk is a run of its own at the EP's uncaptured cost (on WebGPU the same
         # for 16-256 tokens alike, docs/perf/issue22/s5); several in one step stalled running streams 50-75 ms
         # when prompts arrived together, so one request's chunk per step where prompts are staged
@@ -105,10 +147,11 @@ class BucketRunner(RunnerBase):
             if graph_ids:
                 skip = ort.RunOptions()
                 skip.add_run_config_entry("gpu_graph_id", "-1")  # NOTE(engine): ORT's "no capture" annotation
-            self.chunks = RowChunks(self, self.prefill_session, self.prefill_io, skip, fixed_shapes=fixed_shapes,
-                                    max_verify=max_verify, batch_prompts=batch_prompts, prompt_shapes=prompt_shapes)
+            self.chunks = RowChunks(self, self.prefill_session, self.prefill_io, skip,
+                                    fixed_shapes=prompts.fixed_shapes, max_verify=prompts.max_verify,
+                                    batch_prompts=prompts.batch_prompts, prompt_shapes=prompts.prompt_shapes)
         self.decode_logits = np.zeros((n, 1, vocab), dtype=np.float32)
-        self.logits_source = "cpu"
+        self.logits_source = HOST_SOURCE
         self._decode_bindings: dict[int, ort.IOBinding] = {}
         self.device_io: DeviceDecodeIO | None = None  # the full width's; one per bucket in _device_ios
         self._device_ios: dict[int, DeviceDecodeIO] = {}
@@ -130,12 +173,13 @@ class BucketRunner(RunnerBase):
                 if row_chunks:  # NOTE(engine): pointer memory: copy_tensors into host-accessible memory (4x pageable)
                     host_logits = self._host_logits[:b] if b < n else self._host_logits
                 self._device_ios[b] = DeviceDecodeIO(self.bucket_sessions.get(b, session), stage, io.logits,
-                                                     (b, 1, vocab), device_alloc, host_logits, summary=row_summary)
+                                                     (b, 1, vocab), device_alloc, host_logits,
+                                                     summary=decode.row_summary)
                 if graph_ids and len(self.buckets) > 1:
                     self._run_options[b] = ort.RunOptions()
                     self._run_options[b].add_run_config_entry("gpu_graph_id", str(b))
             self.device_io = self._device_ios[n]
-            source = getattr(input_allocator, "source", "cpu")
+            source = getattr(input_allocator, "source", HOST_SOURCE)
             self.input_source = f"{source}->device"
             self.logits_source = f"device->{source if row_chunks else 'cpu'}"
 

@@ -350,16 +350,15 @@ def use_engine_process(config: EngineConfig) -> bool:
     """
     if config.engine_process is not None:
         return config.engine_process
-    from ep.names import AUTO_ORDER, normalize_provider
+    from ep.profiles import engine_process_default
 
-    provider = normalize_provider(config.provider, allow_auto=True)
-    if provider in ("cpu", "openvino"):
-        return False
-    if provider == "auto":
-        from ep.device import find_ep_libraries
+    default = engine_process_default(config.provider)  # the family's (ep.profiles); None under auto
+    if default is not None:
+        return default
+    from ep.device import find_ep_libraries
+    from ep.names import AUTO_ORDER
 
-        return bool(config.ep_library) or bool(find_ep_libraries([p for p in AUTO_ORDER if p != "cpu"]))
-    return True
+    return bool(config.ep_library) or bool(find_ep_libraries(AUTO_ORDER))  # (none for the CPU EP)
 
 
 def _exit_text(proc: multiprocessing.process.BaseProcess) -> str:

@@ -399,6 +399,7 @@ class EmbeddingEngine:
         import onnxruntime as ort
 
         from engine.model_loader import physical_cores
+        from ep.profiles import host_profile
 
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -409,7 +410,7 @@ class EmbeddingEngine:
         so.log_severity_level = 3
         path = str(self.folder.model_file)
         try:
-            if self.config.provider.lower() == "cpu":
+            if host_profile(self.config.provider) is not None:  # the plain CPU session
                 session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
             else:
                 from ep import device as ep_device

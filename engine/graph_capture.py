@@ -16,15 +16,12 @@ import numpy as np
 import onnxruntime as ort
 
 from engine.config import EngineConfig
-from engine.model_loader import ModelFolder, create_session
+from engine.model_loader import ModelFolder, create_session, select_profile
 from engine.types import ModelLoadError
+from ep.profiles import MATMUL_GROUP_ROWS, default_row_groups  # noqa: F401 - the WebGPU profile's measured split
 
 log = logging.getLogger(__name__)
 
-# EPs whose graph capture the engine drives: WebGPU's enableGraphCapture, CUDA's enable_cuda_graph (one graph per
-# decode bucket, gpu_graph_id = the bucket). The AMDGPU/MIGraphX EPs capture HIP graphs by their own session
-# config (ep.migraphx.hip_graph_enable); the engine keeps the same discipline there (engine.placement).
-CAPTURE_PROVIDERS = ("webgpu", "cuda")
 TOTAL_LEN_NAME = "ortserve/total_sequence_length"
 # The packed decode input: int32 [num_slots, 2] = (token id, seqlens_k = KV length after this token - 1) per row,
 # one upload per step instead of three (each host -> WebGPU copy is a queue submission: docs/perf/GPU.md).
@@ -36,6 +33,7 @@ ROW_LOG_NORM = "ortserve/row_log_norm"
 # ... and the log-probability of that argmax token (float32), so an all-greedy step needs no logits on the host
 ROW_TOKEN_LOGPROB = "ortserve/row_token_logprob"
 
+HOST_MEMORY = "cpu"  # OrtValue.device_name() of host memory (lower case)
 # (shape, dtype) -> an OrtValue in device memory (zeroed)
 DeviceAllocator = Callable[[tuple[int, ...], Any], ort.OrtValue]
 
@@ -51,6 +49,7 @@ class OpenedSession:
     packed_input: str | None = None  # the graph's decode inputs are packed into this one (see capture_graph_bytes)
     row_summary: bool = False  # the graph also outputs ROW_ARGMAX, ROW_LOG_NORM, ROW_TOKEN_LOGPROB (add_row_summary)
     model_bytes: bytes | None = None  # the rewritten graph the session was made from (None: the folder's)
+    profile: Any = None  # the device's ep.profiles.DeviceProfile
 
 
 def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = False,
@@ -143,19 +142,6 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
 
 # The most rows WebGPU's MatMulNBits runs on its small-M path (onnxruntime-ep-webgpu 0.4.0: M <= 3, one
 # workgroup pass over the weights; M = 4 already takes the tiled path, 5x slower for a 1B model: docs/perf/GPU.md).
-MATMUL_GROUP_ROWS = 3
-
-
-def default_row_groups(max_batch: int) -> int:
-    """The row split for a captured step of at most ``max_batch`` rows: every row on the small-M path up to 9 rows
-    (docs/perf/GPU.md, 1B INT4: bucket 4 2.6x and bucket 8 1.8x faster, bucket 2 10% slower); none beyond
-    (bucket 16 took 1.5x as long split: the tiled kernel's cost
-    hardly grows with M, so a few small groups beside it only add)."""
-    if max_batch <= MATMUL_GROUP_ROWS or max_batch > 3 * MATMUL_GROUP_ROWS:
-        return 0
-    return -(-max_batch // MATMUL_GROUP_ROWS) - 1
-
-
 def split_matmul_rows(graph, groups: int, rows: int = MATMUL_GROUP_ROWS) -> int:
     """Step 5 of ``capture_graph_bytes``: each MatMulNBits ``Y = f(A)`` becomes
     ``Concat(f(A[0:r]), f(A[r:2r]), ..., f(A[groups*r:]))`` along A's first axis (the batch of a decode step).
@@ -280,31 +266,26 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
         ModelLoadError: the model can't be served, or ``graph_capture=True`` can't be honoured.
     """
     want = config.graph_capture
-    if config.provider.lower() == "cpu":
+    profile = select_profile(config)
+    selected = profile.selected
+    config = profile.resolve(config)
+    if selected is None:  # the plain CPU session
         if want:
             raise ModelLoadError("graph_capture=True needs the WebGPU or CUDA EP; the provider is cpu")
-        session, selected = create_session(folder, config)
-        return OpenedSession(session, selected, False, "off: the CPU EP has no graph capture")
-    from ep import device as ep_device
-
-    selected = ep_device.select_device(config.provider, config.device, config.ep_library)
-    if selected.provider not in CAPTURE_PROVIDERS or want is False:
+        session, _ = create_session(folder, config)
+        return OpenedSession(session, None, False, "off: the CPU EP has no graph capture", profile=profile)
+    if not profile.engine_capture or want is False:
         if want:
             raise ModelLoadError(f"graph_capture=True needs the WebGPU or CUDA EP; {selected.ep_name} was selected")
         note = "off: graph_capture=False" if want is False else \
             f"off: the engine drives no graph capture on {selected.ep_name}"
         session, _ = create_session(folder, config, selected=selected)
-        return OpenedSession(session, selected, False, note)
+        return OpenedSession(session, selected, False, note, profile=profile)
     inputs = folder.genai["model"]["decoder"].get("inputs", {})
     names = (inputs.get("input_ids", "input_ids"), inputs.get("position_ids", "position_ids"),
              inputs.get("attention_mask", "attention_mask"))
-    row_groups = config.matmul_row_groups
-    summary = config.device_row_summary
-    if summary is None:  # NOTE(engine): measured on CUDA; WebGPU's reductions over 128k logits cost 1.8 ms a step
-        summary = selected.provider == "cuda"
+    row_groups, summary = config.matmul_row_groups, config.device_row_summary  # (the profile's where None)
     logits = folder.genai["model"]["decoder"].get("outputs", {}).get("logits", "logits")
-    if row_groups is None:  # NOTE(engine): measured on WebGPU's MatMulNBits; CUDA's small-M kernel has no such cliff
-        row_groups = default_row_groups(config.max_batch) if selected.provider == "webgpu" else 0
     errors = []
     for packed in (True, False):  # one upload per step where the graph allows it, else three
         try:
@@ -323,7 +304,8 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
                    if row_groups else "")
                 + (", each row's argmax and log-normalizer on the device" if summary else ""))
         log.info("graph capture %s", note)
-        return OpenedSession(session, selected, True, note, PACKED_INPUT if packed else None, summary, model_bytes)
+        return OpenedSession(session, selected, True, note, PACKED_INPUT if packed else None, summary, model_bytes,
+                             profile)
     reason = "; ".join(errors)
     if want:
         raise ModelLoadError(f"graph capture on {selected.ep_name} is not possible: {reason}")
@@ -332,7 +314,7 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
     # run (engine.runner.RunnerBase._run). Uncaptured runs now match the CPU EP (tests/integration/ep).
     log.warning("graph capture is off on %s (%s)", selected.ep_name, reason)
     session, _ = create_session(folder, config, selected=selected)
-    return OpenedSession(session, selected, False, f"off: {reason}")
+    return OpenedSession(session, selected, False, f"off: {reason}", profile=profile)
 
 
 class DeviceDecodeIO:
@@ -368,7 +350,7 @@ class DeviceDecodeIO:
         self._staging = [staging[name] for name in self._names]
         self._host = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._staging]  # zero copy
         self._device = [allocate(tuple(a.shape), a.dtype) for a in self._staging]
-        self._on_cpu = any(v.device_name().lower() == "cpu" for v in self._device)
+        self._on_cpu = any(v.device_name().lower() == HOST_MEMORY for v in self._device)
         self.logits = allocate(tuple(logits_shape), np.float32)
         self._readback = session.io_binding()
         self._readback.bind_ortvalue_output(logits_name, self.logits)

@@ -78,10 +78,7 @@ class DeviceKVAllocator:
 def memory_device(selected: Any) -> ort.OrtDevice:
     """The OrtDevice of ``selected``'s DEFAULT memory: the hardware's type with the memory info's vendor and
     device id (what ORT keys a plugin EP's allocations by; "cuda" alone would say NVIDIA)."""
-    if selected.provider == "webgpu":  # NOTE(engine): the alias the WebGPU plugin's buffers were measured with
-        return ort.OrtDevice.make("webgpu", selected.device_id)
-    mem = selected.default_memory
-    return ort.OrtDevice.make(selected.record.device_type.lower(), int(mem.device_id), int(mem.device_vendor_id))
+    return ort.OrtDevice.make(*selected.profile.memory_device())
 
 
 def make_kv_allocator(selected: Any, session: ort.InferenceSession | None = None) -> KVAllocator:

@@ -255,6 +255,19 @@ def session_options(config: EngineConfig, base: ort.SessionOptions | None = None
     return so
 
 
+def select_profile(config: EngineConfig) -> Any:
+    """The device profile (``ep.profiles.DeviceProfile``) for ``config``: the plain CPU session's, or the profile of
+    the device ``ep.device.select_device`` picks (ep's own errors propagate unchanged)."""
+    from ep.profiles import host_profile
+
+    profile = host_profile(config.provider)
+    if profile is None:
+        from ep import device as ep_device
+
+        profile = ep_device.select_device(config.provider, config.device, config.ep_library).profile
+    return profile
+
+
 def create_session(folder: ModelFolder, config: EngineConfig, *, selected: Any = None,
                    graph_capture: bool = False, model_bytes: bytes | None = None,
                    ) -> tuple[ort.InferenceSession, Any]:
@@ -275,9 +288,11 @@ def create_session(folder: ModelFolder, config: EngineConfig, *, selected: Any =
     Raises:
         ModelLoadError: the graph is not servable or ONNX Runtime refuses it.
     """
+    from ep.profiles import host_profile
+
     model: str | bytes = str(folder.model_file) if model_bytes is None else model_bytes
     check_share_buffer(folder)
-    if config.provider.lower() == "cpu":
+    if selected is None and host_profile(config.provider) is not None:
         try:
             so = session_options(config)
             if model_bytes is not None:

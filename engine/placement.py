@@ -1,8 +1,8 @@
 """Where the engine's tensors live and which runner drives them: the one place that decides, from what the
 device offers, and assembles the sessions, the KV cache and the runner.
 
-What a device offers (``DeviceCaps``, from ep/: its DEFAULT memory's addressing, its host-accessible memory, and
-whether the engine drives its graph capture) decides the path:
+What a device offers (its profile, ``ep.profiles``: its DEFAULT memory's addressing, its host-accessible memory,
+whether the engine or the EP captures its decode steps, and every per-device default) decides the path:
 
 | KV rows (``ep.addressing``)            | runner                                   | prefill                    |
 |----------------------------------------|------------------------------------------|----------------------------|
@@ -21,7 +21,8 @@ after it). Prompt chunks and draft checks, whose shapes and rows vary, run uncap
 Decode inputs (and a row runner's logits) live in the device's HOST_ACCESSIBLE memory where it offers some,
 written in place; logits always end on the host, where sampling runs.
 
-Imports onnxruntime (through the runners and sessions); ep/ lazily, as the sessions do.
+Imports onnxruntime (through the runners and sessions); ep/ lazily, as the sessions do (ep.profiles, pure Python,
+at once).
 """
 
 from __future__ import annotations
@@ -31,49 +32,18 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from engine.bucket_runner import BucketRunner
+from engine.bucket_runner import BucketRunner, DecodePath, RowPrompts, StagedPrompts
 from engine.config import DEFAULT_BATCHED_PROMPT_TOKENS, EngineConfig
 from engine.device_kv import AddressRowCopier, RowCopier, address_copy_graph_bytes, row_copy_graph_bytes
-from engine.graph_capture import CAPTURE_PROVIDERS, OpenedSession, open_session
-from engine.kv_cache import HOST, OPAQUE, POINTER, HostKVAllocator, KVAllocator, KVCache, KVShape, make_kv_allocator
+from engine.graph_capture import OpenedSession, open_session
+from engine.kv_cache import OPAQUE, POINTER, HostKVAllocator, KVAllocator, KVCache, KVShape, make_kv_allocator
 from engine.model_loader import ModelFolder, check_graph, create_session, resolve_max_model_len
 from engine.model_runner import ModelRunner
 from engine.runner import Runner, make_input_allocator
 from engine.types import DevicePlacement, ModelLoadError
+from ep.profiles import PROMPT_SDPA_KERNEL  # noqa: F401 - the CUDA profile's, named here for its tests
 
 log = logging.getLogger(__name__)
-
-# NOTE(engine): the opaque memories whose buffers bind as a prefix of their rows (the handle with a smaller first
-# dimension) and take the ScatterND row copy: measured on the WebGPU plugin EP (onnxruntime-ep-webgpu 0.4.0).
-PREFIX_VIEW_MEMORY = frozenset({"webgpu_buf", "webgpu_buffer"})
-
-
-@dataclass(frozen=True)
-class DeviceCaps:
-    """What the selected device offers the engine (None device: the plain CPU EP)."""
-
-    kv_rows: str  # "host" | "pointer" | "opaque" (ep.addressing)
-    prefix_views: bool  # opaque buffers bind as a prefix of their rows, and rows copy on the device
-    engine_capture: bool  # the engine drives the EP's graph capture (WebGPU's enableGraphCapture, CUDA graphs)
-    host_accessible: bool  # HOST_ACCESSIBLE memory for the decode inputs
-    ep_graphs: bool = False  # the EP captures graphs by its own session config (AMDGPU/MIGraphX HIP graphs)
-
-    @classmethod
-    def of(cls, selected: Any, folder: ModelFolder | None = None, config: EngineConfig | None = None) -> DeviceCaps:
-        if selected is None:
-            return cls(HOST, True, False, False)
-        from ep.names import MIGRAPHX_BACKED
-
-        ep_graphs = False
-        if selected.provider in MIGRAPHX_BACKED and folder is not None:
-            from ep.providers import hip_graph_enabled
-
-            ep_graphs = hip_graph_enabled(folder.genai, dict(config.ep_options) if config else None)
-        memory = selected.default_memory.name.lower() if selected.default_memory is not None else ""
-        return cls(kv_rows=str(selected.kv_addressing), prefix_views=memory in PREFIX_VIEW_MEMORY,
-                   engine_capture=selected.provider in CAPTURE_PROVIDERS,
-                   host_accessible=selected.host_accessible_memory is not None, ep_graphs=ep_graphs)
-
 
 @dataclass
 class Loaded:
@@ -111,52 +81,47 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
     kv_length = io.kv_length or max_model_len
     if opened.graph_capture and kv_length != planned_len:
         raise ModelLoadError(f"graph capture was set up for KV length {planned_len}, the graph has {kv_length}")
-    caps = DeviceCaps.of(selected, folder, config)
+    profile = opened.profile
+    config = profile.resolve(config)  # the device's defaults for every None setting
+    ep_graphs = profile.ep_graphs(folder.genai, config.ep_options)
     kv_shape = KVShape(folder.num_layers, config.max_batch, folder.num_kv_heads, kv_length, folder.head_size,
                        io.kv_dtype)
     allocator = make_kv_allocator(selected, session)
     if config.kv_rows == POINTER and isinstance(allocator, HostKVAllocator):
         allocator = HostKVAllocator(POINTER)  # host memory bound by address: the stand-in for CUDA/HIP rows
     kv = KVCache(kv_shape, allocator)
-    cuda = selected is not None and selected.provider == "cuda"
     fixed_shapes = config.fixed_chunk_shapes
-    if fixed_shapes is None:  # NOTE(engine): measured on CUDA (see engine.row_chunks.chunk_pieces); MIGraphX pads itself
-        from ep.flags import cuda_int4_gemm_on
-
-        # NOTE(engine): only beside the fused INT4 kernels: with ORT's own MatMulNBits kernels (onnxruntime-gpu
-        # 1.31.1) pieces of 14-16 tokens after a past gave greedy tokens unlike the CPU EP's from the 6th on
-        # (tests/integration/ep/test_cuda_engine.py, exact chunks and the fused kernels both match)
-        fixed_shapes = cuda and cuda_int4_gemm_on()
-    batch_prompts = config.batched_prompts
-    if batch_prompts is None:  # NOTE(engine): where a run's cost is its launches (CUDA), not its compute (the CPU)
-        batch_prompts = cuda
     common = dict(prefill_chunk=config.prefill_chunk, max_position=max_model_len,
-                  input_allocator=make_input_allocator(selected), fixed_shapes=fixed_shapes and kv.row_views,
-                  max_verify=config.speculative_tokens + 1 if config.speculative_tokens else 0)
-    rows_common = dict(common, batch_prompts=batch_prompts and kv.row_views, prompt_shapes=fixed_shapes or cuda)
+                  input_allocator=make_input_allocator(selected))
+    chunks = dict(fixed_shapes=fixed_shapes and kv.row_views,
+                  max_verify=config.speculative_tokens + 1 if config.speculative_tokens else 0,
+                  batch_prompts=config.batched_prompts and kv.row_views,
+                  prompt_shapes=fixed_shapes or profile.prompt_shapes)
     runner: ModelRunner
     if kv.addressing == POINTER:
         kv.row_copy = _address_copier(folder, config, selected, kv)
-    graphs = kv.addressing == POINTER and (opened.graph_capture or caps.ep_graphs)
+    graphs = kv.addressing == POINTER and (opened.graph_capture or ep_graphs)
     if graphs:
         prefill_session, prefill_io = _prefill_session(folder, config, opened)
-        one_row = _one_row_session(folder, config, opened) if cuda else None
-        runner = BucketRunner(session, io, kv, **rows_common, device_alloc=_device_alloc(selected, session),
-                              packed_input=opened.packed_input, graph_ids=True, row_chunks=True,
-                              prefill_session=prefill_session, prefill_io=prefill_io,
-                              row_summary=opened.row_summary, bucket_sessions={1: one_row} if one_row else None)
+        one_row = _one_row_session(folder, config, opened)
+        decode = DecodePath(device_alloc=_device_alloc(selected, session), packed_input=opened.packed_input,
+                            graph_ids=True, row_summary=opened.row_summary,
+                            bucket_sessions={1: one_row} if one_row else None)
+        runner = BucketRunner(session, io, kv, **common, decode=decode,
+                              prompts=RowPrompts(prefill_session, prefill_io, **chunks))
         kind = "buckets (pointer, captured steps" + (", one row on its own session)" if one_row else ")")
     elif kv.row_views and config.kv_rows != OPAQUE:
-        runner = Runner(session, io, kv, **rows_common)
+        runner = Runner(session, io, kv, **common, **chunks)
         kind = f"rows ({kv.addressing})"
     else:
         # NOTE(engine): kv_rows="opaque" on host KV runs the opaque path with host buffers (its CPU stand-in)
-        prefix = caps.prefix_views or kv.addressing != OPAQUE
-        staged = _staged_prefill_parts(folder, config, opened, kv_shape, allocator) if prefix else {}
-        runner = BucketRunner(session, io, kv, **common, prefix_views=prefix,
-                              device_alloc=_device_alloc(selected, session) if opened.graph_capture else None,
-                              packed_input=opened.packed_input, graph_ids=opened.graph_capture,
-                              row_summary=opened.row_summary and opened.graph_capture, **staged)
+        prefix = profile.prefix_views or kv.addressing != OPAQUE
+        decode = DecodePath(buckets=prefix,
+                            device_alloc=_device_alloc(selected, session) if opened.graph_capture else None,
+                            packed_input=opened.packed_input, graph_ids=opened.graph_capture,
+                            row_summary=opened.row_summary and opened.graph_capture)
+        prompts = _staged_prompts(folder, config, opened, kv_shape, allocator) if prefix else None
+        runner = BucketRunner(session, io, kv, **common, decode=decode, prompts=prompts)
         kind = "buckets" if prefix else "whole buffer"
     runner.prompt_budget = batched_prompt_tokens(config, runner)  # (its prompt runs' shapes are warmed below)
     if selected is not None:
@@ -173,7 +138,8 @@ def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, plan
         kv_cache="host" if kv.addressable else "device", decode_inputs=runner.input_source,
         logits=runner.logits_source, whole_buffer=runner.whole_buffer,
         graph_capture=opened.graph_capture or graphs, kv_rows=kv.addressing, runner=kind,
-        graph_capture_note=opened.note if opened.graph_capture or not caps.ep_graphs else
+        switch_interval_ms=profile.switch_interval_ms,
+        graph_capture_note=opened.note if opened.graph_capture or not ep_graphs else
         "on: the EP's HIP graphs (ep.migraphx.hip_graph_enable), one per decode bucket at fixed addresses")
     log.info("placement: %s", placement)
     return Loaded(runner, placement, max_model_len, io.vocab_size)
@@ -195,38 +161,31 @@ def _address_copier(folder: ModelFolder, config: EngineConfig, selected: Any, kv
     return AddressRowCopier(copy_session, kv)
 
 
-# NOTE(engine): the CUDA EP's attention kernels for prompt chunks (its sdpa_kernel option, a bitmask of
-# onnxruntime's AttentionBackend: flash 1 | memory-efficient 2 | unfused 16). Unpinned, GroupQueryAttention prefers
-# cuDNN's SDPA on SM >= 90, whose plan is built per new (chunk length, past length): tens of ms each time a prompt chunk
-# met a new pair (docs/perf/GPU.md "Fifth pass"), where chunks vary by design.
-# Decode steps keep the default: their shapes are fixed and captured.
-PROMPT_SDPA_KERNEL = "19"
-
-
 def _prefill_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSession) -> tuple[Any, Any]:
     """The session prompt chunks run on and its names (None: the decoder's): the decoder itself, unless its graph
     was rewritten for captured steps, which run S = 1 only; then a session of the plain graph (on CUDA with its
-    attention kernels pinned to ``PROMPT_SDPA_KERNEL`` unless --ep-option sets sdpa_kernel)."""
+    attention kernels pinned to the profile's ``prompt_sdpa_kernel`` unless --ep-option sets sdpa_kernel)."""
     if not (opened.graph_capture or opened.packed_input):
         return opened.session, None
-    if opened.selected is not None and opened.selected.provider == "cuda" and "sdpa_kernel" not in config.ep_options:
-        config = dataclasses.replace(config, ep_options={**config.ep_options, "sdpa_kernel": PROMPT_SDPA_KERNEL})
+    kernel = opened.profile.prompt_sdpa_kernel
+    if kernel is not None and "sdpa_kernel" not in config.ep_options:
+        config = dataclasses.replace(config, ep_options={**config.ep_options, "sdpa_kernel": kernel})
     session, _ = create_session(folder, config, selected=opened.selected)
     return session, check_graph(folder, session)
 
 
 def _one_row_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSession) -> Any | None:
-    """The CUDA one-row decode step's session: the captured decode graph once more, made without the fused INT4
-    kernels (``EngineConfig.one_row_session``); None where it does not apply or is turned off.
+    """The one-row decode step's session: the captured decode graph once more, made without the fused INT4 kernels
+    (``EngineConfig.one_row_session``, on where the profile says: CUDA with ORT_FPA_INTB_GEMM); None where it does
+    not apply or is turned off.
 
     NOTE(engine): ORT_FPA_INTB_GEMM is read by each MatMulNBits kernel as its session is made, so one process holds
     sessions of both kinds. Measured (synthetic 1B, captured steps; ep/flags.py, docs/perf/GPU.md): the fused kernels
     make 1 row 18% slower, 8 rows 32% and 64 rows 12% faster. One session can only have one or the other.
     """
-    from ep.flags import cuda_int4_gemm_off, cuda_int4_gemm_on
+    from ep.flags import cuda_int4_gemm_off
 
-    if config.one_row_session is False or not opened.graph_capture or config.max_batch < 2 \
-            or not cuda_int4_gemm_on():
+    if not config.one_row_session or not opened.graph_capture or config.max_batch < 2:  # (resolved by the profile)
         return None
     try:
         with cuda_int4_gemm_off():
@@ -247,8 +206,8 @@ def _device_alloc(selected: Any, session: Any):
     return alloc
 
 
-def _staged_prefill_parts(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, kv_shape: KVShape,
-                          allocator: KVAllocator) -> dict[str, Any]:
+def _staged_prompts(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, kv_shape: KVShape,
+                    allocator: KVAllocator) -> StagedPrompts:
     """A one-slot staging KV, a row copier and the prefill session for chunked prefill over buffers bound by
     prefix (``BucketRunner``)."""
     selected = opened.selected
@@ -260,5 +219,4 @@ def _staged_prefill_parts(folder: ModelFolder, config: EngineConfig, opened: Ope
     staging = KVCache(dataclasses.replace(kv_shape, num_slots=1), allocator)
     log.info("chunked prefill through a staging row and device row copies (%s)",
              selected.ep_name if selected is not None else "CPUExecutionProvider")
-    return {"staging": staging, "copier": RowCopier(copy_session, 2 * kv_shape.num_layers),
-            "prefill_session": prefill_session, "prefill_io": prefill_io}
+    return StagedPrompts(staging, RowCopier(copy_session, 2 * kv_shape.num_layers), prefill_session, prefill_io)

@@ -25,6 +25,7 @@ from engine.row_chunks import PROMPT_SHAPES, RowChunks, _value
 
 log = logging.getLogger(__name__)
 
+HOST_SOURCE = "cpu"  # an input allocator's ``source`` for ordinary numpy memory (ep.host_memory.SOURCE_CPU)
 # (shape, dtype) -> (numpy array, OrtValue over the same memory)
 InputAllocator = Callable[[tuple[int, ...], Any], tuple[np.ndarray, ort.OrtValue]]
 
@@ -42,14 +43,14 @@ def make_input_allocator(selected: Any) -> InputAllocator:
     "hip_host_malloc" or "cpu": the fallback, ordinary inputs).
     """
     # NOTE(lead): keyed on what the device offers, not on whether it is a plugin EP: HOST_ACCESSIBLE memory
-    # (a plugin EP's, or a CPU allocator registered for it), or hip-python on AMD; ep/ decides, else fallback.
-    if selected is None or (selected.host_accessible_memory is None and selected.provider == "cpu"):
+    # (a plugin EP's, or a CPU allocator registered for it), or hip-python on AMD; the profile and ep/ decide.
+    if selected is None or not selected.profile.host_accessible_inputs:
         return host_input
     from ep import host_memory
 
     def allocate(shape: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, ort.OrtValue]:
         buf = host_memory.alloc_host_accessible(shape, dtype, selected)
-        allocate.source = "cpu" if buf is None else buf.source  # type: ignore[attr-defined]
+        allocate.source = HOST_SOURCE if buf is None else buf.source  # type: ignore[attr-defined]
         if buf is None:
             return host_input(shape, dtype)
         return buf.array, buf.ortvalue
@@ -105,7 +106,7 @@ class RunnerBase:
         self.mask, self._mask_value = input_allocator((n, self.length), np.int64)  # ones: a prefix per row
         self.decode_ids, self._ids_value = input_allocator((n, 1), np.int64)
         self.decode_pos, self._pos_value = input_allocator((n, 1), np.int64)
-        self.input_source = getattr(input_allocator, "source", "cpu")  # where the decode inputs live
+        self.input_source = getattr(input_allocator, "source", HOST_SOURCE)  # where the decode inputs live
         self.mask_ones = np.zeros(n, dtype=np.int64)  # ones per row now
         self.slot_len = np.zeros(n, dtype=np.int64)  # valid KV positions per slot
         self.prefill_ids = np.zeros(chunk, dtype=np.int64)
@@ -243,7 +244,7 @@ class Runner(RunnerBase):
         # NOTE(engine): the logits beside the inputs: host-accessible (pinned) memory on a device copies 4x
         # faster than pageable memory (float32 logits at batch 64: docs/perf/GPU.md)
         self.decode_logits, _ = input_allocator((n, 1, vocab), np.float32)
-        self.logits_source = getattr(input_allocator, "source", "cpu")
+        self.logits_source = getattr(input_allocator, "source", HOST_SOURCE)
         self.chunks = RowChunks(self, session, io, fixed_shapes=fixed_shapes, max_verify=max_verify,
                                 batch_prompts=batch_prompts, prompt_shapes=prompt_shapes)
         self._decode_bindings: dict[tuple[int, int], ort.IOBinding] = {}
@@ -251,7 +252,7 @@ class Runner(RunnerBase):
         # row: GQA takes total_sequence_length from the mask width and its per-row cost grows with it (~15% of
         # the attention time at batch 8 with a 2048-long buffer). Row sums, and so the result, are unchanged.
         # On a device the mask crosses to it whole either way (no difference measured on CUDA).
-        self._narrow_mask = kv.addressable and self.input_source == "cpu"
+        self._narrow_mask = kv.addressable and self.input_source == HOST_SOURCE
         self._mask_scratch = np.zeros(n * self.length if self._narrow_mask else 0, dtype=np.int64)
         self._mask_cols = np.arange(self.length, dtype=np.int64)
 

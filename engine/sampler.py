@@ -87,6 +87,21 @@ def batch_logprobs(logits: np.ndarray, token_ids: Sequence[int], top_n: Sequence
     return out
 
 
+def label_logprobs(row: np.ndarray, token_id: int, label_ids: np.ndarray) -> TokenLogprob:
+    """The log-probabilities of ``label_ids`` (and of the sampled ``token_id``) under ``softmax(row)``, one row of
+    raw float32 ``[V]`` logits, computed in float64 so that rounding stays far below the 1e-4 a decision's
+    probabilities are compared at. ``top`` lists ``(label id, logprob)`` in the order of ``label_ids``.
+
+    NOTE(engine): the raw distribution, not the sampling one: no bias, penalties, temperature or mask, as vLLM's
+    and SGLang's decision endpoints read it (their "raw_logprobs" mode).
+    """
+    x = row.astype(np.float64)
+    top = x.max()
+    log_sum = top + np.log(np.exp(x - top).sum())  # log(sum(exp(x)))
+    labels = tuple((int(t), float(x[t] - log_sum)) for t in label_ids.tolist())
+    return TokenLogprob(int(token_id), float(x[token_id] - log_sum), labels)
+
+
 def sample_from(logits: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one token id from ``softmax(logits)`` (1-D, ``-inf`` = excluded) with one ``rng.random()``."""
     return int(draw_tokens(logits[None], np.array([rng.random()]))[0])
@@ -128,6 +143,9 @@ class RequestSampler:
                               or params.repetition_penalty != 1.0)
         self.use_filters = not self.greedy and (params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0)
         self.want_logprobs = params.logprobs or params.top_logprobs > 0
+        # decisions / rerank: the labels whose log-probabilities the first token's output carries (None: none)
+        self.label_ids = (np.array(params.label_token_ids, dtype=np.int64)
+                          if params.label_token_ids and max(params.label_token_ids) < vocab_size else None)
         # NOTE(engine): ids outside the vocab (logit_bias) are ignored rather than crash the batch.
         bias = [(t, b) for t, b in params.logit_bias if 0 <= t < vocab_size]
         self.bias_ids = np.array([t for t, _ in bias], dtype=np.int64)
@@ -243,7 +261,8 @@ def _appended(buf: np.ndarray, size: int, value: int) -> np.ndarray:
 def needs_logits(samplers: Sequence[RequestSampler], masked_rows: Sequence[int] = ()) -> bool:
     """Whether ``sample_batch`` reads the logits, or a device's row summary (argmax, log-normalizer, the argmax's
     log-probability) is all it needs: every row plain greedy, none masked, no top alternatives asked for."""
-    return bool(masked_rows) or not all(s.plain_greedy and s.params.top_logprobs == 0 for s in samplers)
+    return bool(masked_rows) or not all(s.plain_greedy and s.params.top_logprobs == 0 and s.label_ids is None
+                                        for s in samplers)
 
 
 def sample_batch(logits: np.ndarray | None, samplers: Sequence[RequestSampler], bitmask: np.ndarray | None = None,
@@ -303,6 +322,9 @@ def sample_batch(logits: np.ndarray | None, samplers: Sequence[RequestSampler], 
             logits = np.array(logits)  # NOTE(engine): a copy: the caller's logits stay as they were
             logits[rows] = apply_token_bitmask(logits[rows], bitmask[rows])
         results = _sample_rows(logits, samplers)
+    for i, s in enumerate(samplers):
+        if s.label_ids is not None and logits is not None:  # NOTE(engine): needs_logits keeps them on the host
+            results[i] = SampleResult(results[i].token_id, label_logprobs(logits[i], results[i].token_id, s.label_ids))
     for s, r in zip(samplers, results):
         if s.output_counts is not None:
             s.record(r.token_id)

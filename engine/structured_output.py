@@ -4,6 +4,8 @@ The only module that imports llguidance. Owns one LLTokenizer per engine (built 
 thread), an LRU of compiled grammars, compilation in worker threads under a time limit, the per-request
 GrammarConstraint (fill / accept / rollback / is_done) and the batched mask fill. No onnxruntime import;
 the sampler applies the masks (engine.sampling_law.apply_token_bitmask), this module only computes them.
+Beside each grammar a KeyTracker (engine.json_keys) keeps any JSON object from repeating a key, which no
+grammar can express for keys it does not list.
 
 Bitmask layout (llguidance's): int32 ``[rows, ceil(vocab / 32)]``; bit ``j`` of word ``i`` (little-endian)
 allows token ``32 * i + j``.
@@ -26,6 +28,7 @@ import llguidance
 import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
+from engine.json_keys import KeyTracker
 from engine.json_schema import close_objects
 from engine.types import InvalidRequestError, StructuredOutput
 
@@ -38,6 +41,8 @@ ANY_JSON_OBJECT = '{"type": "object"}'
 _MAX_ERROR_CHARS = 600
 _TIMEOUT_CODE = "grammar_compile_timeout"
 _INVALID_CODE = "invalid_structured_output"
+_JSON_KINDS = ("json_object", "json_schema")
+_QUOTE_BYTE = 0x22
 
 
 class GrammarError(Exception):
@@ -106,31 +111,89 @@ class GrammarConstraint:
 
     Only the core thread uses it once the request is queued. ``fill`` writes one bitmask row; ``accept``
     advances by a sampled token (False: the grammar rejects it, the constraint is in error from then on).
+    With ``keys`` (and the ``vocab`` it reads tokens from), ``fill`` also clears the tokens that would repeat
+    a key in a JSON object.
     """
 
-    __slots__ = ("_matcher", "num_accepted")
+    __slots__ = ("_matcher", "num_accepted", "_keys", "_vocab", "_token_ids")
 
-    def __init__(self, matcher: Any) -> None:
+    def __init__(self, matcher: Any, keys: KeyTracker | None = None, vocab: VocabBytes | None = None) -> None:
         self._matcher = matcher
         self.num_accepted = 0
+        self._keys = keys if vocab is not None else None
+        self._vocab = vocab
+        self._token_ids: list[int] = []  # accepted tokens, to replay the key tracker after a rollback
 
     def fill(self, bitmask: np.ndarray, row: int) -> None:
         """Write the allowed next tokens into ``bitmask[row]`` (int32 ``[rows, words]``, C-contiguous)."""
         target = bitmask[row]
         self._matcher.unsafe_compute_mask_ptr(target.ctypes.data, target.nbytes)
+        if self._keys is not None:
+            self.mask_repeated_keys(target)
+
+    def mask_repeated_keys(self, target: np.ndarray) -> None:
+        """Clear, in one filled bitmask row (int32 ``[words]``), the tokens that would close a JSON key already
+        written in its object.
+
+        NOTE(engine): only tokens holding a quote can close a key (163 of SmolLM2's 49k), and none at all until
+        some open object has a key. Inside a key (the hot case) the used keys name the texts that may precede
+        the closing quote, and those are looked up in the vocabulary (VocabBytes.by_head); only the few tokens
+        that escape or hold more keys are probed one by one. Elsewhere the grammar-allowed tokens with enough
+        quotes to open and close a key are probed. Should every allowed token repeat a key (a schema whose only
+        key pattern is used up), the row is left as the grammar made it: a repeat then beats an empty mask.
+        """
+        keys, vocab = self._keys, self._vocab
+        assert keys is not None and vocab is not None
+        need = keys.quotes_needed()
+        if not need:
+            return
+        heads = keys.closing_heads()
+        clears = [vocab.by_head[h] for h in heads if h in vocab.by_head] if heads is not None else []
+        ids, word_ids, shifts = vocab.complex_ids if heads is not None else vocab.quote_ids[min(need, 3)]
+        allowed = ids[(target[word_ids] >> shifts) & 1 != 0].tolist()  # the grammar allows them
+        if allowed:
+            found = [allowed[i] for i in keys.repeats([vocab.bytes_of(t) for t in allowed])]
+            if found:
+                clears.append(_word_masks(np.array(found, dtype=np.int64)))
+        if not clears:
+            return
+        words = target.view(np.uint32)
+        saved = [(word_ids, words[word_ids]) for word_ids, _ in clears]  # fancy indexing copies
+        for word_ids, clear in clears:
+            words[word_ids] &= clear
+        if not words.any():
+            for word_ids, values in reversed(saved):
+                words[word_ids] = values
 
     def accept(self, token_id: int) -> bool:
         """Advance by one sampled token; False when the grammar rejects it (then ``error`` says why)."""
         ok = self._matcher.consume_token(int(token_id))
         if ok:
             self.num_accepted += 1
+            if self._keys is not None:
+                self._token_ids.append(int(token_id))
+                self._feed_keys(int(token_id))
         return ok
+
+    def _feed_keys(self, token_id: int) -> None:
+        keys, vocab = self._keys, self._vocab
+        assert keys is not None and vocab is not None
+        if vocab.special[token_id]:
+            if not keys.json_only:
+                keys.restart_text()  # a marker token (a tool call's) ends any JSON read so far
+        else:
+            keys.feed(vocab.bytes_of(token_id))
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens (speculative decoding rejects drafts this way)."""
         if num_tokens > self.num_accepted or not self._matcher.rollback(num_tokens):
             raise ValueError(f"cannot roll back {num_tokens} tokens ({self.num_accepted} accepted)")
         self.num_accepted -= num_tokens
+        if self._keys is not None and num_tokens:
+            del self._token_ids[len(self._token_ids) - num_tokens:]
+            self._keys.reset()  # replayed from the start: rollbacks are rare and outputs short
+            for token_id in self._token_ids:
+                self._feed_keys(token_id)
 
     def allows(self, token_ids: Sequence[int]) -> int:
         """How many of ``token_ids``, in order, the grammar would accept from here (state unchanged)."""
@@ -150,6 +213,62 @@ class GrammarConstraint:
     def error(self) -> str | None:
         """Why the constraint failed (a rejected token, a resource limit), or None."""
         return _clip(self._matcher.get_error()) if self._matcher.is_error() else None
+
+
+def _word_masks(token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bitmask words holding ``token_ids`` and, per word, the mask that clears those tokens' bits (uint32, for
+    ``words[word_ids] &= clear``)."""
+    word_ids, inverse = np.unique(token_ids >> 5, return_inverse=True)
+    bits = np.zeros(len(word_ids), dtype=np.uint32)
+    np.bitwise_or.at(bits, inverse, (np.uint32(1) << (token_ids & 31).astype(np.uint32)))
+    return word_ids, ~bits
+
+
+def _bit_index(token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, bitmask word of each, bit of each): to read a row's bits of ``token_ids`` in one step."""
+    return token_ids, token_ids >> 5, token_ids & 31
+
+
+class VocabBytes:
+    """The vocabulary as the key tracker reads it: each token's bytes, which are special, which hold a quote.
+
+    Args:
+        tokenizer: llguidance's LLTokenizer (special tokens and the padding past the tokenizer's own
+            vocabulary are special: they never carry JSON text).
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        n = tokenizer.vocab_size
+        self.special = np.array([tokenizer.is_special_token(i) for i in range(n)], dtype=bool)  # [vocab]
+        # NOTE(engine): one pass over the vocabulary at start-up (0.3 s for Gemma 3's 262k tokens, in the
+        # tokenizer worker); only the bytes of the tokens holding a quote are kept.
+        self._quoted: dict[int, bytes] = {}
+        for i in np.flatnonzero(~self.special).tolist():
+            data = tokenizer.decode_bytes([i])
+            if _QUOTE_BYTE in data:
+                self._quoted[i] = data
+        ids = np.array(sorted(self._quoted), dtype=np.int32)
+        counts = np.array([self._quoted[i].count(b'"') for i in ids.tolist()], dtype=np.int32)
+        # quote_ids[k]: the token ids holding at least k quotes (k = 1, 2, 3), ascending, as _bit_index
+        self.quote_ids = {k: _bit_index(ids[counts >= k]) for k in (1, 2, 3)}
+        # Inside a key: the tokens whose first quote closes it, grouped by the text before that quote, as
+        # (word indexes, bits) to clear; the others (a backslash before the quote, or two more quotes after it:
+        # perhaps another key) are probed one by one.
+        heads: dict[bytes, list[int]] = collections.defaultdict(list)
+        complex_ids = []
+        for i, data in self._quoted.items():
+            q = data.index(b'"')
+            if b"\\" in data[:q] or data.count(b'"', q + 1) >= 2:
+                complex_ids.append(i)
+            else:
+                heads[data[:q]].append(i)
+        self.by_head = {head: _word_masks(np.array(group, dtype=np.int64)) for head, group in heads.items()}
+        self.complex_ids = _bit_index(np.array(sorted(complex_ids), dtype=np.int32))
+
+    def bytes_of(self, token_id: int) -> bytes:
+        data = self._quoted.get(token_id)
+        return data if data is not None else self._tokenizer.decode_bytes([token_id])
 
 
 class StructuredOutputBackend:
@@ -187,6 +306,7 @@ class StructuredOutputBackend:
         self._cache: collections.OrderedDict[tuple[str, str], concurrent.futures.Future] = \
             collections.OrderedDict()
         self._executor: Any = None  # llguidance.LLExecutor, made on the first parallel fill
+        self._vocab: VocabBytes | None = None  # made with the LLTokenizer
         # NOTE(engine): measured on 2 shared cores (docs/perf/structured.md): LLExecutor's threads gain nothing
         # over filling row by row there (8 JSON rows: ~140 us either way) and add scheduling outliers beside
         # ORT's own threads, so rows are filled in parallel only with cores to spare.
@@ -206,9 +326,14 @@ class StructuredOutputBackend:
         t0 = time.perf_counter()
         tokenizer = llguidance.LLTokenizer(self._hf.to_str(), n_vocab=self.vocab_size,
                                            eos_token=self.eos_token_ids or None)
+        self._vocab = VocabBytes(tokenizer)
         log.info("grammar tokenizer ready: %d tokens, eos %s (%.2f s)", tokenizer.vocab_size,
                  tokenizer.eos_tokens, time.perf_counter() - t0)
         return tokenizer
+
+    def _constraint(self, kind: str, template: Any) -> GrammarConstraint:
+        """A request's constraint: a copy of the compiled ``template`` and a fresh key tracker."""
+        return GrammarConstraint(template.deep_copy(), KeyTracker(json_only=kind in _JSON_KINDS), self._vocab)
 
     def _compile(self, kind: str, spec: str) -> Any:
         """Worker thread: the template matcher of one spec (raises GrammarError)."""
@@ -266,7 +391,7 @@ class StructuredOutputBackend:
         except GrammarError as exc:
             raise InvalidRequestError(f"{spec.param}: the {_describe(spec.kind)} cannot be enforced: "
                                       f"{_clip(str(exc))}", param=spec.param, code=_INVALID_CODE) from None
-        return GrammarConstraint(template.deep_copy())
+        return self._constraint(spec.kind, template)
 
     def constraint_sync(self, spec: StructuredOutput) -> GrammarConstraint:
         """``constraint_for`` without an event loop (tests, the bench); waits for the compile."""
@@ -275,7 +400,7 @@ class StructuredOutputBackend:
         except GrammarError as exc:
             raise InvalidRequestError(f"{spec.param}: the {_describe(spec.kind)} cannot be enforced: "
                                       f"{_clip(str(exc))}", param=spec.param, code=_INVALID_CODE) from None
-        return GrammarConstraint(template.deep_copy())
+        return self._constraint(spec.kind, template)
 
     # -- masks (core thread) --------------------------------------------------------------------------
 
@@ -299,6 +424,9 @@ class StructuredOutputBackend:
         assert bitmask.flags.c_contiguous and bitmask.dtype == np.int32
         self._executor.unsafe_compute_mask_ptr([(c._matcher, row) for c, row in rows], bitmask.ctypes.data,
                                                self.words * 4, bitmask.shape[0])
+        for constraint, row in rows:
+            if constraint._keys is not None:
+                constraint.mask_repeated_keys(bitmask[row])
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

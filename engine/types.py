@@ -84,6 +84,11 @@ class SamplingParams:
     # every other special token is still skipped. Names the tokenizer does not know are ignored.
     preserved_tokens: tuple[str, ...] = ()
     n: int = 1  # choices; they share one prefill (the engine's max_batch bounds it)
+    # Reading logits instead of generating (decisions, rerank, score): the first output token's TokenLogprob also
+    # carries, in ``top``, the log-probability of each of these ids (in this order) under the model's raw
+    # next-token distribution at the prompt's end (no temperature, penalties, bias or mask). With max_tokens=1
+    # the request is a run that stops after the prompt: the one sampled token is never run through the model.
+    label_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)
@@ -102,6 +107,8 @@ class SamplingParams:
                self.repetition_penalty)
         _check(0 <= self.top_logprobs <= 20, "top_logprobs", "must be in [0, 20]", self.top_logprobs)
         _check(self.seed is None or 0 <= self.seed < 2**64, "seed", "must be in [0, 2**64)", self.seed)
+        _check(all(t >= 0 for t in self.label_token_ids), "label_token_ids", "must be token ids >= 0",
+               self.label_token_ids)
         for token_id, bias in self.logit_bias:
             _check(-100.0 <= bias <= 100.0, "logit_bias", f"values must be in [-100, 100] (token {token_id})", bias)
 
@@ -123,7 +130,8 @@ class TokenLogprob:
 
     token_id: int
     logprob: float
-    top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob), most likely first
+    # (token_id, logprob), most likely first; for a request with label_token_ids: each label's, in their order
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -196,6 +204,7 @@ class DevicePlacement:
     graph_capture_note: str = ""  # why capture is on or off
     kv_rows: str = "host"  # how one row is bound (ep.addressing): "host" | "pointer" | "opaque"
     runner: str = ""  # engine.placement's choice: "rows (host)", "rows (pointer)", "buckets", "whole buffer"
+    switch_interval_ms: float | None = None  # the device profile's thread switch interval once loaded (None: Python's)
 
 
 # --- what the engine core hands over ---------------------------------------------------------------

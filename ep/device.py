@@ -6,6 +6,7 @@ Imports onnxruntime. Registration loads backend libraries, so ``ep.flags.apply``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import logging
@@ -19,10 +20,21 @@ from typing import Any
 import onnxruntime as ort
 
 from ep.addressing import Addressing, memory_addressing
+from ep.flags import cuda_int4_gemm_on
 from ep.names import (
-    AUTO_ORDER, EP_NAMES, KNOWN_PROVIDERS, DeviceNotFoundError, EpError, EpLibraryError, EpOptionError,
-    normalize_provider, provider_of_ep_name,
+    EP_NAMES,
+    DeviceNotFoundError,
+    EpError,
+    EpLibraryError,
+    EpOptionError,
+    expand_providers,
+    matching,
+    needs_library,
+    normalize_provider,
+    provider_of_ep_name,
+    selects,
 )
+from ep.profiles import DeviceProfile, make_profile, profile_class
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +57,8 @@ _LIBRARY_FILES: dict[str, tuple[str, ...]] = {
 # registers them like plugins, which gives them OrtEpDevices too.
 _BRIDGES: dict[str, str] = {"cuda": "libonnxruntime_providers_cuda.so",
                             "migraphx": "libonnxruntime_providers_migraphx.so"}
+# The providers whose library may be named by path: --ep-library, else this environment variable.
+_PATH_ENVS: dict[str, str] = {"amdgpu": AMDGPU_EP_PATH_ENV}
 
 # Why a registered plugin may offer no device (shown with DeviceNotFoundError).
 _NO_DEVICE_HINTS: dict[str, str] = {
@@ -172,6 +186,11 @@ class SelectedDevice:
         """How a KV row in this device's DEFAULT memory is bound: host views, pointer + offset, or opaque."""
         return self.record.kv_addressing
 
+    @functools.cached_property
+    def profile(self) -> DeviceProfile:
+        """This device's family profile (``ep.profiles``): every per-device default, built once."""
+        return make_profile(self, cuda_int4_gemm_on)
+
 
 # NOTE(ep): ORT's EP library registry is process-global and refuses a second registration under the same
 # name; this mirrors it so that select_device()/describe() can be called more than once in a process.
@@ -227,14 +246,16 @@ def find_ep_libraries(providers: Iterable[str], ep_library: str | None = None,
             raise EpLibraryError(f"--ep-library {ep_library}: no such file")
         found.append(("amdgpu", os.path.abspath(ep_library), "--ep-library"))
     for provider in providers:
-        if provider == "amdgpu" and ep_library:
+        path_env = _PATH_ENVS.get(provider)
+        if path_env and ep_library:
             continue
-        if provider == "amdgpu" and env.get(AMDGPU_EP_PATH_ENV):
-            found.append(("amdgpu", env[AMDGPU_EP_PATH_ENV], AMDGPU_EP_PATH_ENV))
+        if path_env and env.get(path_env):
+            found.append((provider, env[path_env], path_env))
             continue
         hit = _package_library(provider)
-        if hit is None and provider in _BRIDGES:
-            capi = Path(ort.__file__).parent / "capi" / _BRIDGES[provider]
+        bridge = _BRIDGES.get(provider)
+        if hit is None and bridge:
+            capi = Path(ort.__file__).parent / "capi" / bridge
             hit = (str(capi), "onnxruntime capi") if capi.is_file() else None
         if hit is not None:
             found.append((provider, *hit))
@@ -277,13 +298,9 @@ def register_ep_libraries(provider: str = "auto", ep_library: str | None = None)
     Raises:
         EpLibraryError: ``ep_library`` is missing or ORT refused it (the message says which path and why).
     """
-    if provider == "all":
-        wanted: Sequence[str] = KNOWN_PROVIDERS
-    else:
-        p = normalize_provider(provider, allow_auto=True)
-        wanted = AUTO_ORDER if p == "auto" else (p,)
     results = []
-    for prov, path, source in find_ep_libraries([p for p in wanted if p != "cpu"], ep_library):
+    # (the CPU EP has no library: find_ep_libraries finds none for it)
+    for prov, path, source in find_ep_libraries(expand_providers(provider), ep_library):
         lib = _register(prov, path, source)
         if not lib.registered and source == "--ep-library":
             raise EpLibraryError(f"--ep-library {path}: registration failed: {lib.error}")
@@ -362,32 +379,25 @@ def choose(records: Sequence[DeviceRecord], provider: str, selector: Selector | 
         DeviceNotFoundError: nothing matches; the message lists the devices that exist and any library
             that failed to register.
     """
-    order = AUTO_ORDER if provider == "auto" else (provider,)
-    for prov in order:
-        candidates = _candidates(records, prov)
-        matching = [r for r in candidates if selector is None or selector.matches(r)]
-        if matching:
-            return matching[0]
-    wanted = "any provider" if provider == "auto" else EP_NAMES[provider]
+    for prov in expand_providers(provider):
+        found = [r for r in matching(records, prov) if selector is None or selector.matches(r)]
+        if found:
+            return found[0]
+    wanted = EP_NAMES.get(provider, "any provider")
     what = f"no {wanted} device" + (f" matches --device {selector.text!r}" if selector else "")
     lines = [f"{what}. Devices ONNX Runtime sees:"] + [f"  {r.describe()}" for r in records]
     for lib in libraries:
-        if provider != "auto" and lib.provider != provider:
+        if not selects(provider, lib.provider):
             continue
         if not lib.registered:
             lines.append(f"  (the {lib.provider} EP library {lib.path} from {lib.source} failed: {lib.error})")
-        elif not _candidates(records, lib.provider):
+        elif not matching(records, lib.provider):
             why = _NO_DEVICE_HINTS.get(lib.provider, "it found no hardware it supports")
             lines.append(f"  (the {lib.provider} EP library {lib.path} registered but offers no device: {why})")
-    if provider not in ("auto", "cpu") and not any(lib.provider == provider for lib in libraries):
+    if needs_library(provider) and not any(selects(provider, lib.provider) for lib in libraries):
         lines.append(f"  (no {provider} EP library was found: see --ep-library, ${AMDGPU_EP_PATH_ENV} "
                      f"or the onnxruntime-ep-{provider} package)")
     raise DeviceNotFoundError("\n".join(lines))
-
-
-def _candidates(records: Sequence[DeviceRecord], provider: str) -> list[DeviceRecord]:
-    exact = [r for r in records if r.ep_name == EP_NAMES[provider]]
-    return exact or [r for r in records if r.provider == provider]
 
 
 def select_device(provider: str = "auto", selector: str | None = None,
@@ -413,7 +423,7 @@ def select_device(provider: str = "auto", selector: str | None = None,
     record = choose([r for r, _ in pairs], provider, parsed, libraries)
     ep_device = next(d for r, d in pairs if r is record)
     chosen = normalize_provider(record.ep_name)
-    if chosen == "cpu":
+    if profile_class(chosen).cpu_ep:
         # NOTE(ep): the CPU EP offers no memory infos; its memory is the host's and its only id is 0.
         selected = SelectedDevice("cpu", record.ep_name, None, 0, None, None, record, libraries)
     else:

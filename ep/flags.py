@@ -13,7 +13,13 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ep.names import MIGRAPHX_BACKED, normalize_provider
+from ep.names import is_auto, normalize_provider
+from ep.profiles import (
+    CUDA_INT4_GEMM_FLAG,
+    MIGRAPHX_INT4_GEMV_FLAG,
+    may_read_flag,
+    reads_flag,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +53,7 @@ _NO_FDOT2_ARCHS = frozenset(
 class EnvFlag:
     """One process-global variable that a backend library reads once, at its first use."""
 
-    name: str
-    providers: frozenset[str]  # short provider names whose backend reads it
+    name: str  # the families whose backend reads it say so (ep.profiles: env_flags)
     description: str
     passthrough: tuple[str, ...] = ()  # companions we report but never change
     library_patterns: tuple[str, ...] = ()  # basenames of the libraries that read it
@@ -64,15 +69,14 @@ def worth_reporting(flag: EnvFlag, provider: str, requested: bool | None,
     NOTE(flags): so a CPU-only start says nothing about MIGraphX or CUDA; the variables are still set under
     ``auto`` (harmless there, and they must be in place before any backend could load).
     """
-    if requested is not None or provider in flag.providers:
+    if requested is not None or reads_flag(provider, flag.name):
         return True
     nodes = flag.device_nodes if device_nodes is None else device_nodes
-    return provider == "auto" and any(os.path.exists(path) for path in nodes)
+    return is_auto(provider) and any(os.path.exists(path) for path in nodes)
 
 
 INT4_GEMV = EnvFlag(
-    name="MIGRAPHX_ENABLE_INT4_GEMV",
-    providers=MIGRAPHX_BACKED,
+    name=MIGRAPHX_INT4_GEMV_FLAG,
     description="MIGraphX INT4 GEMV fusion for M=1 (decode) MatMulNBits; any value, '0' too, turns it on",
     passthrough=("MIGRAPHX_INT4_GEMV_CONFIG", "MIGRAPHX_INT4_GEMV_TRACE"),
     library_patterns=BACKEND_LIBRARY_PATTERNS,
@@ -86,8 +90,7 @@ INT4_GEMV = EnvFlag(
 # docs/perf/GPU.md): 1 row 18% slower, 2 to 64 rows 12-43% faster; the session loads seconds slower (the kernels'
 # profiling). So: on where a batch can form.
 CUDA_INT4_GEMM = EnvFlag(
-    name="ORT_FPA_INTB_GEMM",
-    providers=frozenset({"cuda"}),
+    name=CUDA_INT4_GEMM_FLAG,
     description="the CUDA EP's fused INT4 GEMM/GEMV for MatMulNBits; '0' or 'off' turns it off",
     device_nodes=("/dev/nvidiactl",),  # the NVIDIA driver's control node: an NVIDIA GPU
 )
@@ -107,7 +110,7 @@ def apply_cuda_int4_gemm(provider: str, max_batch: int, requested: bool | None =
         The one-line report logged (None when nothing applies).
     """
     provider = normalize_provider(provider, allow_auto=True)
-    if provider not in ("auto", *CUDA_INT4_GEMM.providers):
+    if not may_read_flag(provider, CUDA_INT4_GEMM.name):
         return None
     env = os.environ if env is None else env
     name = CUDA_INT4_GEMM.name
@@ -308,7 +311,7 @@ def apply(
     env = os.environ if env is None else env
     flag = INT4_GEMV
     patterns = flag.library_patterns if library_patterns is None else library_patterns
-    relevant = provider == "auto" or provider in flag.providers
+    relevant = may_read_flag(provider, flag.name)
     previous = env.get(flag.name)
     messages: list[str] = []
 

@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ep.device import SelectedDevice
-from ep.names import MIGRAPHX_BACKED, MemoryUnavailableError
+from ep.names import MemoryUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def alloc_host_accessible(shape: Sequence[int], dtype: Any, selected: SelectedDe
             logger.info("decode input %s %s: %s memory %s (device id %d)", shape, dtype, SOURCE_EP, mem.name,
                         int(mem.device_id))
             return HostBuffer(ortvalue, array, SOURCE_EP, int(mem.device_id))
-    if use_hip and selected.provider in MIGRAPHX_BACKED:
+    if use_hip and selected.profile.hip_host_memory:
         buf = _hip_host_buffer(shape, dtype, selected.device_id)
         if buf is not None:
             logger.info("decode input %s %s: %s on device %d", shape, dtype, SOURCE_HIP, selected.device_id)
@@ -117,9 +117,9 @@ def alloc_device(shape: Sequence[int], dtype: Any, selected: SelectedDevice, *,
         if session is None:
             raise MemoryUnavailableError(
                 f"{selected.ep_name}: cannot allocate {shape} {dtype} from {selected.default_memory.name}: {e}") from e
-        device_type = "webgpu" if selected.provider == "webgpu" else selected.record.device_type.lower()
         try:
-            value = session.create_ortvalue_from_shape_and_type(shape, dtype.type, device_type, selected.device_id)
+            value = session.create_ortvalue_from_shape_and_type(shape, dtype.type, selected.profile.device_type,
+                                                                selected.device_id)
         except Exception as e2:  # noqa: BLE001
             raise MemoryUnavailableError(f"{selected.ep_name}: cannot allocate {shape} {dtype}: shared allocator: "
                                          f"{e}; session allocator: {e2}") from e2

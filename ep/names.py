@@ -5,6 +5,9 @@ Pure Python: no onnxruntime import, so the CLI can validate ``--provider`` befor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 # Short name -> the EP name ONNX Runtime uses (OrtEpDevice.ep_name, InferenceSession.get_providers()).
 EP_NAMES: dict[str, str] = {
     "amdgpu": "AMDGPUExecutionProvider",
@@ -23,6 +26,8 @@ AUTO_ORDER: tuple[str, ...] = ("amdgpu", "migraphx", "cuda", "webgpu", "cpu")
 
 # Providers whose backend is MIGraphX: the INT4 GEMV flag and the ep.migraphx.* entries are for them.
 MIGRAPHX_BACKED: frozenset[str] = frozenset({"amdgpu", "migraphx"})
+AUTO = "auto"  # --provider auto: the first of AUTO_ORDER with a device
+ALL = "all"  # every known provider (``ortserve devices``)
 
 _SUFFIX = "executionprovider"
 
@@ -86,6 +91,44 @@ def normalize_provider(name: str, *, allow_auto: bool = False) -> str:
         known = ", ".join((("auto",) if allow_auto else ()) + KNOWN_PROVIDERS)
         raise UnknownProviderError(f"unknown provider {name!r}; known providers: {known}")
     return key
+
+
+def is_auto(provider: str) -> bool:
+    """Whether ``provider`` (a short name) is ``auto``, not yet one provider."""
+    return provider == AUTO
+
+
+def expand_providers(provider: str) -> tuple[str, ...]:
+    """The short names ``provider`` stands for: every known one for ``all``, AUTO_ORDER for ``auto``, else itself.
+
+    ``provider``: "all", "auto" or any spelling of a known provider.
+    """
+    if str(provider).strip().lower() == ALL:
+        return KNOWN_PROVIDERS
+    key = normalize_provider(provider, allow_auto=True)
+    return AUTO_ORDER if key == AUTO else (key,)
+
+
+def selects(requested: str, provider: str) -> bool:
+    """Whether ``--provider requested`` (a short name or "auto") may end on ``provider`` (a short name)."""
+    return requested == AUTO or requested == provider
+
+
+def same_provider(name: str, provider: str) -> bool:
+    """Whether ``name`` (any spelling, e.g. a genai_config key) names ``provider`` (a short name)."""
+    return provider_of_ep_name(name) == provider
+
+
+def needs_library(provider: str) -> bool:
+    """Whether ``provider`` (a short name) comes from a library that must be found (not auto, not the CPU EP)."""
+    return provider not in (AUTO, "cpu")
+
+
+def matching(records: Sequence[Any], provider: str) -> list[Any]:
+    """The device records (``.ep_name``, ``.provider``) of ``provider`` (a short name): those whose EP name is exactly
+    the provider's, else any whose EP name normalizes to it (e.g. "OpenVINOExecutionProvider.AUTO")."""
+    exact = [r for r in records if r.ep_name == EP_NAMES[provider]]
+    return exact or [r for r in records if r.provider == provider]
 
 
 def provider_of_ep_name(ep_name: str) -> str | None:

@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Serve a model. Every flag can also be set as ORTSERVE_<FLAG> "
                                        "(e.g. ORTSERVE_MAX_BATCH=16) or in a --config file.")
     serve.add_argument("--config", metavar="FILE", default=os.environ.get("ORTSERVE_CONFIG"),
-                       help="a .json or .toml file of settings (field names as keys) [env ORTSERVE_CONFIG]")
+                       help="a .json, .toml or .yaml file of settings (field names as keys; a `models` list of "
+                            "per-model settings serves several) [env ORTSERVE_CONFIG]")
     add_settings_arguments(serve)
     serve.set_defaults(func=_serve)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import inspect
 import logging
 import os
 import sys
@@ -22,16 +21,19 @@ import anyio
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from ep.profiles import DEVICE_SWITCH_INTERVAL_MS  # noqa: F401 - a model on a device (the profiles' default)
 from server.engine_client import EmbedderClient, EngineClient
 from server.errors import install_error_handlers
 from server.http.security import AuthMiddleware, BodyLimitMiddleware
 from server.settings import Settings
+from server.hub.catalog import format_bytes
+from server.hub.registry import READY, LeaseMiddleware
 from server.state import ServerState
 
 logger = logging.getLogger("ortserve")
 
 EngineLoader = Callable[[Settings], EngineClient]
-EmbeddingLoader = Callable[[Settings], dict[str, EmbedderClient]]
+EmbeddingLoader = Callable[[Settings, Any], EmbedderClient]
 
 
 def engine_config_from(settings: Settings) -> Any:
@@ -82,12 +84,6 @@ def load_engine(settings: Settings) -> EngineClient:
     return AsyncEngine.from_model_dir(model_dir, engine_config_from(settings))
 
 
-# NOTE(server): the device step of a batch is a few ms; the event loop's work for its outputs (detokenizing,
-# SSE events) can take longer. With Python's 5 ms switch interval the engine thread, back from a step, waited up to
-# 5 ms for the loop to yield before it could sample and launch the next step; at 0.5 ms it waits less than that.
-DEVICE_SWITCH_INTERVAL_MS = 0.5
-
-
 def _tune_interpreter(settings: Settings, engine: Any) -> None:
     """Once the model is loaded: freeze the heap and set the thread switch interval.
 
@@ -100,85 +96,61 @@ def _tune_interpreter(settings: Settings, engine: Any) -> None:
     gc.freeze()
     interval = settings.gil_switch_interval_ms
     placement = getattr(engine, "placement", None)
-    if interval is None and placement is not None and placement.kv_cache == "device":
-        interval = DEVICE_SWITCH_INTERVAL_MS
+    if interval is None and placement is not None:  # the device profile's (engine.types.DevicePlacement)
+        interval = placement.switch_interval_ms
     if interval is not None:
         sys.setswitchinterval(interval / 1000)
     logger.info("interpreter: %d objects frozen, switch interval %.2f ms", gc.get_freeze_count(),
                 sys.getswitchinterval() * 1000)
 
 
-def load_embedders(settings: Settings) -> dict[str, EmbedderClient]:
-    """The embedding engines the settings ask for, by every name a request may use (blocking; run in a thread).
+def load_embedder(settings: Settings, model: Any) -> EmbedderClient:
+    """The embedding engine of one catalog model (blocking; run in a thread): an embedding model's own (its own
+    session and thread, the pooling it was trained with), or, for a chat model served with ``--embeddings``, its
+    embedding graph pooled by ``--pooling``.
 
-    ``--embedding-model`` (its own session and thread) under its served name and folder name; with
-    ``--embeddings``, the chat model's embedding graph under the chat model's names.
+    Args:
+        settings: the model's settings (``model`` is its folder).
+        model: the server.hub.catalog.CatalogModel.
     """
-    from engine.builder import resolve_model
     from engine.embedding import EmbeddingConfig, EmbeddingEngine
 
-    def config(pooling: str | None) -> EmbeddingConfig:
-        return EmbeddingConfig(provider="cpu" if settings.provider in ("auto", "cpu") else settings.provider,
-                               intra_op_threads=settings.intra_op_threads, max_queue=settings.embedding_max_queue,
-                               max_batch_tokens=settings.embedding_batch_tokens, pooling=pooling,
-                               nice=settings.embedding_nice)
-
-    embedders: dict[str, EmbedderClient] = {}
-    if settings.embedding_model:
-        path = resolve_model(settings.embedding_model)
-        engine = EmbeddingEngine.from_model_dir(path, config(None))
-        given = settings.embedding_model
-        is_path = os.sep in given or Path(given).exists()
-        names = [settings.served_embedding_model_name or (engine.model_name if is_path else given), given,
-                 engine.model_name]
-        embedders.update(dict.fromkeys(names, engine))
-    if settings.embeddings:
-        engine = EmbeddingEngine.from_model_dir(resolve_model(settings.model), config(settings.pooling))
-        names = [settings.served_model_name or engine.model_name, settings.model, engine.model_name]
-        embedders.update({name: engine for name in names if name not in embedders})
-    return embedders
-
-
-def _shutdown_embedders(state: ServerState) -> None:
-    for name in state.embedding_names():
-        state.embedders[name].shutdown()
+    pooling = settings.pooling if model.kind == "chat" else None
+    config = EmbeddingConfig(provider="cpu" if settings.provider in ("auto", "cpu") else settings.provider,
+                             intra_op_threads=settings.intra_op_threads, max_queue=settings.embedding_max_queue,
+                             max_batch_tokens=settings.embedding_batch_tokens, pooling=pooling,
+                             nice=settings.embedding_nice)
+    return EmbeddingEngine.from_model_dir(model.folder, config)
 
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: ServerState = app.state.ortserve
-    loader: EngineLoader | None = app.state.engine_loader
-    embedding_loader: EmbeddingLoader | None = app.state.embedding_loader
+    registry = state.registry
     load_task: asyncio.Task | None = None
     lag_task: asyncio.Task | None = None
     loop_trace = None
 
     async def load() -> None:
+        """The pinned models (a one-model server's model and embedding model) before the server is ready."""
         nonlocal lag_task, loop_trace
-        assert loader is not None
-        try:
+        for entry in registry.entries:
+            if not entry.model.pinned or entry.status == READY or state.status == "stopping":
+                continue
             # NOTE(server): loading takes seconds to minutes (conversion, session creation); a thread
             # keeps the loop serving /health (503 "loading") meanwhile.
-            engine = await anyio.to_thread.run_sync(loader, state.settings)
-            state.engine, state.owns_engine = engine, True
-            if embedding_loader is not None and state.status != "stopping":
-                state.embedders, state.owns_embedders = await anyio.to_thread.run_sync(
-                    embedding_loader, state.settings), True
-        except Exception as exc:
-            from engine.types import EngineError
-
-            state.status, state.load_error = "failed", f"{type(exc).__name__}: {exc}"
-            # NOTE(server): a ModelLoadError (corrupt or unservable folder) is the user's to fix: one clear
-            # line, no traceback; anything else is our bug and keeps its traceback.
-            logger.error("loading the model failed: %s", state.load_error,
-                         exc_info=None if isinstance(exc, EngineError) else exc)
-            if state.on_load_failed is not None:
-                state.on_load_failed(state.load_error)
-            return
+            await registry.load(entry)
+            if entry.status != READY and registry.one_model:
+                state.status, state.load_error = "failed", entry.load_error
+                if state.on_load_failed is not None:
+                    state.on_load_failed(state.load_error or "")
+                return
         if state.status == "stopping":  # shut down while loading: the lifespan's finally shuts it down
             return
         state.status = "ready"
+        engine = state.engine
         _tune_interpreter(state.settings, engine)
+        await registry.start()
         if state.settings.step_trace:  # NOTE(server): the loop's late wake-ups beside the engine's steps
             from engine.step_trace import TraceFile, watch_loop
 
@@ -186,10 +158,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             loop_trace = TraceFile(state.settings.step_trace, "server",
                                    collections=bool(getattr(engine, "engine_process", False)))
             lag_task = asyncio.create_task(watch_loop(loop_trace))
-        logger.info("model %s ready (max_model_len %d)%s", state.served_model_name, engine.max_model_len,
-                    f"; embeddings: {', '.join(state.embedding_names())}" if state.embedders else "")
+        if engine is not None:
+            logger.info("model %s ready (max_model_len %d)%s", state.served_model_name, engine.max_model_len,
+                        f"; embeddings: {', '.join(state.embedding_names())}" if state.embedders else "")
+        if not registry.one_model:
+            logger.info("serving %d models: %s (each loads on its first request; memory budget %s)",
+                        len(registry.entries), ", ".join(registry.served_names()),
+                        format_bytes(registry.budget_bytes))
 
-    if state.engine is None and loader is not None:
+    if state.status != "ready" and (registry.chat_loader is not None or not registry.one_model):
         load_task = asyncio.create_task(load())
     try:
         yield
@@ -202,21 +179,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             await asyncio.gather(lag_task, return_exceptions=True)
         if loop_trace is not None:
             loop_trace.close()
-        if state.owns_embedders:
-            await anyio.to_thread.run_sync(_shutdown_embedders, state)
-        if state.owns_engine and state.engine is not None:
-            logger.info("shutting the engine down")
-            # NOTE(server): shutdown joins the engine thread (blocking), so it runs off the loop.
-            if inspect.iscoroutinefunction(state.engine.shutdown):
-                await state.engine.shutdown()
-            else:
-                await anyio.to_thread.run_sync(state.engine.shutdown)
+        logger.info("shutting the engines down")
+        await registry.stop()
 
 
 def create_app(settings: Settings, engine: EngineClient | None = None, *,
                loader: EngineLoader | None = load_engine,
                embedders: dict[str, EmbedderClient] | None = None,
-               embedding_loader: EmbeddingLoader | None = load_embedders) -> FastAPI:
+               embedding_loader: EmbeddingLoader | None = load_embedder) -> FastAPI:
     """The ortserve FastAPI app.
 
     Args:
@@ -226,17 +196,21 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
         loader: how to load the engine when none is given; None leaves the app "loading" forever
             (unit tests of validation that need no model).
         embedders: already loaded embedding engines by name (with ``engine``); the app never shuts them down.
-        embedding_loader: loads the embedding engines the settings ask for, after the engine (when the app
-            loads it), before the app reports ready.
+        embedding_loader: loads one model's embedding engine (``load_embedder``): a one-model server's
+            --embedding-model and --embeddings before it reports ready, a hub's embedding models on demand.
 
     Returns:
         The app; run it with uvicorn. `/health` answers 503 until the engine is ready.
     """
     from server import __version__
     from server.anthropic import route as messages
+    from server.decisions import route as decisions
     from server.embeddings import route as embeddings
     from server.http.prepare import refuse_uncontainable_chat
+    from server.hub import admin
+    from server.ollama import route as ollama
     from server.openai import chat, completions, models
+    from server.rerank import route as rerank
     from server.responses import route as responses
     from server.routes import health, metrics
     from server.tokenize import route as tokenize
@@ -248,23 +222,31 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
         lifespan=_lifespan,
     )
     state = ServerState(settings=settings)
+    registry = state.registry
+    registry.chat_loader = loader if engine is None or not registry.one_model else None
+    registry.embedder_loader = embedding_loader
     if engine is not None:
         state.engine, state.status = engine, "ready"
+    if embedders:
+        state.add_embedders(embedders)
+    if engine is not None and registry.one_model:
+        for entry in registry.entries:  # an app given its engine never loads another (the old contract)
+            entry.model.pinned = True
+    registry.on_unload.append(lambda entry: state.metrics.forget_model(entry.name))
     app.state.ortserve = state
     app.state.ortserve_body_check = partial(refuse_uncontainable_chat, state)
-    app.state.engine_loader = loader if engine is None else None
-    app.state.embedding_loader = embedding_loader if engine is None else None
-    state.embedders = dict(embedders or {})
 
     install_error_handlers(app)
-    for module in (chat, completions, responses, messages, tokenize, embeddings, models, health, metrics):
+    for module in (chat, completions, responses, messages, tokenize, embeddings, decisions, rerank, models, health,
+                   metrics, admin, ollama):
         app.include_router(module.router)
     if settings.ui:
         from server.routes.ui import install_ui
 
         install_ui(app)
 
-    # Middleware: the last added runs first. Order seen by a request: CORS -> auth -> body limit.
+    # Middleware: the last added runs first. Order seen by a request: CORS -> auth -> body limit -> leases.
+    app.add_middleware(LeaseMiddleware, registry=lambda: state.registry)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_timeout_s)
     app.add_middleware(AuthMiddleware, api_key=settings.api_key_value(),

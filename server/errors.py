@@ -215,6 +215,8 @@ def _response(status: int, body: dict[str, Any], headers: dict[str, str], path: 
               exc: BaseException | None = None) -> JSONResponse:
     if is_anthropic_path(path):
         body = anthropic_error(status, body, exc)
+    elif path.startswith("/api/"):  # Ollama's native API: {"error": "message"} (its clients raise ResponseError)
+        body = {"error": body["error"]["message"]}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -234,8 +236,19 @@ GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/re
 EMBEDDING_PATHS = frozenset({"/v1/embeddings", "/embedding", "/embeddings"})
 
 
+# Readout routes (decisions, rerank, score) -> their endpoint label of ortserve_readout_requests_total.
+READOUT_PATHS = {"/v1/decisions": "decisions", "/v1/systemone": "systemone", "/v1/rerank": "rerank",
+                 "/rerank": "rerank", "/v2/rerank": "rerank", "/v1/score": "score", "/score": "score"}
+
+
 def _count_outcome(request: Request, status: int) -> None:
     """Count a generation request that ended in an error before the engine recorded it."""
+    if request.url.path in READOUT_PATHS:
+        state = getattr(request.app.state, "ortserve", None)
+        if state is not None and status != 499:
+            state.metrics.readout_requests.labels(endpoint=READOUT_PATHS[request.url.path],
+                                                  status=REJECTED if status < 500 else "error").inc()
+        return
     if request.url.path in EMBEDDING_PATHS:
         state = getattr(request.app.state, "ortserve", None)
         if state is not None:

@@ -22,6 +22,9 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.0
 # before the engine ran the request).
 REJECTED = "rejected"
 
+# The endpoint label of the readout series: requests that read logits instead of generating.
+READOUT_ENDPOINTS = ("decisions", "systemone", "rerank", "score")
+
 # NOTE(server): the KV "block" the gateway hashes prompts by (the vllm:cache_config_info labels). Prefix reuse here
 # is per token (a slot keeps any prefix), so every block size is exact; this is vLLM's default.
 CACHE_BLOCK_SIZE = 16
@@ -74,7 +77,7 @@ class ServerMetrics:
                 "ortserve_engine_process_cpu_seconds", "CPU seconds of the engine process, all its threads "
                 "(--engine-process; 0 when the engine runs in the server's process).", registry=r),
         }
-        self._engine_seen: dict[str, float] = {}
+        self._engine_seen: dict[tuple[str, str], float] = {}  # (model, key) -> last total
         # NOTE(server): one child per "engine_phase_<name>_s" key of EngineStats.extra, added to _engine_counters
         # the first time a scrape sees it
         self.engine_phase = Counter(
@@ -109,6 +112,25 @@ class ServerMetrics:
             "vllm:cache_config_info", "KV cache configuration (labels; the value is always 1).",
             ["block_size", "num_gpu_blocks", "enable_prefix_caching", "num_slots", "max_model_len"], registry=r)
 
+        # NOTE(hub): per-model request series under vLLM's names and its model_name label (the ortserve_* series
+        # above stay the server's totals, unlabeled, as dashboards and a one-model server always had them)
+        self.vllm_ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token, seconds.",
+                                   ["model_name"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.vllm_itl = Histogram("vllm:inter_token_latency_seconds", "Time between generated tokens, seconds.",
+                                  ["model_name"], buckets=_ITL_BUCKETS, registry=r)
+        self.vllm_e2e = Histogram("vllm:e2e_request_latency_seconds", "Request arrival to its last output, seconds.",
+                                  ["model_name"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.vllm_success = Counter("vllm:request_success", "Finished requests by finish reason.",
+                                    ["model_name", "finished_reason"], registry=r)
+        self.vllm_prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests.",
+                                          ["model_name"], registry=r)
+        self.vllm_generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", ["model_name"],
+                                              registry=r)
+        self.model_loaded = Gauge("ortserve_model_loaded", "1 while the model is loaded (the model hub).",
+                                  ["model_name"], registry=r)
+        self.model_load_seconds = Gauge("ortserve_model_load_seconds", "Seconds its last load took.",
+                                        ["model_name"], registry=r)
+
         # Embeddings (/v1/embeddings, /embedding): their own series, beside generation's.
         self.embedding_requests = Counter("ortserve_embedding_requests", "Embedding requests by outcome.",
                                           ["status"], registry=r)
@@ -124,50 +146,88 @@ class ServerMetrics:
             "ortserve_embedding_requests_running", "Embedding requests waiting or running, all embedding models.",
             registry=r)
 
-    def render(self, stats: EngineStats | None, model_name: str = "", prefix_caching: bool = True,
-               num_embedding_requests: int = 0) -> bytes:
-        """The text exposition format, with the gauges refreshed from `stats` (None while loading).
+        # Requests that read logits instead of generating (/v1/decisions, /v1/systemone, rerank, /v1/score), by
+        # endpoint: decisions, systemone, rerank, score.
+        self.readout_requests = Counter("ortserve_readout_requests", "Decision, rerank and score requests by outcome.",
+                                        ["endpoint", "status"], registry=r)
+        for endpoint in READOUT_ENDPOINTS:
+            for status in ("ok", REJECTED, "error"):
+                self.readout_requests.labels(endpoint=endpoint, status=status)
+        self.readout_items = Counter(
+            "ortserve_readout_items", "Questions answered (or refused) and documents scored.", ["endpoint", "outcome"],
+            registry=r)
+        self.readout_latency = Histogram(
+            "ortserve_readout_request_latency_seconds", "Decision, rerank and score request arrival to its answer.",
+            ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
+
+    def readout_done(self, endpoint: str, arrival_s: float, items: dict[str, int]) -> None:
+        """Record a successful readout request (``items``: outcome -> count, e.g. answered / refused)."""
+        self.readout_requests.labels(endpoint=endpoint, status="ok").inc()
+        for outcome, count in items.items():
+            self.readout_items.labels(endpoint=endpoint, outcome=outcome).inc(count)
+        self.readout_latency.labels(endpoint=endpoint).observe(time.perf_counter() - arrival_s)
+
+    def render(self, stats: EngineStats | dict[str, EngineStats] | None, model_name: str = "",
+               prefix_caching: bool = True, num_embedding_requests: int = 0) -> bytes:
+        """The text exposition format, with the gauges refreshed from the engines' snapshots.
 
         Args:
-            stats: the engine's snapshot.
-            model_name: the served model name (the `model_name` label of the vllm:* series).
+            stats: each loaded chat model's snapshot by served name (or one engine's, named ``model_name``; None
+                while loading). The ortserve_* gauges are their sums; the vllm:* series are per model.
+            model_name: the served model name of a single ``stats``.
             prefix_caching: whether the engine keeps prefixes (a vllm:cache_config_info label).
             num_embedding_requests: embedding requests waiting or running, all embedding models.
         """
         self.embedding_requests_running.set(num_embedding_requests)
-        if stats is not None:
-            self.requests_running.set(stats.num_running)
-            self.requests_waiting.set(stats.num_waiting)
-            self.kv_slots_free.set(stats.num_slots_free)
-            self.kv_slots_total.set(stats.num_slots_total)
-            self.kv_used_tokens.set(stats.num_kv_tokens_used)
-            self.kv_cached_tokens.set(stats.num_kv_tokens_cached)
-            self.kv_capacity_tokens.set(stats.num_kv_tokens_total)
-            self.vllm_running.labels(model_name).set(stats.num_running)
-            self.vllm_waiting.labels(model_name).set(stats.num_waiting)
-            total = stats.num_kv_tokens_total
-            self.vllm_kv_usage.labels(model_name).set(min(1.0, stats.num_kv_tokens_used / total) if total else 0.0)
-            for counter in self._vllm_counters.values():
-                counter.labels(model_name)  # NOTE(server): export zeros before the first lookup
-            for key in stats.extra:
-                if key.startswith("engine_phase_") and key not in self._engine_counters:
-                    self._engine_counters[key] = self.engine_phase.labels(
-                        key.removeprefix("engine_phase_").removesuffix("_s"))
-            for key, counter in self._engine_counters.items():
-                value = stats.extra.get(key, 0.0)
-                if value > self._engine_seen.get(key, 0.0):
-                    growth = value - self._engine_seen.get(key, 0.0)
-                    counter.inc(growth)
-                    if key in self._vllm_counters:
-                        self._vllm_counters[key].labels(model_name).inc(growth)
-                    self._engine_seen[key] = value
-            if total:
-                self.vllm_cache_config.clear()  # NOTE(server): one series, whatever the labels were before
-                self.vllm_cache_config.labels(
-                    block_size=str(CACHE_BLOCK_SIZE), num_gpu_blocks=str(total // CACHE_BLOCK_SIZE),
-                    enable_prefix_caching=str(prefix_caching), num_slots=str(stats.num_slots_total),
-                    max_model_len=str(total // max(1, stats.num_slots_total))).set(1)
+        by_model = stats if isinstance(stats, dict) else ({model_name: stats} if stats is not None else {})
+        if by_model:
+            every = list(by_model.values())
+            self.requests_running.set(sum(s.num_running for s in every))
+            self.requests_waiting.set(sum(s.num_waiting for s in every))
+            self.kv_slots_free.set(sum(s.num_slots_free for s in every))
+            self.kv_slots_total.set(sum(s.num_slots_total for s in every))
+            self.kv_used_tokens.set(sum(s.num_kv_tokens_used for s in every))
+            self.kv_cached_tokens.set(sum(s.num_kv_tokens_cached for s in every))
+            self.kv_capacity_tokens.set(sum(s.num_kv_tokens_total for s in every))
+        for name, one in by_model.items():
+            self._render_model(name, one, prefix_caching, single=len(by_model) == 1)
         return generate_latest(self.registry)
+
+    def forget_model(self, model_name: str) -> None:
+        """An unloaded model: its engine's totals start again from zero when it is loaded again."""
+        for key in [k for k in self._engine_seen if k[0] == model_name]:
+            del self._engine_seen[key]
+        for gauge in (self.vllm_running, self.vllm_waiting, self.vllm_kv_usage):
+            try:
+                gauge.remove(model_name)
+            except KeyError:
+                pass
+
+    def _render_model(self, model_name: str, stats: EngineStats, prefix_caching: bool, single: bool) -> None:
+        self.vllm_running.labels(model_name).set(stats.num_running)
+        self.vllm_waiting.labels(model_name).set(stats.num_waiting)
+        total = stats.num_kv_tokens_total
+        self.vllm_kv_usage.labels(model_name).set(min(1.0, stats.num_kv_tokens_used / total) if total else 0.0)
+        for counter in self._vllm_counters.values():
+            counter.labels(model_name)  # NOTE(server): export zeros before the first lookup
+        for key in stats.extra:
+            if key.startswith("engine_phase_") and key not in self._engine_counters:
+                self._engine_counters[key] = self.engine_phase.labels(
+                    key.removeprefix("engine_phase_").removesuffix("_s"))
+        for key, counter in self._engine_counters.items():
+            value = stats.extra.get(key, 0.0)
+            seen = self._engine_seen.get((model_name, key), 0.0)
+            if value > seen:
+                counter.inc(value - seen)
+                if key in self._vllm_counters:
+                    self._vllm_counters[key].labels(model_name).inc(value - seen)
+                self._engine_seen[(model_name, key)] = value
+        if total and single:
+            self.vllm_cache_config.clear()  # NOTE(server): one series, whatever the labels were before
+            self.vllm_cache_config.labels(
+                block_size=str(CACHE_BLOCK_SIZE), num_gpu_blocks=str(total // CACHE_BLOCK_SIZE),
+                enable_prefix_caching=str(prefix_caching), num_slots=str(stats.num_slots_total),
+                max_model_len=str(total // max(1, stats.num_slots_total))).set(1)
 
     def tracker(self, arrival_s: float | None = None) -> RequestTracker:
         return RequestTracker(self, time.perf_counter() if arrival_s is None else arrival_s)
@@ -185,6 +245,7 @@ class RequestTracker:
         self._num_generated = 0
         self._num_prompt = 0
         self._done = False
+        self.model_name = ""  # the served model (vllm:* series with its model_name); set when the run starts
 
     def submitted(self) -> None:
         """The request was handed to the engine (after templating and tokenizing)."""
@@ -199,6 +260,8 @@ class RequestTracker:
             return
         if self._last_token_s is None:
             self._m.time_to_first_token.observe(now - self.arrival_s)
+            if self.model_name:
+                self._m.vllm_ttft.labels(self.model_name).observe(now - self.arrival_s)
             if out.first_scheduled_s is not None and self._submitted_monotonic_s is not None:
                 # NOTE(server): the engine's own timestamp, so prefill time is not counted as queue time.
                 self._m.request_queue_time.observe(max(0.0, out.first_scheduled_s - self._submitted_monotonic_s))
@@ -208,8 +271,11 @@ class RequestTracker:
         if new_tokens > 0 and self._last_token_s is not None:
             # NOTE(server): one output may carry several tokens (held-back text); spread the gap evenly.
             gap = (now - self._last_token_s) / new_tokens
+            per_model = self._m.vllm_itl.labels(self.model_name) if self.model_name else None
             for _ in range(new_tokens):
                 self._m.inter_token_latency.observe(gap)
+                if per_model is not None:
+                    per_model.observe(gap)
         self._last_token_s = now
         self._num_generated = out.num_generated_tokens
 
@@ -224,3 +290,9 @@ class RequestTracker:
         self._m.e2e_request_latency.observe(time.perf_counter() - self.arrival_s)
         self._m.prompt_tokens.inc(self._num_prompt)
         self._m.generation_tokens.inc(self._num_generated)
+        if self.model_name:
+            m, name = self._m, self.model_name
+            m.vllm_success.labels(name, status).inc()
+            m.vllm_e2e.labels(name).observe(time.perf_counter() - self.arrival_s)
+            m.vllm_prompt_tokens.labels(name).inc(self._num_prompt)
+            m.vllm_generation_tokens.labels(name).inc(self._num_generated)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from server.tools.formats.base import hold_back
+from server.tools.formats.calls import hold_back
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 

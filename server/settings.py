@@ -13,12 +13,34 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 ENV_PREFIX = "ORTSERVE_"
+
+
+class ModelSpec(BaseModel):
+    """One model of the hub (an item of a --config file's ``models`` list, or a repeated --model).
+
+    Fields left unset take the server's own settings (--max-model-len, --max-batch, --provider, --idle-unload-s).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="A known name (pulled on first use), a .gguf file or a model folder.")
+    name: str | None = Field(None, description="The name clients use (default: the known name, or the folder's).")
+    aliases: list[str] = Field(default_factory=list, description="More names that route to this model.")
+    kind: Literal["chat", "embedding"] | None = Field(
+        None, description="chat (a decoder) or embedding (an encoder); default: read from the model folder.")
+    max_model_len: int | None = Field(None, ge=16, le=1_048_576)
+    max_batch: int | None = Field(None, ge=1, le=256)
+    provider: str | None = None
+    chat_template: str | None = None
+    ttl_s: float | None = Field(None, ge=0.0, description="Seconds idle before unloading (LM Studio's ttl); "
+                                "default --idle-unload-s.")
+    pinned: bool = Field(False, description="Loaded at start-up and never unloaded.")
 
 
 
@@ -48,10 +70,38 @@ class Settings(BaseSettings):
         "hermes, qwen3_coder, llama3_json, mistral, phi4_mini, deepseek_r1 or generic (vLLM's flag name).",
     )
 
+    models: list[ModelSpec] = Field(
+        default_factory=list, description="More models served beside --model (the model hub): --model repeated, or a "
+        "--config file's `models` list of {model, name, aliases, kind, max_model_len, max_batch, provider, ttl_s, "
+        "pinned}. Each loads on its first request, in an engine process of its own.",
+    )
+    models_dir: str | None = Field(
+        None, description="A folder of models to serve beside --model (each .gguf file and model folder in it).",
+    )
+    idle_unload_s: float = Field(
+        300.0, ge=0.0, le=31_536_000.0, description="Seconds a hub model may stay idle before it is unloaded "
+        "(Ollama's keep_alive default; 0: right after each request); a request's keep_alive/ttl overrides it. "
+        "The single --model of a one-model server never unloads.",
+    )
+    memory_budget: str | None = Field(
+        None, description="Memory the loaded hub models may use together (bytes, or 8G, 512M): weights plus KV as "
+        "estimated from each folder. The least recently used idle model is unloaded to make room. Default: the "
+        "machine's RAM less 10%% (less 2 GiB at most); for GPU memory set it.",
+    )
+    load_timeout_s: float = Field(
+        120.0, gt=0.0, le=86_400.0, description="Seconds a request waits for its model to load; longer is a 503 "
+        "with Retry-After (the load goes on).",
+    )
+
     # --- embeddings --------------------------------------------------------------------------------
     embedding_model: str | None = Field(
         None, description="Embedding model served beside --model on /v1/embeddings (requests pick it by `model`): "
         "a known name (all-minilm-l6-v2), a sentence-transformers folder or a converted model folder.",
+    )
+    rerank_model: str | None = Field(
+        None, description="The model /v1/rerank, /rerank, /v2/rerank and /v1/score use when a request names none: "
+        "an embedding model's name (cosine of the embeddings) or the chat model's (the probability of 'yes' to "
+        "'Does the document answer the query?'). Default: the embedding model if one is served, else the chat model.",
     )
     served_embedding_model_name: str | None = Field(
         None, description="Name clients use for --embedding-model (default: the name it was given by)."
@@ -240,6 +290,28 @@ class Settings(BaseSettings):
                 raise ValueError(f"ep_option items must look like KEY=VALUE, got {item!r}")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _repeated_model(cls, data: Any) -> Any:
+        """--model repeated (a list): the first is the default model, the others join ``models``."""
+        if isinstance(data, dict) and isinstance(data.get("model"), list):
+            data = dict(data)
+            first, *more = data["model"]
+            data["model"] = first
+            if more:
+                data["models"] = [*(data.get("models") or []), *more]
+        return data
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _model_strings(cls, value: Any) -> Any:
+        """A bare string (--models NAME, ORTSERVE_MODELS=a,b) is a model with every setting defaulted."""
+        if isinstance(value, str):
+            value = [item.strip() for item in value.split(",") if item.strip()]
+        if isinstance(value, list):
+            return [{"model": item} if isinstance(item, str) else item for item in value]
+        return value
+
     @field_validator("tool_call_parser")
     @classmethod
     def _check_tool_call_parser(cls, value: str | None) -> str | None:
@@ -266,7 +338,9 @@ class Settings(BaseSettings):
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a settings file (.json or .toml; keys are the field names, e.g. `max_batch`).
+    """Read a settings file (.json, .toml or .yaml; keys are the field names, e.g. `max_batch`).
+
+    A YAML or JSON file that holds a list is the hub's ``models`` list alone.
 
     Args:
         path: the file; its suffix picks the format.
@@ -278,8 +352,14 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     text = path.read_text(encoding="utf-8")
     if path.suffix.lower() == ".toml":
         data = tomllib.loads(text)
+    elif path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
     else:
         data = json.loads(text)
+    if isinstance(data, list):
+        data = {"models": data}
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a table/object of settings, got {type(data).__name__}")
     return data
@@ -366,6 +446,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[B
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         if inner is bool:
             parser.add_argument(flag_name(name), action=argparse.BooleanOptionalAction, **kwargs)
+        elif name == "model":  # NOTE(server): repeated --model serves several (the first is the default model)
+            parser.add_argument(flag_name(name), action="append", metavar="VALUE", **kwargs)
         elif typing.get_origin(inner) is list:
             parser.add_argument(flag_name(name), action="append", metavar="VALUE", **kwargs)
         elif typing.get_origin(inner) is Literal:

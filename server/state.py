@@ -1,5 +1,5 @@
-"""ServerState, what one app instance owns (settings, engine, load status, metrics, stored responses), and
-get_state(request).
+"""ServerState, what one app instance owns (settings, the model registry, load status, metrics, stored responses),
+and get_state(request).
 
 Routes reach the state through get_state, so they never import server.app (which imports them). No
 onnxruntime import.
@@ -10,102 +10,115 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 from starlette.requests import Request
 
 from server.engine_client import EmbedderClient, EngineClient
-from server.errors import EngineNotReadyError, ModelCannotError, ModelNotFoundError
+from server.errors import EngineNotReadyError
+from server.hub.catalog import CatalogModel, build_catalog
+from server.hub.registry import READY, ModelEntry, ModelRegistry
 from server.metrics import ServerMetrics
 from server.responses.store import ResponseStore
-from server.settings import Settings
+from server.settings import ModelSpec, Settings
+
+
+def serves_one_model(settings: Settings) -> bool:
+    """A server of --model alone (and its --embedding-model): the registry's degenerate case."""
+    return not settings.models and not settings.models_dir
 
 
 @dataclass
 class ServerState:
-    """Everything one app instance owns; stored on `app.state.ortserve`."""
+    """Everything one app instance owns; stored on `app.state.ortserve`.
+
+    ``status`` is the server's: loading (its pinned models: a one-model server's model) -> ready | failed ->
+    stopping. Each model's own status is its registry entry's.
+    """
 
     settings: Settings
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
-    engine: EngineClient | None = None
-    status: str = "loading"  # loading -> ready | failed -> stopping
+    status: str = "loading"
     load_error: str | None = None
-    owns_engine: bool = False
-    owns_embedders: bool = False
     started_at: int = field(default_factory=lambda: int(time.time()))
     # Called (from the event loop) when loading fails, e.g. by the CLI to stop the server with exit 1.
     on_load_failed: Callable[[str], None] | None = None
     # Stored Responses (POST /v1/responses with store=true); bounded by the settings, not persistent.
     responses: ResponseStore = field(init=False)
-    # Embedding engines by every name a request may give (--embedding-model, and the chat model's own names
-    # with --embeddings); loaded with the chat engine, before the server reports ready.
-    embedders: dict[str, EmbedderClient] = field(default_factory=dict)
+    registry: ModelRegistry = field(init=False)
 
     def __post_init__(self) -> None:
         self.responses = ResponseStore(self.settings.response_store_size, self.settings.response_store_bytes)
+        one = serves_one_model(self.settings)
+        self.registry = ModelRegistry(self.settings, build_catalog(self.settings, one), one_model=one,
+                                      chat_loader=None, embedder_loader=None)
+
+    # -- the default model (a one-model server's only one) ------------------------------------------------------
+
+    @property
+    def engine(self) -> EngineClient | None:
+        return self.registry.default.engine
+
+    @engine.setter
+    def engine(self, engine: EngineClient | None) -> None:
+        """An engine given to the app (tests): the default model, loaded, never shut down by the app."""
+        entry = self.registry.default
+        entry.engine, entry.owned = engine, engine is None
+        entry.status = READY if engine is not None else entry.status
 
     @property
     def served_model_name(self) -> str:
-        if self.settings.served_model_name:
-            return self.settings.served_model_name
-        if self.engine is not None:
-            return self.engine.model_name
-        return Path(self.settings.model).name or self.settings.model
+        return self.registry.default.name
 
-    def accepts_model(self, name: str | None) -> bool:
-        """None, the served name, the engine's own name or the --model value all mean this model."""
-        if name is None:
-            return True
-        names = {self.served_model_name, self.settings.model}
-        if self.engine is not None:
-            names.add(self.engine.model_name)
-        return name in names
+    @property
+    def embedders(self) -> dict[str, EmbedderClient]:
+        """Loaded embedding engines by every name a request may give."""
+        return {name: entry.embedder for entry in self.registry.entries if entry.embedder is not None
+                for name in dict.fromkeys([entry.name, *entry.model.names])}
+
+    def add_embedders(self, embedders: dict[str, Any]) -> None:
+        """Embedding engines given to the app (tests), by name: a catalog model's, or a model of their own."""
+        registry = self.registry
+        for name, embedder in embedders.items():
+            entry = registry.find(name)
+            if entry is None or (entry.kind == "chat" and not entry.model.chat_embeddings and name != entry.name):
+                model = CatalogModel(ModelSpec(model=name, name=name, kind="embedding"), name, [name], "embedding",
+                                     pinned=True)
+                entry = ModelEntry(model)
+                registry.entries.append(entry)
+                registry._by_name.setdefault(name, entry)
+            elif entry.kind == "chat":
+                entry.model.chat_embeddings = True
+            entry.embedder, entry.owned, entry.status = embedder, False, READY
 
     def embedding_names(self) -> list[str]:
-        """The served name of each embedding engine (the first name it was registered under)."""
-        seen: dict[int, str] = {}
-        for name, embedder in self.embedders.items():
-            seen.setdefault(id(embedder), name)
-        return list(seen.values())
-
-    def require_chat_model(self, name: str | None) -> None:
-        """A 400 naming the model when ``name`` is an embedding-only model (it cannot chat or complete)."""
-        if name is not None and name in self.embedders and not self.accepts_model(name):
-            raise ModelCannotError(f"The model {name!r} is an embedding model: it serves /v1/embeddings, not "
-                                   f"chat or completions (this server's chat model is {self.served_model_name!r}).")
-
-    def require_embedder(self, name: str | None) -> tuple[str, EmbedderClient]:
-        """(served name, engine) for an embeddings request's ``model`` (None: the embedding model, else the chat
-        model's own embeddings).
-
-        Raises:
-            EngineNotReadyError (503) while loading; ModelCannotError (400) for a chat model served without
-            --embeddings, or a server without any embedding model; ModelNotFoundError (404) for another name.
-        """
-        if self.status != "ready":
-            self.require_engine()
-        if name is not None and name in self.embedders:
-            embedder = self.embedders[name]
-            return next(n for n in self.embedding_names() if self.embedders[n] is embedder), embedder
-        names = self.embedding_names()
-        if name is None and names:
-            return names[0], self.embedders[names[0]]
-        if name is None or self.accepts_model(name):
-            chat = self.served_model_name if name is None else name
-            raise ModelCannotError(
-                f"The model {chat!r} does not serve embeddings: it is a chat model and this server was started "
-                f"without --embeddings (pooled hidden states of the chat model) or --embedding-model NAME.")
-        raise ModelNotFoundError(name, self.served_model_name, also=names)
+        """The served name of each loaded embedding engine."""
+        return [entry.name for entry in self.registry.entries if entry.embedder is not None]
 
     def require_engine(self) -> EngineClient:
-        if self.engine is None or self.status != "ready":
-            if self.status == "failed":
-                raise EngineNotReadyError(f"The model failed to load: {self.load_error}", code="model_load_failed")
-            if self.status == "stopping":
-                raise EngineNotReadyError("The server is shutting down.", code="shutting_down")
+        """The default model's engine; 503 while the server loads, after a failed load or while stopping."""
+        self.require_ready()
+        engine = self.engine
+        if engine is None:
             raise EngineNotReadyError("The model is still loading; retry shortly.", code="model_loading",
                                       headers={"Retry-After": "1"})
-        return self.engine
+        return engine
+
+    def require_ready(self) -> None:
+        if self.status == "ready":
+            return
+        if self.status == "failed":
+            raise EngineNotReadyError(f"The model failed to load: {self.load_error}", code="model_load_failed")
+        if self.status == "stopping":
+            raise EngineNotReadyError("The server is shutting down.", code="shutting_down")
+        raise EngineNotReadyError("The model is still loading; retry shortly.", code="model_loading",
+                                  headers={"Retry-After": "1"})
+
+    async def acquire(self, request: Request, name: str | None, kind: str = "chat",
+                      keep_alive_s: float | None = None) -> ModelEntry:
+        """The model a request's ``model`` routes to, loaded (ModelRegistry.acquire), once the server is ready."""
+        self.require_ready()
+        return await self.registry.acquire(request, name, kind, keep_alive_s)
 
 
 def get_state(request: Request) -> ServerState:

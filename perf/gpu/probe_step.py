@@ -22,7 +22,7 @@ from engine.config import EngineConfig
 from engine.graph_capture import PACKED_INPUT, TOTAL_LEN_NAME, capture_graph_bytes
 from engine.kv_cache import KVCache, KVShape, make_kv_allocator
 from engine.model_loader import ModelFolder, check_graph, create_session, read_model_folder
-from engine.bucket_runner import BucketRunner
+from engine.bucket_runner import BucketRunner, DecodePath
 from engine.runner import make_input_allocator
 
 
@@ -69,9 +69,10 @@ def make_runner(folder: ModelFolder, config: EngineConfig, *, kv_length: int, mo
             if selected is None:  # a CPU dry run of this script
                 return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype))
             return host_memory.alloc_device(shape, dtype, selected, session=session, zero=True)
-    return BucketRunner(session, io, kv, prefill_chunk=64, max_position=kv_length, prefix_views=False,
-                        input_allocator=make_input_allocator(selected), device_alloc=device_alloc,
-                        packed_input=PACKED_INPUT if packed else None)
+    return BucketRunner(session, io, kv, prefill_chunk=64, max_position=kv_length,
+                        input_allocator=make_input_allocator(selected),
+                        decode=DecodePath(buckets=False, device_alloc=device_alloc,
+                                          packed_input=PACKED_INPUT if packed else None))
 
 
 def teacher_forced(runner: BucketRunner, steps: int = 8) -> np.ndarray:

@@ -66,7 +66,7 @@ def _stream(run: EngineRun, ctx: StreamContext, assembler: MessageAssembler, del
 
 @router.post("/v1/messages", response_model=None, summary="Create a message (Anthropic's Messages API)")
 async def create_message(body: MessagesRequest, request: Request) -> Response:
-    state, engine = engine_for(request, body.model)
+    state, engine = await engine_for(request, body.model)
     settings = state.settings
     tracker = start_tracking(request, state)
     message_id = wire.new_id("msg")
@@ -84,7 +84,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
 @router.post("/v1/messages/count_tokens", response_model=None, summary="Count the tokens of a message's prompt")
 async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     """The prompt /v1/messages would run for the same fields (template, tools, thinking settings), counted."""
-    _, engine = engine_for(request, body.model)
+    _, engine = await engine_for(request, body.model)
     with as_messages_errors():
         chat = body.to_chat_request(max_completion_tokens=1)
         _, _, prompt_ids = await chat_prompt(engine, chat.template_messages(), chat.tool_request(),

@@ -68,7 +68,8 @@ async def _embed(state: ServerState, embedder: EmbedderClient, inputs: Sequence[
 @router.post("/v1/embeddings", summary="Create embeddings")
 async def create_embeddings(body: wire.EmbeddingRequest, request: Request) -> JSONResponse:
     state = get_state(request)
-    name, embedder = state.require_embedder(body.model)
+    entry = await state.acquire(request, body.model, "embedding")
+    name, embedder = entry.name, entry.embedder
     if embedder.pooling == "none":
         raise InvalidRequestError(f"the model {name!r} is served with pooling 'none' (one vector per token), which "
                                   f"/v1/embeddings cannot answer; use /embeddings, or serve it with another "
@@ -86,6 +87,6 @@ async def create_embeddings(body: wire.EmbeddingRequest, request: Request) -> JS
 async def create_embeddings_llamacpp(body: wire.LlamaCppEmbeddingRequest, request: Request) -> JSONResponse:
     """llama.cpp's non-OpenAI endpoint: [{"index", "embedding": [[...]]}] (per token with pooling 'none')."""
     state = get_state(request)
-    _, embedder = state.require_embedder(body.model)
+    embedder = (await state.acquire(request, body.model, "embedding")).embedder
     vectors, _ = await _embed(state, embedder, body.inputs(), None)
     return JSONResponse(wire.llamacpp_embedding_response(vectors))

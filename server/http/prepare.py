@@ -17,7 +17,6 @@ from starlette.requests import Request
 from engine.types import InvalidRequestError, PromptTooLongError, SamplingParams, StructuredOutput
 from server.openai import protocol
 from server.engine_client import EngineClient
-from server.errors import ModelNotFoundError
 from server.metrics import RequestTracker
 from server.prompt import RenderedPrompt, TemplateOptions, render_prompt
 from server.reasoning import DeltaSource, EchoedDeltas, ReasoningDeltas, ReasoningFormat, TextDeltas
@@ -33,14 +32,18 @@ from server.tools.stream import ToolCallStream
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
-def engine_for(request: Request, model: str | None) -> tuple[ServerState, EngineClient]:
-    """The ready engine (503 while loading) after checking the requested model name (404)."""
+async def engine_for(request: Request, model: str | None,
+                     keep_alive_s: float | None = None) -> tuple[ServerState, EngineClient]:
+    """The engine of the requested chat model (server.hub.registry: 404 for an unknown name, 400 for an embedding
+    model, 503 while it loads past the bound), loaded on demand; the request holds it until its response ends.
+
+    Args:
+        keep_alive_s: Ollama's keep_alive / LM Studio's ttl for the model (None: its default).
+    """
     state = get_state(request)
-    engine = state.require_engine()
-    state.require_chat_model(model)  # an embedding model asked to chat: 400 naming it
-    if not state.accepts_model(model):
-        raise ModelNotFoundError(model or "", state.served_model_name, also=state.embedding_names())
-    return state, engine
+    entry = await state.acquire(request, model, "chat", keep_alive_s)
+    request.state.ortserve_model = entry.name
+    return state, entry.engine if entry.engine is not None else state.require_engine()
 
 
 def start_tracking(request: Request, state: ServerState) -> RequestTracker:
@@ -245,12 +248,14 @@ async def start_run(request: Request, state: ServerState, engine: EngineClient, 
     """Hand the request to the engine (429/503 still become HTTP statuses here) and build its response
     context; the caller streams it or collects it. `request_id` defaults to a new `<id_prefix>-<hex>`."""
     request_id = request_id or protocol.new_id(id_prefix)
+    model = getattr(request.state, "ortserve_model", None) or state.served_model_name
+    tracker.model_name = model
     run = EngineRun(engine, request_id, prompt_ids, params, tracker)
     await run.start(request)
     ctx = StreamContext(
         request_id=request_id,
         created=protocol.now_s(),
-        model=state.served_model_name,
+        model=model,
         include_usage=include_usage,
         token_text=lambda token_id: engine.tokenizer.decode([token_id]),
         want_logprobs=params.logprobs,

@@ -1,44 +1,42 @@
-"""GET /v1/models and GET /v1/models/{model}: the chat model and the embedding models."""
+"""GET /v1/models and GET /v1/models/{model}: every model of the server (the hub's catalog), loaded or not."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from server.openai import protocol
 from server.errors import ModelNotFoundError
-from server.state import get_state
+from server.hub.registry import READY, ModelEntry
+from server.openai import protocol
+from server.state import ServerState, get_state
 
 router = APIRouter(tags=["models"])
 
 
-def _card(request: Request) -> dict:
-    state = get_state(request)
-    max_len = state.engine.max_model_len if state.engine is not None else None
-    return protocol.model_card(state.served_model_name, state.started_at, max_model_len=max_len)
-
-
-def _embedding_card(request: Request, name: str) -> dict:
-    state = get_state(request)
-    embedder = state.embedders[name]
-    return protocol.model_card(name, state.started_at, max_model_len=embedder.max_seq_length,
-                               dimensions=embedder.dimension)
+def model_card(state: ServerState, entry: ModelEntry) -> dict:
+    """OpenAI's model object, with the hub's fields beside it: ``loaded`` (and llama-server's ``status``) and the
+    ``max_model_len`` of a loaded model (``dimensions`` for an embedding model's vectors)."""
+    embedder = entry.embedder if entry.engine is None else None
+    card = protocol.model_card(entry.name, state.started_at, max_model_len=entry.max_model_len(),
+                               dimensions=embedder.dimension if embedder is not None else None)
+    card["loaded"] = entry.status == READY
+    card["status"] = {"value": "loaded" if entry.status == READY else entry.status}
+    if entry.kind is not None:
+        card["kind"] = entry.kind
+    return card
 
 
 @router.get("/v1/models", summary="List models")
 @router.head("/v1/models", include_in_schema=False)
 async def list_models(request: Request) -> dict:
     state = get_state(request)
-    chat = _card(request)
-    embedders = [_embedding_card(request, name) for name in state.embedding_names() if name != chat["id"]]
-    return {"object": "list", "data": [chat, *embedders]}
+    return {"object": "list", "data": [model_card(state, entry) for entry in state.registry.entries]}
 
 
 @router.get("/v1/models/{model:path}", summary="Retrieve a model")
 @router.head("/v1/models/{model:path}", include_in_schema=False)
 async def retrieve_model(model: str, request: Request) -> dict:
     state = get_state(request)
-    if not state.accepts_model(model):
-        if model in state.embedders:
-            return _embedding_card(request, state.require_embedder(model)[0])
-        raise ModelNotFoundError(model, state.served_model_name, also=state.embedding_names())
-    return _card(request)
+    entry = state.registry.find(model)
+    if entry is None:
+        raise ModelNotFoundError(model, state.served_model_name, also=state.registry.served_names()[1:])
+    return model_card(state, entry)

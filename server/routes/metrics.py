@@ -15,8 +15,16 @@ router = APIRouter(tags=["service"])
 @router.head("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     state = get_state(request)
-    stats = state.engine.stats() if state.engine is not None else None
-    embedding = sum(state.embedders[name].stats().num_requests for name in state.embedding_names())
-    body = state.metrics.render(stats, model_name=state.served_model_name,
-                                prefix_caching=state.settings.prefix_caching, num_embedding_requests=embedding)
+    m = state.metrics
+    stats = {}
+    embedding = 0
+    for entry in state.registry.entries:  # every loaded model: its engine's snapshot under its name
+        m.model_loaded.labels(entry.name).set(1 if entry.status == "ready" else 0)
+        if entry.load_time_s is not None:
+            m.model_load_seconds.labels(entry.name).set(entry.load_time_s)
+        if entry.engine is not None:
+            stats[entry.name] = entry.engine.stats()
+        if entry.embedder is not None:
+            embedding += entry.embedder.stats().num_requests
+    body = m.render(stats, prefix_caching=state.settings.prefix_caching, num_embedding_requests=embedding)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -14,7 +14,7 @@ router = APIRouter(tags=["tokenize"])
 
 @router.post("/tokenize", summary="Tokenize a prompt or a chat (vLLM's shape)")
 async def tokenize(body: TokenizeRequest, request: Request) -> dict:
-    _, engine = engine_for(request, body.model)
+    _, engine = await engine_for(request, body.model)
     if body.prompt is not None:
         if body.add_special_tokens is False:
             ids = await anyio.to_thread.run_sync(engine.tokenizer.encode, body.prompt)
@@ -33,7 +33,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
 
 @router.post("/detokenize", summary="Token ids back to text (vLLM's shape)")
 async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
-    _, engine = engine_for(request, body.model)
+    _, engine = await engine_for(request, body.model)
     for index, token_id in enumerate(body.tokens):
         if not 0 <= token_id < engine.vocab_size:
             raise InvalidRequestError(f"tokens[{index}] must be a token id in [0, {engine.vocab_size}), got "

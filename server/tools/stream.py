@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from server.tools.formats.base import ParsedCall, ParsedMessage, ToolFormat
+from server.tools.formats.base import ToolFormat
+from server.tools.formats.calls import ParsedCall, ParsedMessage
 
 logger = logging.getLogger(__name__)
 

@@ -51,6 +51,9 @@ def test_the_bench_gguf_has_the_vocabulary_and_every_llama_tensor(tmp_path: Path
     up = tensors["blk.1.ffn_up.weight"]
     assert up.tensor_type == gguf.GGMLQuantizationType.Q4_0 and list(up.shape) == [64, 128]
     assert tensors["output_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    untied = write_bench_gguf(tmp_path / "vocab.gguf", tmp_path / "untied.gguf", shape, untied=True)
+    head = next(t for t in gguf.GGUFReader(str(untied)).tensors if t.name == "output.weight")
+    assert head.tensor_type == gguf.GGMLQuantizationType.Q4_0 and list(head.shape) == [64, 96]
     with pytest.raises(ValueError, match="holds 96 tokens"):
         write_bench_gguf(tmp_path / "vocab.gguf", tmp_path / "bad.gguf", dict(shape, vocab_size=128))
 

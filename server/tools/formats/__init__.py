@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from server.tools.formats.base import ParsedCall, ParsedMessage, ToolFormat
+from server.tools.formats.base import ToolFormat
+from server.tools.formats.calls import ParsedCall, ParsedMessage
 from server.tools.formats.deepseek_r1 import DeepSeekR1Format
 from server.tools.formats.generic import GenericFormat
 from server.tools.formats.hermes import HermesFormat

@@ -12,7 +12,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from server.tools.formats.base import ParsedCall, ParsedMessage, ToolFormat, content_before_calls
+from server.tools.formats.base import ToolFormat, content_before_calls
+from server.tools.formats.calls import ParsedCall, ParsedMessage
 from server.tools.grammar import Trigger, function_of, json_rule, parameters_of, tagged_start
 from server.tools.json_scan import skip_ws, value_end
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from server.tools.formats.base import ParsedMessage, ToolFormat, call_from_object
+from server.tools.formats.base import ToolFormat
+from server.tools.formats.calls import ParsedMessage, call_from_object
 from server.tools.grammar import Trigger, call_schema, has_ref, hoist_defs, json_rule, rebase_refs
 from server.tools.json_scan import partial_string, scan_array_items, scan_object, skip_ws
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from server.tools.formats.base import ParsedMessage, ToolFormat, call_from_object, hold_back
+from server.tools.formats.base import ToolFormat
+from server.tools.formats.calls import ParsedMessage, call_from_object, hold_back
 from server.tools.grammar import Trigger, bare_call_rules, call_schema, json_rule, tagged_start
 from server.tools.json_scan import skip_ws
 

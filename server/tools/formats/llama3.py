@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from server.tools.formats.base import ParsedCall, ParsedMessage, ToolFormat, call_from_object
+from server.tools.formats.base import ToolFormat
+from server.tools.formats.calls import ParsedCall, ParsedMessage, call_from_object
 from server.tools.grammar import Trigger, call_schema, json_rule
 from server.tools.json_scan import scan_object, skip_ws
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from server.tools.formats.base import ParsedCall, ParsedMessage, call_from_object
+from server.tools.formats.calls import ParsedCall, ParsedMessage, call_from_object
 from server.tools.json_scan import partial_string, scan_array_items, scan_object, skip_ws
 
 FENCE = "```"

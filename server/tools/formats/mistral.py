@@ -6,7 +6,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from server.tools.formats.base import ParsedCall, ParsedMessage, ToolFormat, call_from_object, content_before_calls
+from server.tools.formats.base import ToolFormat, content_before_calls
+from server.tools.formats.calls import ParsedCall, ParsedMessage, call_from_object
 from server.tools.grammar import Trigger, call_schema, function_of, hoist_defs, json_rule, parameters_of, tagged_start
 from server.tools.json_scan import scan_array_items, skip_ws, value_end
 

@@ -12,7 +12,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from server.tools.formats.base import ParsedCall, ParsedMessage, ToolFormat, hold_back
+from server.tools.formats.base import ToolFormat
+from server.tools.formats.calls import ParsedCall, ParsedMessage, hold_back
 from server.tools.grammar import Trigger, function_of, parameters_of, regex_escape, tagged_start
 
 _FUNCTION = re.compile(r"<function=([^>\n]*)>")

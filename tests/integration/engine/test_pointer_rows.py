@@ -157,14 +157,14 @@ def test_bucketed_fixed_buffer_steps_over_rows_by_address_stand_in_for_cuda_and_
     """The discipline captured device graphs need (CUDA graphs, the AMDGPU EP's HIP graphs): decode steps over
     rows [0, b) of each bucket, bound once to fixed input and logits buffers (uploaded and read back each step),
     prompt chunks straight into the rows by address. Two requests decoded together give the row-view tokens."""
-    from engine.bucket_runner import BucketRunner
+    from engine.bucket_runner import BucketRunner, DecodePath, RowPrompts
 
     folder, session, io = model
 
     kv = KVCache(KVShape(folder.num_layers, 4, folder.num_kv_heads, 96, folder.head_size, io.kv_dtype),
                  HostKVAllocator(POINTER))
-    fixed = BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, device_alloc=_cpu_alloc,
-                         row_chunks=True)
+    fixed = BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, decode=DecodePath(device_alloc=_cpu_alloc),
+                         prompts=RowPrompts())
     assert fixed.buckets == (1, 2, 4) and fixed.can_verify and fixed.device_io is not None
     views = _runner(model, 4, "host")
     prompts = [np.random.default_rng(s).integers(3, 500, n).tolist() for s, n in ((7, 29), (8, 18))]
@@ -189,7 +189,7 @@ def test_a_bucket_on_a_session_of_its_own_stand_in_for_the_cuda_one_row_session(
     """``bucket_sessions`` (the CUDA one-row step's session without the fused INT4 kernels): one-row decode steps run
     on the other session, wider ones on the decoder's, and the tokens equal a one-session runner's. The other
     session's own profile counts its runs."""
-    from engine.bucket_runner import BucketRunner
+    from engine.bucket_runner import BucketRunner, DecodePath, RowPrompts
 
     folder, session, io = model
     so = ort.SessionOptions()
@@ -200,8 +200,8 @@ def test_a_bucket_on_a_session_of_its_own_stand_in_for_the_cuda_one_row_session(
     def runner(**kw) -> BucketRunner:
         kv = KVCache(KVShape(folder.num_layers, 4, folder.num_kv_heads, 96, folder.head_size, io.kv_dtype),
                      HostKVAllocator(POINTER))
-        return BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, device_alloc=_cpu_alloc,
-                            row_chunks=True, **kw)
+        return BucketRunner(session, io, kv, prefill_chunk=16, max_position=96,
+                            decode=DecodePath(device_alloc=_cpu_alloc, **kw), prompts=RowPrompts())
 
     two, one = runner(bucket_sessions={1: one_row, 2: session}), runner()
     assert two.bucket_sessions == {1: one_row}  # the decoder's own session is no other
@@ -261,7 +261,7 @@ def test_the_row_summary_of_a_captured_step_stand_in_for_cuda_is_each_rows_argma
     (``engine.graph_capture.add_row_summary``), run on the CPU EP through the same fixed-buffer runner: the summary
     is the argmax and log-sum-exp of the logits the step returns, and greedy tokens and logprobs sampled from it
     are those of the CPU's own pass over the logits."""
-    from engine.bucket_runner import BucketRunner
+    from engine.bucket_runner import BucketRunner, DecodePath, RowPrompts
     from engine.graph_capture import capture_graph_bytes
     from engine.sampler import RequestSampler, needs_logits, sample_batch
 
@@ -273,9 +273,9 @@ def test_the_row_summary_of_a_captured_step_stand_in_for_cuda_is_each_rows_argma
 
     kv = KVCache(KVShape(folder.num_layers, 4, folder.num_kv_heads, 96, folder.head_size, io.kv_dtype),
                  HostKVAllocator(POINTER))
-    runner = BucketRunner(session, io, kv, prefill_chunk=16, max_position=96, device_alloc=_cpu_alloc,
-                          row_chunks=True, prefill_session=plain, prefill_io=check_graph(folder, plain),
-                          row_summary=True)
+    runner = BucketRunner(session, io, kv, prefill_chunk=16, max_position=96,
+                          decode=DecodePath(device_alloc=_cpu_alloc, row_summary=True),
+                          prompts=RowPrompts(plain, check_graph(folder, plain)))
     prompts = [np.random.default_rng(s).integers(3, 500, n).tolist() for s, n in ((3, 21), (4, 9), (5, 14))]
     last = []
     for slot, p in enumerate(prompts):

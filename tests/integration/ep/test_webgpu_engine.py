@@ -21,7 +21,7 @@ from engine.config import EngineConfig
 from engine.graph_capture import PACKED_INPUT, capture_graph_bytes, open_session
 from engine.kv_cache import HostKVAllocator, KVCache, KVShape
 from engine.model_loader import check_graph, create_session, read_model_folder
-from engine.bucket_runner import BucketRunner
+from engine.bucket_runner import BucketRunner, DecodePath
 from engine.types import ModelLoadError, SamplingParams
 
 NUM_TOKENS = 64
@@ -228,7 +228,7 @@ def test_captured_step_machinery_equals_the_plain_path_on_cpu(tiny_model, packed
         kv = KVCache(KVShape(folder.num_layers, 3, folder.num_kv_heads, 64, folder.head_size, io.kv_dtype),
                      HostKVAllocator())
         return BucketRunner(session, io, kv, prefill_chunk=16, max_position=64,
-                            device_alloc=device_alloc, packed_input=packed_input)
+                            decode=DecodePath(device_alloc=device_alloc, packed_input=packed_input))
 
     def cpu_alloc(shape, dtype):
         import onnxruntime as ort

@@ -20,10 +20,14 @@ def test_check_cost_starts_from_the_prior_law_and_follows_what_was_measured():
     cost.record_decode(0.001)
     cost.record_check(4, 0.006)
     assert cost.steps(4) == pytest.approx(6.0)
-    assert cost.steps(8) == pytest.approx(6.0 * 3.0 / 2.0)  # scaled from the nearest measured length
-    assert cost.steps(1) == pytest.approx(6.0 * 1.25 / 2.0)
+    assert cost.steps(8) == pytest.approx(6.0 + 0.25 * 4)  # beyond: the nearest plus the prior's cost per token
+    assert cost.steps(1) == pytest.approx(6.0 - 0.25 * 3)
+    cost.record_check(16, 0.008)
+    assert cost.steps(10) == pytest.approx(6.0 + 2.0 * 6 / 12)  # between two measured lengths: interpolated
     cost.record_check(1, 0.0005)  # a check is never taken as cheaper than the step it replaces
     assert cost.steps(1) == 1.0
+    cost.record_decode(0.002)  # (the decode step moved by over 5%: every length's cost with it)
+    assert cost.steps(4) == pytest.approx(0.006 / (0.7 * 0.001 + 0.3 * 0.002)) and cost.steps(20) > cost.steps(16)
 
 
 def simulate(check_steps: float, accepted: bool, num_tokens: int = 2000, per_token: float = 0.0) -> float:

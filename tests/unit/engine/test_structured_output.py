@@ -261,3 +261,85 @@ def test_a_one_of_whose_branches_may_overlap_is_refused_by_name(backend, schema)
         backend.constraint_sync(StructuredOutput("json_schema", json.dumps(schema), param="response_format"))
     assert "oneOf" in str(err.value) and err.value.param == "response_format"
     assert err.value.code == "invalid_structured_output"
+
+
+def quote_tokens(tokenizer, allowed) -> set[str]:
+    return {t for t in (tokenizer.decode([i]) for i in allowed) if '"' in t}
+
+
+OPEN_OBJECTS = [
+    ("json_object", ""),
+    ("json_schema", json.dumps({"type": "object"})),
+    ("json_schema", json.dumps({"type": "object", "properties": {"name": {"type": "string"}},
+                                "additionalProperties": True})),
+    ("json_schema", json.dumps({"type": "array", "items": {"type": "object", "additionalProperties": {"type": "integer"}}})),
+    ("lark", 'start: "call " %json {"type": "object"}'),
+]
+
+
+@pytest.mark.parametrize("kind, spec", OPEN_OBJECTS)
+def test_an_open_object_never_repeats_a_key(backend, bpe_tokenizer, kind, spec):
+    """The grammar alone accepts {"ab":1,"ab":2} in an open object; the key tracker clears the closing quote."""
+    prefix = {"lark": "call ", "json_schema": ""}.get(kind, "")
+    opening = "[" if '"array"' in spec else ""
+    unconstrained = backend.constraint_sync(StructuredOutput(kind, spec))
+    unconstrained._keys = None  # the grammar alone
+    walk(backend, unconstrained, bpe_tokenizer, prefix + opening + '{"ab":1,"ab')
+    assert '"' in quote_tokens(bpe_tokenizer, allowed_ids(backend, unconstrained))
+    constraint = backend.constraint_sync(StructuredOutput(kind, spec))
+    walk(backend, constraint, bpe_tokenizer, prefix + opening + '{"ab":1,"ab')
+    allowed = allowed_ids(backend, constraint)
+    assert '"' not in quote_tokens(bpe_tokenizer, allowed)
+    assert bpe_tokenizer.token_to_id("c") in allowed  # the key may still grow into a new one
+    walk(backend, constraint, bpe_tokenizer, 'c":2,"a')
+    assert '"' in quote_tokens(bpe_tokenizer, allowed_ids(backend, constraint))  # "a" is new
+
+
+def test_every_key_of_a_document_stays_new_and_nested_objects_keep_their_own(backend, bpe_tokenizer):
+    constraint = backend.constraint_sync(StructuredOutput("json_object"))
+    walk(backend, constraint, bpe_tokenizer, '{"a":{"a":[{"a":1},{"a":2,"b":3}],"b":4},"b":5,"c":{},"')
+    for key in ("a", "b", "c"):
+        probe = backend.constraint_sync(StructuredOutput("json_object"))
+        walk(backend, probe, bpe_tokenizer, '{"a":{"a":[{"a":1},{"a":2,"b":3}],"b":4},"b":5,"c":{},"' + key)
+        assert '"' not in quote_tokens(bpe_tokenizer, allowed_ids(backend, probe)), key
+
+
+def test_rollback_replays_the_keys(backend, bpe_tokenizer):
+    constraint = backend.constraint_sync(StructuredOutput("json_object"))
+    walk(backend, constraint, bpe_tokenizer, '{"ab":1,"ab')
+    assert '"' not in quote_tokens(bpe_tokenizer, allowed_ids(backend, constraint))
+    constraint.rollback(len(bpe_tokenizer.encode(',"ab').ids) + len(bpe_tokenizer.encode('1').ids))
+    walk(backend, constraint, bpe_tokenizer, '2}')
+    assert constraint.is_done
+    other = backend.constraint_sync(StructuredOutput("json_object"))
+    walk(backend, other, bpe_tokenizer, '{"ab":1,"ab')
+    other.rollback(other.num_accepted)
+    walk(backend, other, bpe_tokenizer, '{"ab":1}')  # the first "ab" is forgotten with its tokens
+    assert other.is_done
+
+
+def test_when_only_a_used_key_is_allowed_the_grammar_mask_stands(backend, bpe_tokenizer):
+    """A schema whose only key pattern is used up: an empty mask would be worse than the repeat."""
+    spec = json.dumps({"type": "object", "patternProperties": {"^ab$": {"type": "integer"}},
+                       "additionalProperties": False})
+    constraint = backend.constraint_sync(StructuredOutput("json_schema", spec))
+    walk(backend, constraint, bpe_tokenizer, '{"ab":1,"ab')
+    assert allowed_ids(backend, constraint).size > 0
+
+
+def test_the_parallel_fill_masks_repeats_too(backend, bpe_tokenizer):
+    constraints = [backend.constraint_sync(StructuredOutput("json_object")) for _ in range(2)]
+    for c in constraints:
+        walk(backend, c, bpe_tokenizer, '{"ab":1,"ab')
+    try:
+        backend.parallel_min_rows = 1
+        batched = backend.allocate_bitmask(2)
+        backend.fill([(c, row) for row, c in enumerate(constraints)], batched)
+    finally:
+        backend.parallel_min_rows = 1 << 30
+    single = backend.allocate_bitmask(1)
+    constraints[0].fill(single, 0)
+    np.testing.assert_array_equal(batched[0], single[0])
+    np.testing.assert_array_equal(batched[1], single[0])
+    assert bpe_tokenizer.token_to_id('"') is not None
+    assert not (batched[0][bpe_tokenizer.token_to_id('"') >> 5] >> (bpe_tokenizer.token_to_id('"') & 31)) & 1

@@ -25,7 +25,9 @@ def restore():
                                                        ("host", None, None), ("host", 2.0, 2.0)])
 def test_heap_frozen_and_switch_interval(restore, kv_cache, flag, expected_ms):
     before = sys.getswitchinterval()
-    engine = SimpleNamespace(placement=SimpleNamespace(kv_cache=kv_cache))
+    # (the profile's interval, as engine.placement reports it: ep.profiles.DeviceProfile.switch_interval_ms)
+    engine = SimpleNamespace(placement=SimpleNamespace(
+        kv_cache=kv_cache, switch_interval_ms=DEVICE_SWITCH_INTERVAL_MS if kv_cache == "device" else None))
     _tune_interpreter(Settings(gil_switch_interval_ms=flag), engine)
     assert gc.get_freeze_count() > 1000
     assert sys.getswitchinterval() == pytest.approx(before if expected_ms is None else expected_ms / 1000)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from server.tools.json_scan import partial_string, scan_object, value_end
 from server.tools.formats import FORMATS as PARSERS
 from server.tools.formats import make_format as make_parser
-from server.tools.formats.base import ParsedCall, hold_back
+from server.tools.formats.calls import ParsedCall, hold_back
 from server.tools.stream import ToolCallStream, new_call_id
 
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}'
