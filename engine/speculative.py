@@ -58,7 +58,7 @@ class CheckCost:
     Before any measurement a check of d tokens is taken to cost ``1 + CHECK_COST_PER_TOKEN * d`` decode steps (the
     CPU's law); once both kinds are measured, a length's own average is used, a length between two measured ones is
     interpolated, and one beyond them adds ``CHECK_COST_PER_TOKEN`` per token to the nearest (on a GPU a check's time
-    hardly grows with its length: H200, 1B, 2 tokens ~2.5 decode steps, 17 tokens ~3). Never less than one decode step.
+    hardly grows with its length: 1B, 2 tokens ~2.5 decode steps, 17 ~3; docs/perf/GPU.md). Never less than one decode step.
     """
 
     def __init__(self) -> None:
