@@ -21,13 +21,6 @@ MAX_MODULE_LINES = 600
 MAX_CLASS_LINES = 350
 MAX_INIT_PARAMS = 12
 
-# NOTE(test): over a limit today, with the issue that takes each under it; an entry must be removed once it holds
-# (test_pending_entries_are_still_over makes that so).
-PENDING_INIT_PARAMS = {
-    # issue 35 part 2 (branch profiles): its flags become a decode-path and a prompt-path object
-    "engine/bucket_runner.py:BucketRunner",
-}
-
 RECORD_BASES = {"NamedTuple", "BaseModel", "TypedDict", "Protocol"}
 
 
@@ -102,14 +95,8 @@ def test_no_class_over_350_lines(house) -> None:
 
 def test_no_regular_class_takes_over_12_constructor_parameters(house) -> None:
     _, _, params = house
-    over = {name: n for name, n in params.items() if n > MAX_INIT_PARAMS and name not in PENDING_INIT_PARAMS}
+    over = {name: n for name, n in params.items() if n > MAX_INIT_PARAMS}
     assert not over, f"constructors over {MAX_INIT_PARAMS} parameters: {over}"
-
-
-def test_pending_entries_are_still_over(house) -> None:
-    _, _, params = house
-    done = {name for name in PENDING_INIT_PARAMS if params.get(name, 0) <= MAX_INIT_PARAMS}
-    assert not done, f"now within the limit: take them off PENDING_INIT_PARAMS: {sorted(done)}"
 
 
 def test_the_measures_see_what_they_claim(tmp_path: Path) -> None:
