@@ -218,6 +218,15 @@ class RequestSampler:
         kept with probability p(t), and on rejection the token comes from p without t, renormalized.
         transformers' assisted generation checks drafts without logits (prompt lookup) the same way.
         """
+        if self.plain_greedy:  # NOTE(engine): one argmax pass over the rows, log-probabilities of the kept rows only
+            rows = logits[:len(draft) + 1]
+            tokens = np.argmax(rows, axis=-1)
+            n = next((j + 1 for j, t in enumerate(draft) if int(tokens[j]) != t), len(draft) + 1)
+            kept = [int(t) for t in tokens[:n]]
+            logprobs = batch_logprobs(rows[:n], kept, [self.params.top_logprobs] * n) if self.want_logprobs else None
+            for t in kept:
+                self.record(t)
+            return [SampleResult(t, logprobs[j] if logprobs else None) for j, t in enumerate(kept)]
         results: list[SampleResult] = []
         for j, row in enumerate(logits[:len(draft) + 1]):
             result = self.sample(row)

@@ -167,7 +167,8 @@ python3 - "$OUT" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-reports = {}
+# NOTE(perf): merged into what an earlier summary of this $OUT kept (a second `summarize` must not empty it)
+reports = json.loads((out / "issue38.json").read_text()) if (out / "issue38.json").exists() else {}
 for p in sorted(out.glob("r-*.json")):
     r = json.loads(p.read_text())
     runs = r.get("runs", [])
@@ -179,7 +180,7 @@ for p in sorted(out.glob("r-*.json")):
               f"{t.get('p99_ms')} ms  prompt tokens {s.get('num_prompt_tokens', s.get('prompt_tokens_mean'))}")
     p.unlink()
 (out / "issue38.json").write_text(json.dumps(reports))
-with open(out / "servers.log", "w") as f:
+with open(out / "servers.log", "a") as f:
     for p in sorted(out.glob("*server*.log")):
         f.write(f"==> {p.name}\n{p.read_text()[-15000:]}\n")
         p.unlink()

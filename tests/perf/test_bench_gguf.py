@@ -62,3 +62,5 @@ def test_the_plot_reads_each_reports_first_run():
     report = {"ours-c1": {"runs": [{"summary": {"output_tokens_per_s": 700.0, "ttft": {"p50_ms": 9.0, "p99_ms": 12}}}]},
               "peer-c1": {"runs": []}}
     assert figure(report) == {"ours-c1": {"tok_s": 700.0, "ttft_p50_ms": 9.0, "ttft_p99_ms": 12}}
+    grouped = {"peer_and_arrivals": {"ours-c1": {"tok_s": 700.0}}, "spec_centred_codes": {"spec-gguf-default-greedy": {}}}
+    assert set(figure(grouped)) == {"ours-c1", "centred-spec-gguf-default-greedy"}
