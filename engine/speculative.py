@@ -15,8 +15,8 @@ NOTE(engine): the downside is bounded by time, whatever the model writes or the 
 what a check of d draft tokens costs on this device in decode steps, measured by the core; a request drafts when
 its own acceptance rate makes a draft pay at that cost, and otherwise only tries again (a one-token probe) out of a
 credit that grows by ``PROBE_SHARE`` of a decode step per plain step, so failed probes cost at most that share of
-its time (H200, CUDA: a check ran 3-10x a captured decode step, and a model whose drafts never hit was 9x slower
-with drafts under a step-counted back-off).
+its time (on CUDA a check ran 3-10x a captured decode step, and a model whose drafts never hit was 9x slower with
+drafts under a step-counted back-off: docs/perf/GPU.md).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class CheckCost:
     Before any measurement a check of d tokens is taken to cost ``1 + CHECK_COST_PER_TOKEN * d`` decode steps (the
     CPU's law); once both kinds are measured, a length's own average is used, a length between two measured ones is
     interpolated, and one beyond them adds ``CHECK_COST_PER_TOKEN`` per token to the nearest (on a GPU a check's time
-    hardly grows with its length: H200, 1B, 2 tokens ~2.5 decode steps, 17 tokens ~3). Never less than one decode step.
+    hardly grows with its length: 1B, 2 tokens ~2.5 decode steps, 17 ~3; docs/perf/GPU.md). Never less than one decode step.
     """
 
     def __init__(self) -> None:

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from server.openai.protocol import (ChatCompletionRequest, OpenAIBaseModel, chat_request_from, param_renamer,
+from server.openai.base import OpenAIBaseModel
+from server.openai.protocol import (ChatCompletionRequest, chat_request_from, param_renamer,
                                     renamed_errors)
 from server.responses.tools import FunctionTool, ToolNames, allowed_names, chat_tool_choice, function_tools
 from server.responses.tools import invalid as _invalid
