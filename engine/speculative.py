@@ -66,13 +66,25 @@ class CheckCost:
         self.check_s: dict[int, float] = {}  # draft length -> average seconds of its check
         self._table: list[float] = []  # steps(d) for d < len, rebuilt after a check (not after each decode step)
         self._table_decode_s: float | None = None
+        self.frozen = False  # keep the prior law whatever this machine measures (freeze())
+
+    def freeze(self) -> None:
+        """Ignore measurements from now on: checks cost ``1 + CHECK_COST_PER_TOKEN * d`` decode steps whatever the
+        clock says. For tests and probes that count drafts, which must not depend on how loaded the machine is.
+        """
+        self.frozen = True
+        self.decode_s, self.check_s, self._table, self._table_decode_s = None, {}, [], None
 
     def record_decode(self, seconds: float) -> None:
+        if self.frozen:
+            return
         self.decode_s = seconds if self.decode_s is None else (1 - COST_WEIGHT) * self.decode_s + COST_WEIGHT * seconds
         if self._table_decode_s is not None and abs(self.decode_s - self._table_decode_s) > 0.05 * self._table_decode_s:
             self._table = []  # NOTE(engine): rebuilt only when the decode time moved by 5%: this runs every step
 
     def record_check(self, num_draft: int, seconds: float) -> None:
+        if self.frozen:
+            return
         old = self.check_s.get(num_draft)
         self.check_s[num_draft] = seconds if old is None else (1 - COST_WEIGHT) * old + COST_WEIGHT * seconds
         self._table = []
