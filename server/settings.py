@@ -257,8 +257,8 @@ class Settings(BaseSettings):
 
     step_trace: str | None = Field(
         None, description="Append a JSON line per engine step and per garbage collection to this file (when, how "
-        "long, each phase, what it ran), and one per late wake-up of the server's event loop (perf/gpu/gaps.py "
-        "lines them up with a bench's token gaps); default: off."
+        "long, each phase, what it ran), and one per late wake-up of the server's event loop (to line up with a bench's token gaps: "
+        "docs/perf/README.md); default: off."
     )
 
     sse_ping_s: float = Field(

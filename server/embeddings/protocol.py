@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from engine.types import InvalidRequestError
-from server.openai.protocol import IdleTTLField, OpenAIBaseModel
+from server.openai.base import IdleTTLField, OpenAIBaseModel
 
 MAX_INPUTS = 2048  # OpenAI's limit of inputs per request
 

@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from server.openai.protocol import (ChatCompletionRequest, IdleTTLField, OpenAIBaseModel, chat_request_from,
-                                    param_renamer, renamed_errors)
+from server.openai.base import IdleTTLField, OpenAIBaseModel
+from server.openai.protocol import (ChatCompletionRequest, chat_request_from, param_renamer,
+                                    renamed_errors)
 from server.responses.tools import FunctionTool, ToolNames, allowed_names, chat_tool_choice, function_tools
 from server.responses.tools import invalid as _invalid
 from server.responses.tools import typed as _typed
