@@ -15,8 +15,8 @@ NOTE(engine): the downside is bounded by time, whatever the model writes or the 
 what a check of d draft tokens costs on this device in decode steps, measured by the core; a request drafts when
 its own acceptance rate makes a draft pay at that cost, and otherwise only tries again (a one-token probe) out of a
 credit that grows by ``PROBE_SHARE`` of a decode step per plain step, so failed probes cost at most that share of
-its time (H200, CUDA: a check ran 3-10x a captured decode step, and a model whose drafts never hit was 9x slower
-with drafts under a step-counted back-off).
+its time (on CUDA a check ran 3-10x a captured decode step, and a model whose drafts never hit was 9x slower with
+drafts under a step-counted back-off: docs/perf/GPU.md).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class CheckCost:
     Before any measurement a check of d tokens is taken to cost ``1 + CHECK_COST_PER_TOKEN * d`` decode steps (the
     CPU's law); once both kinds are measured, a length's own average is used, a length between two measured ones is
     interpolated, and one beyond them adds ``CHECK_COST_PER_TOKEN`` per token to the nearest (on a GPU a check's time
-    hardly grows with its length: H200, 1B, 2 tokens ~2.5 decode steps, 17 tokens ~3). Never less than one decode step.
+    hardly grows with its length: 1B, 2 tokens ~2.5 decode steps, 17 ~3; docs/perf/GPU.md). Never less than one decode step.
     """
 
     def __init__(self) -> None:
@@ -66,13 +66,25 @@ class CheckCost:
         self.check_s: dict[int, float] = {}  # draft length -> average seconds of its check
         self._table: list[float] = []  # steps(d) for d < len, rebuilt after a check (not after each decode step)
         self._table_decode_s: float | None = None
+        self.frozen = False  # keep the prior law whatever this machine measures (freeze())
+
+    def freeze(self) -> None:
+        """Ignore measurements from now on: checks cost ``1 + CHECK_COST_PER_TOKEN * d`` decode steps whatever the
+        clock says. For tests and probes that count drafts, which must not depend on how loaded the machine is.
+        """
+        self.frozen = True
+        self.decode_s, self.check_s, self._table, self._table_decode_s = None, {}, [], None
 
     def record_decode(self, seconds: float) -> None:
+        if self.frozen:
+            return
         self.decode_s = seconds if self.decode_s is None else (1 - COST_WEIGHT) * self.decode_s + COST_WEIGHT * seconds
         if self._table_decode_s is not None and abs(self.decode_s - self._table_decode_s) > 0.05 * self._table_decode_s:
             self._table = []  # NOTE(engine): rebuilt only when the decode time moved by 5%: this runs every step
 
     def record_check(self, num_draft: int, seconds: float) -> None:
+        if self.frozen:
+            return
         old = self.check_s.get(num_draft)
         self.check_s[num_draft] = seconds if old is None else (1 - COST_WEIGHT) * old + COST_WEIGHT * seconds
         self._table = []
