@@ -224,7 +224,7 @@ def plot(json_paths: list[str], out: str) -> None:
             ax.bar(xs, [f["decode_cpu_ms"] for f in figs], width, color=f"C{i}", label=f"{st['label']}: CPU")
             ax.plot(xs, [f["decode_wall_ms"] for f in figs], "o", color=f"C{i}", mec="k", label=f"{st['label']}: wall")
         ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], [f"{lv}\n{ln}" for lv, ln in groups])
-        ax.set_title(f"{sets[0]['model']}: decode ms per token (medians over rounds)", fontsize=10)
+        ax.set_title(f"{Path(sets[0]['model']).name}: decode ms per token (medians over rounds)", fontsize=10)
         ax.set_ylabel("ms per token")
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
