@@ -15,8 +15,8 @@ NOTE(engine): the downside is bounded by time, whatever the model writes or the 
 what a check of d draft tokens costs on this device in decode steps, measured by the core; a request drafts when
 its own acceptance rate makes a draft pay at that cost, and otherwise only tries again (a one-token probe) out of a
 credit that grows by ``PROBE_SHARE`` of a decode step per plain step, so failed probes cost at most that share of
-its time (H200, CUDA: a check ran 3-10x a captured decode step, and a model whose drafts never hit was 9x slower
-with drafts under a step-counted back-off).
+its time (on CUDA a check ran 3-10x a captured decode step, and a model whose drafts never hit was 9x slower with
+drafts under a step-counted back-off: docs/perf/GPU.md).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class CheckCost:
     Before any measurement a check of d tokens is taken to cost ``1 + CHECK_COST_PER_TOKEN * d`` decode steps (the
     CPU's law); once both kinds are measured, a length's own average is used, a length between two measured ones is
     interpolated, and one beyond them adds ``CHECK_COST_PER_TOKEN`` per token to the nearest (on a GPU a check's time
-    hardly grows with its length: H200, 1B, 2 tokens ~2.5 decode steps, 17 tokens ~3). Never less than one decode step.
+    hardly grows with its length: 1B, 2 tokens ~2.5 decode steps, 17 ~3; docs/perf/GPU.md). Never less than one decode step.
     """
 
     def __init__(self) -> None:
@@ -66,13 +66,25 @@ class CheckCost:
         self.check_s: dict[int, float] = {}  # draft length -> average seconds of its check
         self._table: list[float] = []  # steps(d) for d < len, rebuilt after a check (not after each decode step)
         self._table_decode_s: float | None = None
+        self.frozen = False  # keep the prior law whatever this machine measures (freeze())
+
+    def freeze(self) -> None:
+        """Ignore measurements from now on: checks cost ``1 + CHECK_COST_PER_TOKEN * d`` decode steps whatever the
+        clock says. For tests and probes that count drafts, which must not depend on how loaded the machine is.
+        """
+        self.frozen = True
+        self.decode_s, self.check_s, self._table, self._table_decode_s = None, {}, [], None
 
     def record_decode(self, seconds: float) -> None:
+        if self.frozen:
+            return
         self.decode_s = seconds if self.decode_s is None else (1 - COST_WEIGHT) * self.decode_s + COST_WEIGHT * seconds
         if self._table_decode_s is not None and abs(self.decode_s - self._table_decode_s) > 0.05 * self._table_decode_s:
             self._table = []  # NOTE(engine): rebuilt only when the decode time moved by 5%: this runs every step
 
     def record_check(self, num_draft: int, seconds: float) -> None:
+        if self.frozen:
+            return
         old = self.check_s.get(num_draft)
         self.check_s[num_draft] = seconds if old is None else (1 - COST_WEIGHT) * old + COST_WEIGHT * seconds
         self._table = []
@@ -145,6 +157,7 @@ class NgramDrafter:
         self._misses = 0
         self.cost = cost or CheckCost()
         self._credit = 0.0  # decode steps' worth a probe may spend
+        self._probe_cost = 0.0  # what the probe being checked took from the credit
         self.num_probes = 0
         self.stopped = False  # for good (``stop``)
 
@@ -191,6 +204,7 @@ class NgramDrafter:
             num = 1
             if self.num_probes:
                 self._credit -= probe
+            self._probe_cost = probe  # given back if the probe is kept (record): the first one's too
             self.num_probes += 1
         return self._draft(start, num)
 
@@ -217,9 +231,16 @@ class NgramDrafter:
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         """Learn from a check: ``num_accepted`` of ``num_drafted`` tokens kept. The first rejected token (if any)
-        counts as tested; a check with nothing accepted also pauses drafting for 1, 3, 7, ... steps."""
+        counts as tested; a check with nothing accepted also pauses drafting for 1, 3, 7, ... steps; a probe kept
+        whole gives its credit back."""
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
+        if self._probe_cost and num_accepted == num_drafted:
+            # NOTE(engine): a kept probe is evidence, not a loss to bound: the next one may follow at once, so a request
+            # whose text copies reaches the acceptance that pays for long drafts in a few steps (at a probe per
+            # 1 / PROBE_SHARE steps it took longer than a 128-token answer: 1.3x instead of 3.5x on the H200)
+            self._credit += self._probe_cost
+        self._probe_cost = 0.0
         tested = num_accepted + (num_accepted < num_drafted)
         self._accepted = DECAY * self._accepted + num_accepted
         self._tested = DECAY * self._tested + tested

@@ -6,8 +6,8 @@
 # model: the bench GGUF and its conversion if the background job has not made them; tests: the CUDA engine tests on
 # the converted untied bench GGUF (finite logits, varied greedy output) against the CPU EP (TESTS_K picks some); spec:
 # one stream, default settings against --speculative-tokens 0, greedy, on build_synthetic's 1B shape (non-finite
-# logits), the bench GGUF (its random output repeats: drafts hit) and the untied one (drafts miss; SPEC_T1=1 adds
-# the tied one at temperature 1);
+# logits), the bench GGUF (drafts miss) and its offset-code variant (its output repeats: drafts hit; SPEC_T1=1 adds
+# the bench GGUF at temperature 1);
 # peer: llama-server (CUDA) and ortserve (--max-batch 64) on the same GGUF: 1, 8 and 64 streams, a ~900-token TTFT
 # idle and beside 7 streams; arrivals: 64 requests at once, three times, on both.
 set -o pipefail
@@ -69,8 +69,8 @@ if has spec; then
     log "spec: building build_synthetic's 1B shape"
     OUT=$OUT/build PROVIDER=cuda bash perf/gpu/serving.sh build > /dev/null 2>&1; rm -rf "$OUT/build"
   fi
-  for m in ${SPEC_MODELS:-synthetic gguf gguf-untied}; do
-    dir=/tmp/ortserve-1b; [ $m = gguf ] && dir=$GGUF_DIR; [ $m = gguf-untied ] && dir=$GGUF_DIR-untied
+  for m in ${SPEC_MODELS:-synthetic gguf gguf-offset}; do
+    dir=/tmp/ortserve-1b; [ $m != synthetic ] && dir=$GGUF_DIR${m#gguf}
     for mode in default spec0; do
       args=(); [ $mode = spec0 ] && args=(--speculative-tokens 0)
       log "spec: $m, $mode (--max-batch 8)"
@@ -167,7 +167,8 @@ python3 - "$OUT" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-reports = {}
+# NOTE(perf): merged into what an earlier summary of this $OUT kept (a second `summarize` must not empty it)
+reports = json.loads((out / "issue38.json").read_text()) if (out / "issue38.json").exists() else {}
 for p in sorted(out.glob("r-*.json")):
     r = json.loads(p.read_text())
     runs = r.get("runs", [])
@@ -179,7 +180,7 @@ for p in sorted(out.glob("r-*.json")):
               f"{t.get('p99_ms')} ms  prompt tokens {s.get('num_prompt_tokens', s.get('prompt_tokens_mean'))}")
     p.unlink()
 (out / "issue38.json").write_text(json.dumps(reports))
-with open(out / "servers.log", "w") as f:
+with open(out / "servers.log", "a") as f:
     for p in sorted(out.glob("*server*.log")):
         f.write(f"==> {p.name}\n{p.read_text()[-15000:]}\n")
         p.unlink()

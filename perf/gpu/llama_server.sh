@@ -24,12 +24,13 @@ build)
     -DLLAMA_BUILD_UI=OFF && cmake --build $P/build --target llama-server -j "$(nproc)" || exit 1
   echo "built llama-server in $(( $(date +%s) - t0 )) s"; $P/build/bin/llama-server --version 2>&1 | tail -n 2
   ;;
-model)  # the bench GGUF tied (drafts hit) and untied (varied output, drafts miss), each converted
+model)  # the bench GGUF, its untied variant and its offset-code variant (drafts hit), each converted
   t0=$(date +%s)
   xz -dc .peer/ggml-vocab-llama-bpe.gguf.xz > $P/vocab.gguf
-  for v in "" "-untied"; do
+  for v in "" "-untied" "-offset"; do  # (see bench_gguf.py: -offset's drafts always hit, the others' miss)
     PYTHONPATH=$PWD/.peer/gguf-py:$PWD python3 -m perf.gpu.bench_gguf --vocab $P/vocab.gguf \
-      --out $P/bench-1b$v.gguf ${v:+--untied} || exit 1
+      --out $P/bench-1b$v.gguf $([ "$v" = -untied ] && echo --untied) $([ "$v" = -offset ] && echo --offset-codes) \
+      || exit 1
     # `ortserve convert` (server/__main__.py) needs the project's wheels (setup-cuda.sh); before them, its function
     if python3 -c "import pydantic" 2>/dev/null; then
       python3 -m server convert $P/bench-1b$v.gguf $P/bench-1b$v --dtype float16 --overwrite --quiet || exit 1

@@ -31,7 +31,7 @@ async def create_decision(body: wire.DecisionRequest, request: Request) -> JSONR
     items = body.questions
     answers = [wire.openai_answer(item, name, answer)
                for item, (_, name), answer in zip(items, parsed, outcome.answers)]
-    state.metrics.readout_done("decisions", arrival, _counts(outcome.answers))
+    state.metrics.readout_done("decisions", arrival, _counts(outcome.answers), request.state.ortserve_model)
     return JSONResponse({"answers": answers, "model": request.state.ortserve_model,
                          "usage": wire.openai_usage(outcome.num_input_tokens, outcome.num_cached_tokens)})
 
@@ -52,7 +52,7 @@ async def create_systemone(body: wire.SystemOneRequest, request: Request) -> JSO
     # NOTE(server): as System One does, a question the model cannot answer is left out of ``answers``.
     answers = {name: wire.systemone_answer(q, answer)
                for (name, q), answer in zip(parsed, outcome.answers) if answer is not None}
-    state.metrics.readout_done("systemone", arrival, _counts(outcome.answers))
+    state.metrics.readout_done("systemone", arrival, _counts(outcome.answers), request.state.ortserve_model)
     return JSONResponse({"model": request.state.ortserve_model, "answers": answers,
                          "usage": {"input_tokens": outcome.num_input_tokens, "output_tokens": 0,
                                    "cached_tokens": outcome.num_cached_tokens}})

@@ -105,7 +105,7 @@ async def rerank(body: wire.RerankRequest, request: Request) -> JSONResponse:
     docs = body.document_texts()
     scores, num_tokens = await race_disconnect(request, _scores(served, scorer, engine,
                                                                 [(body.query, d) for d in docs]))
-    state.metrics.readout_done("rerank", arrival, {"documents": len(docs)})
+    state.metrics.readout_done("rerank", arrival, {"documents": len(docs)}, served)
     if body.tei:
         return JSONResponse(wire.tei_response(docs, scores, body.top_n, bool(body.return_text)))
     # NOTE(server): Cohere's v2 leaves the documents out unless asked; Jina and vLLM return them
@@ -122,5 +122,5 @@ async def score(body: wire.ScoreRequest, request: Request) -> JSONResponse:
     served, scorer, engine = await _scorer(request, state, body.model)
     pairs = body.pairs()
     scores, num_tokens = await race_disconnect(request, _scores(served, scorer, engine, pairs))
-    state.metrics.readout_done("score", arrival, {"pairs": len(pairs)})
+    state.metrics.readout_done("score", arrival, {"pairs": len(pairs)}, served)
     return JSONResponse(wire.score_response(scores, served, num_tokens))

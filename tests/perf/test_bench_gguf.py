@@ -62,3 +62,13 @@ def test_the_plot_reads_each_reports_first_run():
     report = {"ours-c1": {"runs": [{"summary": {"output_tokens_per_s": 700.0, "ttft": {"p50_ms": 9.0, "p99_ms": 12}}}]},
               "peer-c1": {"runs": []}}
     assert figure(report) == {"ours-c1": {"tok_s": 700.0, "ttft_p50_ms": 9.0, "ttft_p99_ms": 12}}
+    grouped = {"peer_and_arrivals": {"ours-c1": {"tok_s": 700.0}}, "spec_centred_codes": {"spec-gguf-default-greedy": {}}}
+    assert set(figure(grouped)) == {"ours-c1", "centred-spec-gguf-default-greedy"}
+
+
+def test_offset_codes_have_the_mean_that_makes_a_random_model_repeat():
+    rng = np.random.default_rng(1)
+    centred = gguf.quants.dequantize(q4_0_blocks(rng, 64, 512, std=0.02), gguf.GGMLQuantizationType.Q4_0)
+    offset = gguf.quants.dequantize(q4_0_blocks(rng, 64, 512, std=0.02, offset=True), gguf.GGMLQuantizationType.Q4_0)
+    assert abs(centred.mean()) < 6e-4 and offset.mean() < -1.5e-3  # -d/2 with d = 0.02 / 4.61
+    assert offset.std() == pytest.approx(0.02, rel=0.05)

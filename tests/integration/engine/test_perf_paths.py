@@ -10,7 +10,8 @@ import pytest
 from engine.config import EngineConfig
 from engine.kv_cache import HostKVAllocator, KVCache, KVShape
 from engine.model_loader import check_graph, create_session, read_model_folder
-from engine.runner import LOGITS_TO_KEEP, Runner
+from engine.row_chunks import LOGITS_TO_KEEP
+from engine.runner import Runner
 
 LENGTH = 128
 
