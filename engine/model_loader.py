@@ -158,7 +158,7 @@ def read_model_folder(path: str | Path, chat_template: str | None = None) -> Mod
     eos_text = chat_template.special_tokens.get("eos_token")
     if eos_text and tokenizer.token_to_id(eos_text) is not None:
         eos.add(tokenizer.token_to_id(eos_text))
-    eog = eog_token_ids(tokenizer.hf.get_vocab(with_added_tokens=True), eos_ids=eos,
+    eog = eog_token_ids(tokenizer.vocab, eos_ids=eos,
                         vocab_size=tokenizer.vocab_size)
     if not eog:
         log.warning("model %s names no end-of-generation token; requests end only at max_tokens or stop strings",

@@ -26,8 +26,11 @@ class Tokenizer:
 
     def __init__(self, hf: HFTokenizer) -> None:
         self.hf = hf
+        # token text -> id, added tokens included: read once (a large vocabulary's copy holds the GIL for a while,
+        # and a model hub loads tokenizers beside running streams)
+        self.vocab: dict[str, int] = hf.get_vocab(with_added_tokens=True)
         # L and the characters that can vanish (see token_bound); None: no bound for this tokenizer.
-        self.max_chars_per_token, self._vanishing = token_bound(hf) or (None, "")
+        self.max_chars_per_token, self._vanishing = token_bound(hf, self.vocab) or (None, "")
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
@@ -163,7 +166,7 @@ def _vanishing_characters(hf: HFTokenizer, pre: dict[str, Any] | None, vocab: di
     return "".join(chr(c) for c in range(0x80) if symbols(chr(c)) not in vocab)
 
 
-def token_bound(hf: HFTokenizer) -> tuple[int, str] | None:
+def token_bound(hf: HFTokenizer, vocab: dict[str, int] | None = None) -> tuple[int, str] | None:
     """(L, vanishing) such that a text has at least (len(text) - its vanishing characters) / L tokens, or
     None when this tokenizer allows no such bound (see the note above).
 
@@ -174,7 +177,7 @@ def token_bound(hf: HFTokenizer) -> tuple[int, str] | None:
     normalizer, pre = (json.loads(part.__getstate__()) if part is not None else None
                        for part in (hf.normalizer, hf.pre_tokenizer))
     shrink = _normalizer_shrink(normalizer)
-    vocab = hf.get_vocab(with_added_tokens=True)
+    vocab = hf.get_vocab(with_added_tokens=True) if vocab is None else vocab
     vanishing = _vanishing_characters(hf, pre, vocab)
     if (shrink is None or vanishing is None or not vocab or not _pre_tokenizer_keeps_all(pre)
             or any(t.lstrip or t.rstrip for t in hf.get_added_tokens_decoder().values())):
