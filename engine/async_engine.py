@@ -111,8 +111,14 @@ class AsyncEngine:
         return self.folder.model_name
 
     @property
+    def eog_token_ids(self) -> frozenset[int]:
+        """Every id that ends generation (``engine.end_of_generation``; ``ignore_eos`` requests pass them)."""
+        return self.folder.eog_token_ids
+
+    @property
     def eos_token_ids(self) -> frozenset[int]:
-        return self.folder.eos_token_ids
+        """``eog_token_ids`` under its older name."""
+        return self.folder.eog_token_ids
 
     @property
     def generation_config(self) -> dict[str, Any]:

@@ -29,8 +29,10 @@ class EngineConfig:
         ep_options: provider options on top of genai_config's ``session_options.provider_options``.
         max_batch: KV slots = requests decoded together.
         max_queue: requests allowed to wait for a slot; one more raises EngineOverloadedError.
-        max_model_len: tokens per request (prompt + output); None -> min(context_length,
-            search.max_length or 2048).
+        max_model_len: tokens per request (prompt + output); None -> the model's trained context, reduced only
+            to what ``kv_cache_memory_gib`` allows for ``max_batch`` rows (``engine.context_length``).
+        kv_cache_memory_gib: the KV memory budget that bounds the default max_model_len; None -> half the host
+            memory available at load (device memory is not asked of the EP).
         prefill_chunk: token budget per step (decode tokens + prefill chunks); also the width of the
             KV tail reserved for idle rows on devices whose buffers can't be sliced.
         intra_op_threads: ORT intra-op threads; None -> number of physical cores.
@@ -106,6 +108,7 @@ class EngineConfig:
     max_batch: int = 8
     max_queue: int = 64
     max_model_len: int | None = None
+    kv_cache_memory_gib: float | None = None
     prefill_chunk: int = 256
     intra_op_threads: int | None = None
     allow_spinning: bool = True
@@ -137,6 +140,8 @@ class EngineConfig:
         _check(0 <= self.max_queue, "max_queue", "must be >= 0", self.max_queue)
         _check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2",
                self.max_model_len)
+        _check(self.kv_cache_memory_gib is None or self.kv_cache_memory_gib > 0, "kv_cache_memory_gib", "must be > 0",
+               self.kv_cache_memory_gib)
         _check(self.prefill_chunk >= self.max_batch + 1, "prefill_chunk",
                f"must be > max_batch ({self.max_batch}) so a prefill chunk fits beside a full decode batch",
                self.prefill_chunk)

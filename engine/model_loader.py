@@ -5,6 +5,8 @@ Owns genai_config.json parsing and graph I/O validation; every failure is a Mode
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 import os
@@ -17,7 +19,9 @@ import onnxruntime as ort
 
 from engine.chat_template import ChatTemplate, chat_template_source
 from engine.config import EngineConfig
-from engine.tokenizer import END_OF_TURN_TOKENS, Tokenizer
+from engine.context_length import GIB, ContextChoice, choose_context, kv_bytes_per_token
+from engine.end_of_generation import eog_token_ids
+from engine.tokenizer import Tokenizer
 from engine.types import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -54,7 +58,7 @@ class ModelFolder:
     genai: dict[str, Any]
     tokenizer: Tokenizer
     chat_template: ChatTemplate
-    eos_token_ids: frozenset[int]
+    eog_token_ids: frozenset[int]  # every id that ends generation (llama.cpp's EOG set; grammars allow them)
     num_layers: int
     num_kv_heads: int
     head_size: int
@@ -65,6 +69,26 @@ class ModelFolder:
     @property
     def model_name(self) -> str:
         return self.path.name
+
+    @functools.cached_property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes of one KV element: the graph's past-key input type (read without the weights); 4 if unknown."""
+        import onnx  # only here: the graph's structure at load
+
+        try:
+            proto = onnx.load(str(self.model_file), load_external_data=False)
+        except Exception:  # noqa: BLE001 - check_share_buffer reports an unreadable graph
+            return 4
+        for graph_input in proto.graph.input:
+            if graph_input.name.startswith("past_key_values") or ".key" in graph_input.name:
+                elem = graph_input.type.tensor_type.elem_type
+                return 2 if elem in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) else 4
+        return 4
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The end-of-generation set under its older name."""
+        return self.eog_token_ids
 
 
 def _read_json(path: Path, *, required: bool) -> dict[str, Any]:
@@ -126,36 +150,50 @@ def read_model_folder(path: str | Path, chat_template: str | None = None) -> Mod
         chat_template = ChatTemplate((path / "chat_template.jinja").read_text(encoding="utf-8"),
                                      chat_template.special_tokens)
 
-    # NOTE(engine): a request ends at any of: genai/generation eos ids, the tokenizer's eos token, and the
-    # template's end-of-turn token (e.g. <|im_end|>) when the template uses it.
+    # NOTE(engine): a request ends at any end-of-generation token, decided as llama.cpp decides it
+    # (engine.end_of_generation): the folder's eos ids (genai_config, generation_config, the tokenizer's
+    # eos_token), eot/eom, FIM pad/repo/separator and every token llama.cpp ends on by its text. Folders converted
+    # before the builder wrote the whole set get it here.
     eos = _ids(model.get("eos_token_id")) | _ids(gen_config.get("eos_token_id"))
     eos_text = chat_template.special_tokens.get("eos_token")
-    for token in ([eos_text] if eos_text else []) + [t for t in END_OF_TURN_TOKENS
-                                                      if t in (chat_template.source or "")]:
-        token_id = tokenizer.token_to_id(token)
-        if token_id is not None:
-            eos.add(token_id)
-    if not eos:
-        log.warning("model %s names no eos token; requests end only at max_tokens or stop strings", path)
+    if eos_text and tokenizer.token_to_id(eos_text) is not None:
+        eos.add(tokenizer.token_to_id(eos_text))
+    eog = eog_token_ids(tokenizer.hf.get_vocab(with_added_tokens=True), eos_ids=eos,
+                        vocab_size=tokenizer.vocab_size)
+    if not eog:
+        log.warning("model %s names no end-of-generation token; requests end only at max_tokens or stop strings",
+                    path)
     search_max = genai.get("search", {}).get("max_length")
     return ModelFolder(
         path=path, model_file=model_file, genai=genai, tokenizer=tokenizer, chat_template=chat_template,
-        eos_token_ids=frozenset(eos), num_layers=num_layers, num_kv_heads=num_kv_heads, head_size=head_size,
+        eog_token_ids=eog, num_layers=num_layers, num_kv_heads=num_kv_heads, head_size=head_size,
         context_length=context_length, search_max_length=int(search_max) if search_max else None,
         generation_config=gen_config,
     )
 
 
-def resolve_max_model_len(folder: ModelFolder, config: EngineConfig, kv_length: int | None) -> int:
-    """min(context_length, search.max_length or 2048), or the configured value (checked against both)."""
-    limit = folder.context_length or folder.search_max_length or DEFAULT_MAX_LENGTH
-    default = min(limit, folder.search_max_length or DEFAULT_MAX_LENGTH)
-    value = config.max_model_len or default
-    if value > limit:
-        raise ModelLoadError(f"max_model_len {value} exceeds the model's context_length {limit}")
-    if kv_length is not None and value > kv_length:
-        value = kv_length  # a static KV length in the graph bounds the context
-    return value
+def choose_max_model_len(folder: ModelFolder, config: EngineConfig, kv_length: int | None) -> ContextChoice:
+    """The configured max_model_len (checked against the trained context), else the model's trained context
+    reduced only to what the KV memory budget allows for ``config.max_batch`` rows (engine.context_length).
+
+    A static KV length baked into the graph (``kv_length``) bounds either.
+
+    Raises:
+        ModelLoadError: a configured value over the trained context, or a budget too small for any context.
+    """
+    trained = folder.context_length or folder.search_max_length or DEFAULT_MAX_LENGTH
+    if config.max_model_len is not None and config.max_model_len > trained:
+        raise ModelLoadError(f"max_model_len {config.max_model_len} exceeds the model's context_length {trained}")
+    per_token = kv_bytes_per_token(folder.num_layers, folder.num_kv_heads, folder.head_size, folder.kv_dtype_bytes)
+    budget = None if config.kv_cache_memory_gib is None else int(config.kv_cache_memory_gib * GIB)
+    try:
+        choice = choose_context(trained, requested=config.max_model_len, num_rows=config.max_batch,
+                                kv_bytes_per_token=per_token, budget_bytes=budget)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    if kv_length is not None and choice.value > kv_length:
+        choice = dataclasses.replace(choice, value=kv_length)  # a static KV length in the graph bounds the context
+    return choice
 
 
 def check_graph(folder: ModelFolder, session: ort.InferenceSession, *, packed_input: str | None = None) -> GraphIO:

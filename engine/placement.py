@@ -37,7 +37,7 @@ from engine.config import DEFAULT_BATCHED_PROMPT_TOKENS, EngineConfig
 from engine.device_kv import AddressRowCopier, RowCopier, address_copy_graph_bytes, row_copy_graph_bytes
 from engine.graph_capture import OpenedSession, open_session
 from engine.kv_cache import OPAQUE, POINTER, HostKVAllocator, KVAllocator, KVCache, KVShape, make_kv_allocator
-from engine.model_loader import ModelFolder, check_graph, create_session, resolve_max_model_len
+from engine.model_loader import ModelFolder, check_graph, choose_max_model_len, create_session
 from engine.runner import ModelRunner, Runner, make_input_allocator
 from engine.types import DevicePlacement, ModelLoadError
 from ep.profiles import PROMPT_SDPA_KERNEL  # noqa: F401 - the CUDA profile's, named here for its tests
@@ -64,7 +64,10 @@ def load(folder: ModelFolder, config: EngineConfig) -> Loaded:
     Raises:
         ModelLoadError: the model can't be served on this device (ep/'s own errors propagate unchanged).
     """
-    planned_len = resolve_max_model_len(folder, config, None)
+    # NOTE(engine): chosen once: the default depends on the memory available now, which the session changes
+    context = choose_max_model_len(folder, config, None)
+    log.info("%s", context.describe())
+    planned_len = context.value
     try:
         return _load(folder, config, open_session(folder, config, planned_len), planned_len)
     except _WarmupError as exc:  # graph capture was auto-chosen and its first run failed: run without it
@@ -76,7 +79,7 @@ def load(folder: ModelFolder, config: EngineConfig) -> Loaded:
 def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, planned_len: int) -> Loaded:
     session, selected = opened.session, opened.selected
     io = check_graph(folder, session, packed_input=opened.packed_input)
-    max_model_len = resolve_max_model_len(folder, config, io.kv_length)
+    max_model_len = min(planned_len, io.kv_length or planned_len)  # a static KV length in the graph bounds it
     kv_length = io.kv_length or max_model_len
     if opened.graph_capture and kv_length != planned_len:
         raise ModelLoadError(f"graph capture was set up for KV length {planned_len}, the graph has {kv_length}")

@@ -16,10 +16,6 @@ from tokenizers import models
 
 from engine.types import ModelLoadError
 
-# End-of-turn markers of common chat templates: when such a token exists and the template uses it, it
-# ends a request like eos does.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
-
 
 class Tokenizer:
     """Encode/decode text for one model.

@@ -48,6 +48,7 @@ def engine_config_from(settings: Settings) -> Any:
         "max_batch": settings.max_batch,
         "max_queue": settings.max_queue,
         "max_model_len": settings.max_model_len,
+        "kv_cache_memory_gib": settings.kv_cache_memory_gib,
         "intra_op_threads": settings.intra_op_threads,
         "graph_capture": settings.graph_capture,
         "device_row_summary": settings.device_row_summary,

@@ -66,6 +66,7 @@ class EngineClient(Protocol):
     vocab_size: int
     tokenizer: TokenizerLike
     chat_template: ChatTemplateLike
+    eog_token_ids: frozenset[int]  # every id that ends generation (engine.end_of_generation)
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                  request_id: str) -> AsyncIterator[RequestOutput]: ...

@@ -59,7 +59,12 @@ class Settings(BaseSettings):
         None, description="Name clients use in the `model` field (default: the model's own name)."
     )
     max_model_len: int | None = Field(
-        None, ge=16, le=1_048_576, description="Context length in tokens (default: the model's, capped by the engine)."
+        None, ge=16, le=1_048_576, description="Context length in tokens (default: the model's trained context, "
+        "reduced only to what --kv-cache-memory-gib allows for --max-batch rows; the start-up log says which).",
+    )
+    kv_cache_memory_gib: float | None = Field(
+        None, gt=0, le=65_536, description="KV-cache memory budget in GiB that bounds the default context "
+        "(default: half the host memory available at start-up).",
     )
     chat_template: str | None = Field(
         None, description="Chat template for /v1/chat/completions, replacing the model's own: a Jinja file or a "

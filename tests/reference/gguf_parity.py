@@ -100,6 +100,7 @@ class ParityResult:
     mismatches: list[dict]
     top1: dict[str, float]  # model folder -> agreement
     positions: int
+    eog: list[int]  # llama.cpp's end-of-generation ids for the file
 
 
 def all_position_logits(model_dir: Path, ids: list[int], threads: int = 2) -> np.ndarray:
@@ -138,6 +139,7 @@ def run_parity(gguf: Path, model_dirs: list[Path], *, python: Path = DEFAULT_PEE
                                    "llama.cpp decoded": ref_text})
         prompts = [tok.encode(p, add_special_tokens=True).ids[:PROMPT_TOKENS] for p in PROMPTS]
         ref_argmax = [peer.ask(cmd="argmax", ids=p)["argmax"] for p in prompts]
+        eog = peer.ask(cmd="eog")["eog"]
     finally:
         peer.close()
     top1 = {}
@@ -146,7 +148,7 @@ def run_parity(gguf: Path, model_dirs: list[Path], *, python: Path = DEFAULT_PEE
                  for p, r in zip(prompts, ref_argmax)]
         top1[str(folder)] = float(np.mean(np.concatenate(agree)))
     return ParityResult(len(CORPUS) - len(mismatches), len(CORPUS), mismatches, top1,
-                        positions=sum(len(p) for p in prompts))
+                        positions=sum(len(p) for p in prompts), eog=eog)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"gguf": str(args.gguf), "cpu": platform.processor() or platform.machine(),
               "llama_cpp": info, "tokenization": f"{res.tokenization_equal}/{res.tokenization_total} texts equal",
               "mismatches": res.mismatches, "top1_agreement": res.top1,
-              "positions": res.positions, "prompt_tokens": PROMPT_TOKENS}
+              "positions": res.positions, "prompt_tokens": PROMPT_TOKENS, "eog": res.eog}
     print(json.dumps(report, indent=2, ensure_ascii=False))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")

@@ -13,6 +13,8 @@ Requests:
     {"cmd": "generate", "ids": [...], "max_tokens": N}        -> {"tokens": [...], "prompt_s": s, "decode_s": s}
                                                                   (greedy, eos ignored; prompt_s: the prompt's
                                                                   eval, decode_s: the N - 1 steps after it)
+    {"cmd": "eog"}                                            -> {"eog": [...]} (every id llama.cpp's vocabulary
+                                                                  treats as end-of-generation)
     {"cmd": "info"}                                           -> {"system_info": ..., "version": ...}
 """
 
@@ -23,6 +25,7 @@ import json
 import sys
 import time
 
+import llama_cpp
 import numpy as np
 from llama_cpp import Llama, llama_print_system_info
 from llama_cpp import __version__ as llama_cpp_version
@@ -70,6 +73,9 @@ def main() -> int:
                 tokens.append(last_argmax(llm))
             t2 = time.perf_counter()
             out = {"tokens": tokens, "prompt_s": t1 - t0, "decode_s": t2 - t1}
+        elif cmd == "eog":
+            vocab = llama_cpp.llama_model_get_vocab(llm.model)
+            out = {"eog": [i for i in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]}
         elif cmd == "info":
             out = {"system_info": llama_print_system_info().decode(), "version": llama_cpp_version}
         else:

@@ -164,9 +164,10 @@ def test_codex_completes_a_turn(gemma: ServeProcess, tmp_path: Path) -> None:
 
 
 def test_on_the_default_model_each_cli_says_its_prompt_is_too_long(default_model: Path, tmp_path: Path) -> None:
-    """What a user of the default SmolLM2 (2k tokens served) sees: each CLI's own message about the context,
+    """What a user of the default SmolLM2 served with a 2k context sees: each CLI's own message about the context,
     from the server's 400 in its API's shape (refused before anything runs, so this takes seconds)."""
-    with serve_process(default_model, "--served-model-name", "smollm2", "--log-level", "info",
+    with serve_process(default_model, "--served-model-name", "smollm2", "--max-model-len", "2048",
+                       "--log-level", "info",
                        with_stdout=True) as smol:
         claude_home, codex_home = _dirs(tmp_path, "claude", "codex-cli")
         env = _env(claude_home, ANTHROPIC_BASE_URL=smol.base, ANTHROPIC_API_KEY="unused", DISABLE_TELEMETRY="1",

@@ -31,6 +31,7 @@ from engine.async_engine import AsyncEngine
 from engine.builder import pull_model
 from engine.builder.gguf_reader import convert_tensor, open_gguf
 from engine.config import EngineConfig
+from engine.model_loader import read_model_folder
 from engine.types import SamplingParams
 from spm_reference import ReferenceSPM
 from tests.reference.onnx_prefill import last_logits
@@ -107,7 +108,9 @@ def test_tokenization_matches_llamacpp_algorithm(tokenizers_pair, text):
 
 def test_folder_configs(gemma3_model):
     genai = json.loads((gemma3_model / "genai_config.json").read_text())["model"]
-    assert genai["type"] == "gemma3_text" and genai["bos_token_id"] == 2 and genai["eos_token_id"] == [1]
+    assert genai["type"] == "gemma3_text" and genai["bos_token_id"] == 2 and genai["eos_token_id"][0] == 1
+    # <eos>, <end_of_turn> and </s>: llama.cpp's end-of-generation set (folders converted before get it on load)
+    assert read_model_folder(gemma3_model).eog_token_ids == {1, 106, 212}
     tok_cfg = json.loads((gemma3_model / "tokenizer_config.json").read_text())
     assert tok_cfg["add_bos_token"] is True and "chat_template" not in tok_cfg  # a base model
 

@@ -34,7 +34,8 @@ def load(path, **cfg):
 
 def test_the_tiny_model_loads_and_reports_its_facts(folder):
     info = read_model_folder(folder)
-    assert info.eos_token_ids == frozenset({2})  # <|im_end|>, also the template's end of turn
+    # <|im_end|> (eos) and <|endoftext|>: llama.cpp ends generation on both (engine.end_of_generation)
+    assert info.eog_token_ids == info.eos_token_ids == frozenset({0, 2})
     engine = load(folder)
     try:
         assert engine.max_model_len == 256 and engine.model_name == "model"
