@@ -87,6 +87,7 @@ class ToolCallStream:
         if final and calls:
             logger.info("tool calls parsed (%s format): %s", self._parser.name,
                         "; ".join(f"{c.name} {c.arguments}" for c in calls))
+            logger.debug("the output they were parsed from: %r", self._text)
         deltas: list[dict[str, Any]] = []
         new_content = self._grown(self._content, parsed.content, "content")
         if new_content:
