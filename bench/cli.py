@@ -17,6 +17,7 @@ from bench.loadgen import (HttpBackend, HttpSettings, RemoteUrlError, RssSampler
 from bench.metrics import Slo
 from bench.report import build_report, compare, format_compare, format_summary, load_report, run_entry, write_report
 from bench.features import FEATURE_SCENARIOS
+from bench.decisions import DECISIONS_SCENARIO
 from bench.embeddings import EMBEDDINGS_SCENARIO
 from bench.scenarios import SCENARIOS, iter_requests
 
@@ -84,12 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     load.add_argument("--extra-body", type=json.loads, default={},
                       help="JSON object merged into every request body")
-    load.add_argument("--scenario", choices=SCENARIOS + FEATURE_SCENARIOS + (EMBEDDINGS_SCENARIO,), default="fixed",
+    load.add_argument("--scenario", default="fixed",
+                      choices=SCENARIOS + FEATURE_SCENARIOS + (EMBEDDINGS_SCENARIO, DECISIONS_SCENARIO),
                       help="fixed lengths; soak: mixed prompt/output lengths + server RSS sampling; json_schema: "
                       "fixed lengths, every answer constrained by response_format to a typical JSON schema; "
                       "multiturn: growing conversations over a long system prompt (prefix reuse); copy: answers "
                       "that repeat their input, beside free text (speculative decoding); embeddings: texts/s "
-                      "through /v1/embeddings at each --concurrency and --batch-sizes, beside --peer-url servers")
+                      "through /v1/embeddings at each --concurrency and --batch-sizes, beside --peer-url servers; "
+                      "decisions: 1, 5 and 20 questions over a ~1,000-token input, decisions/s at each "
+                      "--concurrency, rerank of 8 and 32 documents (--rounds rounds)")
     load.add_argument("--duration", type=float, default=600.0,
                       help="hard cap per run in seconds; in-flight requests are cut (default %(default)s)")
     load.add_argument("--request-timeout", type=float, default=300.0,
@@ -116,9 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     feat.add_argument("--pause", type=float, default=0.2,
                       help="multiturn/copy: seconds between requests, so a server's spinning threads go idle "
                       "before the next one runs (default 0.2)")
-    emb = p.add_argument_group("embeddings scenario")
+    emb = p.add_argument_group("embeddings and decisions scenarios")
     emb.add_argument("--batch-sizes", type=_int_list, default=[1, 32],
                      help="texts per /v1/embeddings request, comma-separated (default 1,32)")
+    emb.add_argument("--input-words", type=_positive_int, default=880,
+                     help="decisions: words of the long input the 1, 5 and 20 questions share (default 880, about "
+                     "1,000 tokens)")
     emb.add_argument("--rounds", type=_positive_int, default=3,
                      help="rounds; each runs every level on every target in turn (default 3)")
     slo = p.add_argument_group("goodput")
@@ -153,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario == EMBEDDINGS_SCENARIO:
         args.concurrency = args.concurrency or [1, 8, 32]
         return _embeddings(args)
+    if args.scenario == DECISIONS_SCENARIO:
+        args.concurrency = args.concurrency or [1, 4]
+        return _decisions(args)
     args.concurrency = args.concurrency or [1]
     if args.scenario in FEATURE_SCENARIOS:
         # copy: room for the longest passage (the model ends with EOS once it has copied it)
@@ -200,6 +210,14 @@ def _embeddings(args: argparse.Namespace) -> int:
 
     return _http_scenario(args, "the embeddings scenario runs", embeddings.run,
                           lambda report, names: embeddings.format_summary(report["summary"], names), embeddings.plot)
+
+
+def _decisions(args: argparse.Namespace) -> int:
+    """The decisions scenario (bench/decisions.py), HTTP only."""
+    from bench import decisions
+
+    return _http_scenario(args, "the decisions scenario runs", decisions.run,
+                          lambda report, names: decisions.format_summary(report["summary"], names), decisions.plot)
 
 
 def _http_scenario(args: argparse.Namespace, what: str, run: Callable, summary: Callable, plot: Callable) -> int:

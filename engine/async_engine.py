@@ -9,23 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from engine.chat_template import ChatTemplate
 from engine.config import EngineConfig
-from engine.core import PHASES, CoreOutput, EngineCore
-from engine.core_client import EngineCoreClient, use_engine_process
-from engine.core_process import build_core
+from engine.core_client import CoreClient, make_core_client
+from engine.core_wire import AddRequest
 from engine.detokenizer import IncrementalDetokenizer
 from engine.model_loader import ModelFolder, read_model_folder
 from engine.output_processor import OutputProcessor, RequestState, merge_by_choice
-from engine.runner import ModelRunner
-from engine.scheduler import Request
-from engine.structured_output import GrammarConstraint, StructuredOutputBackend
+from engine.model_runner import ModelRunner
+from engine.step_stats import PHASES
+from engine.structured_output import GrammarConstraint
 from engine.tokenizer import Tokenizer
 from engine.types import (
+    CoreOutput,
     EngineDeadError,
     EngineOverloadedError,
     EngineStats,
@@ -57,34 +58,20 @@ class AsyncEngine:
         self._processor = OutputProcessor()
         self._seq = 0
         self._closed = False
-        self.engine_process = use_engine_process(config)
-        self._core: EngineCore | EngineCoreClient
-        if self.engine_process:
-            # NOTE(engine): the session, KV cache, scheduler and samplers live in a process of their own
-            # (engine.core_process); this one keeps tokenizing, detokenizing, stop strings and HTTP.
-            client = EngineCoreClient(folder, config, self._dispatch)
-            facts = client.facts
-            self._runner: ModelRunner | None = None
-            self.placement, self.max_model_len, self.vocab_size = facts.placement, facts.max_model_len, facts.vocab_size
-            self.kv_cache_bytes, speculative_tokens = facts.kv_cache_bytes, facts.speculative_tokens
-            # the parent's own backend only validates specs (a bad one is a 400 before any output); the engine
-            # process compiles each spec again for its matchers
-            self.structured = StructuredOutputBackend(
-                self.tokenizer.hf, self.vocab_size, self.eos_token_ids,
-                compile_timeout_s=config.grammar_compile_timeout_s, cache_size=config.grammar_cache_size)
-            self._core = client
-        else:
-            built = build_core(folder, config, self._dispatch)
-            self._runner, self.placement = built.loaded.runner, built.loaded.placement
-            self.max_model_len, self.vocab_size = built.loaded.max_model_len, built.loaded.vocab_size
-            self.kv_cache_bytes, speculative_tokens = built.loaded.runner.kv.shape.nbytes, built.speculative_tokens
-            self.structured = built.structured
-            self._core = built.core
+        # NOTE(engine): with an engine process the session, KV cache, scheduler and samplers live there
+        # (engine.core_process); this one keeps tokenizing, detokenizing, stop strings and HTTP.
+        self._core: CoreClient = make_core_client(folder, config, self._dispatch)
+        self.engine_process = self._core.pid is not None
+        facts = self._core.facts
+        self._runner: ModelRunner | None = self._core.runner
+        self.placement, self.max_model_len, self.vocab_size = facts.placement, facts.max_model_len, facts.vocab_size
+        self.kv_cache_bytes, speculative_tokens = facts.kv_cache_bytes, facts.speculative_tokens
+        self.structured = self._core.structured
         self._core.start()
         log.info("engine ready: %s, max_model_len %d, %d slots, KV %.1f MiB, prefix caching %s, "
                  "speculative tokens %d%s", folder.model_name, self.max_model_len, config.max_batch,
                  self.kv_cache_bytes / 2**20, "on" if config.prefix_caching else "off", speculative_tokens,
-                 f", engine process {self._core.pid}" if isinstance(self._core, EngineCoreClient) else "")
+                 f", engine process {self._core.pid}" if self._core.pid is not None else "")
 
     @classmethod
     def from_model_dir(cls, path: str | Path, config: EngineConfig | None = None) -> AsyncEngine:
@@ -136,7 +123,7 @@ class AsyncEngine:
     @property
     def engine_pid(self) -> int | None:
         """The engine process's id (None in-process)."""
-        return self._core.pid if isinstance(self._core, EngineCoreClient) else None
+        return self._core.pid
 
     def check_prompt(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> None:
         """Raises PromptTooLongError when no token fits after the prompt; InvalidRequestError for an
@@ -176,10 +163,12 @@ class AsyncEngine:
         # NOTE(engine): in flight = running + waiting; the waiting part is bounded by max_queue.
         if len(states) >= self.config.max_batch + self.config.max_queue:
             raise EngineOverloadedError()
+        if params.label_token_ids and max(params.label_token_ids) >= self.vocab_size:
+            raise InvalidRequestError(f"label_token_ids must be in [0, {self.vocab_size}), got "
+                                      f"{max(params.label_token_ids)}", param="label_token_ids", code="invalid_value")
         constraints: list[GrammarConstraint | None] = [None] * params.n
         if params.structured is not None:
-            if isinstance(self._core, EngineCoreClient):
-                self._core.prepare_grammar(params.structured)  # the engine process compiles it meanwhile
+            self._core.prepare_grammar(params.structured)  # an engine process compiles it meanwhile
             # compiled (or taken from the cache) before the request reaches the core: a bad spec is an
             # InvalidRequestError here, before any output exists; the other choices copy the compiled one
             constraints = [await self.structured.constraint_for(params.structured) for _ in range(params.n)]
@@ -195,13 +184,8 @@ class AsyncEngine:
         state = RequestState(request_id, len(prompt_ids), params, detoks[0], loop=asyncio.get_running_loop(),
                              seq=self._seq, more_detokenizers=detoks[1:])
         self._processor.add(state)
-        request = Request(request_id, prompt_ids, params, eos_token_ids=self.eos_token_ids,
-                          max_model_len=self.max_model_len, seq=self._seq, constraint=constraints[0])
-        if params.n > 1:
-            for fork, constraint in zip(request.fork(params.n), constraints[1:]):
-                fork.constraint = constraint
         try:
-            self._core.add(request)
+            self._core.add(AddRequest(request_id, prompt_ids, params, self._seq, time.monotonic()), constraints)
         except EngineDeadError:  # the core ended between the check above and now
             self._processor.remove(request_id)
             raise
@@ -257,7 +241,7 @@ class AsyncEngine:
                    "spec_accepted_tokens_total": float(snap.spec_accepted_tokens_total),
                    "engine_thread_cpu_s": snap.thread_cpu_s,
                    **({"engine_process_cpu_s": self._core.process_cpu_s}
-                      if isinstance(self._core, EngineCoreClient) else {}),
+                      if self._core.process_cpu_s is not None else {}),
                    **{f"engine_phase_{name}_s": value for name, value in zip(PHASES, snap.phase_s)}},
             num_kv_tokens_used=snap.num_kv_tokens_running, num_kv_tokens_cached=snap.num_kv_tokens_cached,
             num_kv_tokens_total=self.config.max_batch * self.max_model_len)

@@ -28,7 +28,8 @@ from engine.device_kv import RowCopier, batch_buckets, bucket_for
 from engine.graph_capture import DeviceAllocator, DeviceDecodeIO
 from engine.kv_cache import KVCache
 from engine.model_loader import GraphIO
-from engine.runner import HOST_SOURCE, LOGITS_TO_KEEP, InputAllocator, RowChunks, RunnerBase, _value, host_input
+from engine.row_chunks import LOGITS_TO_KEEP, RowChunks, _value
+from engine.runner import HOST_SOURCE, InputAllocator, RunnerBase, host_input
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class DecodePath:
 class RowPrompts:
     """Prompt chunks and draft checks straight in the slot's own row (row-view KV: pointer), on ``session`` (the
     plain graph; None: the decoder's), uncaptured (``gpu_graph_id=-1`` where decode steps are captured).
-    ``fixed_shapes``, ``max_verify``, ``batch_prompts``, ``prompt_shapes``: see ``engine.runner.RowChunks``."""
+    ``fixed_shapes``, ``max_verify``, ``batch_prompts``, ``prompt_shapes``: see ``engine.row_chunks.RowChunks``."""
 
     session: ort.InferenceSession | None = None
     io: GraphIO | None = None
@@ -119,14 +120,14 @@ class BucketRunner(RunnerBase):
                                 if b in self.buckets and other is not session}
         self.copier = staged.copier if staged is not None else None
         self.staging = staged.staging if staged is not None and staged.copier is not None else None
-        # NOTE(engine): a staged chunk is a run of its own at the EP's uncaptured cost (WebGPU, H200, 1B: 17-18 ms
+        # NOTE(engine): a staged chunk is a run of its own at the EP's uncaptured cost (on WebGPU the same
         # for 16-256 tokens alike, docs/perf/issue22/s5); several in one step stalled running streams 50-75 ms
         # when prompts arrived together, so one request's chunk per step where prompts are staged
         self.max_prefills_per_step = 1 if self.staging is not None else 0
         # NOTE(engine): and a reused prefix saves a staged run only when it is a chunk long: a shorter one leaves a
-        # run of the rest (the same 17-18 ms) and adds row copies (slot <- cache, staging <- slot), whose queued
-        # device work the next steps wait for (WebGPU, H200: steps of 56-110 ms beside 1-9 copies when repeated
-        # prompts arrived together, docs/perf/GPU.md "Fifth pass")
+        # run of the rest (the same cost) and adds row copies (slot <- cache, staging <- slot), whose queued
+        # device work the next steps wait for (WebGPU: steps of 56-110 ms beside 1-9 copies when repeated prompts
+        # arrived together, docs/perf/GPU.md "Fifth pass")
         self.min_prefix_reuse = prefill_chunk if self.staging is not None else None
         self._kv_buffers = kv.buffers
         self._stage_buffers = self.staging.buffers if self.staging is not None else []

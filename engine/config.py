@@ -14,7 +14,7 @@ from engine.types import InvalidRequestError, StepInfo
 DEFAULT_SPECULATIVE_TOKENS = 16
 MAX_SPECULATIVE_TOKENS = 64
 # New requests' whole prompts run together per step, beside the token budget (see EngineConfig.batched_prompt_tokens):
-# 64 arrivals of ~40 tokens in one or two steps (H200, 1B: a 2,048-token prompt run ~10 ms).
+# 64 arrivals of ~40 tokens in one or two steps, each prompt run a few decode steps long (docs/perf/GPU.md).
 DEFAULT_BATCHED_PROMPT_TOKENS = 2048
 
 
@@ -33,8 +33,8 @@ class EngineConfig:
             to what ``kv_cache_memory_gib`` allows for ``max_batch`` rows (``engine.context_length``).
         kv_cache_memory_gib: the KV memory budget that bounds the default max_model_len; None -> half the host
             memory available at load (device memory is not asked of the EP).
-        prefill_chunk: token budget per step (decode tokens + prefill chunks); also the width of the
-            KV tail reserved for idle rows on devices whose buffers can't be sliced.
+        prefill_chunk: token budget per step (decode tokens + prefill chunks; new requests' whole prompts run
+            together have ``batched_prompt_tokens`` beside it).
         intra_op_threads: ORT intra-op threads; None -> number of physical cores.
         allow_spinning: let ORT's intra-op threads spin between ops (lower latency, burns CPU).
         kv_rows: how KV rows are bound, overriding what the device's memory allows (``engine.placement``):
@@ -44,19 +44,19 @@ class EngineConfig:
             stand-in).
         graph_capture: capture the whole-buffer decode step once and replay it (WebGPU's enableGraphCapture,
             the analog of the AMDGPU EP's HIP graphs): fixed [max_batch, 1] shapes, every input and output
-            in a fixed device buffer. None -> on for WebGPU when the graph allows it (else off, the reason
-            logged); True -> required (a model or provider that can't is a ModelLoadError); False -> off.
+            in a fixed device buffer. None -> on for WebGPU and CUDA when the graph allows it (else off, the
+            reason logged); True -> required (a model or provider that can't is a ModelLoadError); False -> off.
         matmul_row_groups: captured decode steps run each MatMulNBits on groups of at most 3 rows, this
             many groups, then one run on the rest (``engine.graph_capture.split_matmul_rows``: WebGPU's
             small-M kernel is several times faster than its tiled one at 4-8 rows); 0 -> off, None -> the
             device's default.
         fixed_chunk_shapes: prompt chunks and draft checks in a row run as pieces of fixed lengths, each run
-            once at load (``engine.runner.chunk_pieces``: 141 tokens as 128 + 13); None -> on for the CUDA EP,
+            once at load (``engine.row_chunks.chunk_pieces``: 141 tokens as 128 + 13); None -> on for the CUDA EP,
             whose first run of a length costs 50-85 ms, when its fused INT4 kernels are on (ORT_FPA_INTB_GEMM;
             with ORT's own kernels pieces of 14-16 tokens after a past gave tokens unlike the CPU EP's); row-view
             KV only.
         batched_prompts: new requests' prompts that fit one run go in together, all but each one's last token as
-            one first-prompt run filled up to a common width (``engine.runner.RowChunks.prompts``), the last
+            one first-prompt run filled up to a common width (``engine.row_chunks.RowChunks.prompts``), the last
             tokens within the step's decode run; None -> on for the CUDA EP (runs of fixed widths, warmed at
             load), False -> one chunk run each.
         batched_prompt_tokens: with batched prompts, the most tokens of new requests' whole prompts one step runs
@@ -68,7 +68,7 @@ class EngineConfig:
             skip the CPU's pass over the logits; None -> on for the CUDA EP, False -> off.
         one_row_session: with captured decode steps on the CUDA EP and its fused INT4 kernels on
             (ORT_FPA_INTB_GEMM), the one-row step runs on a session of its own made without them: their one-row
-            GEMV is slower than ORT's own (H200, 1B: 1.26 vs 1.06 ms a step), their batched GEMM faster. It costs
+            GEMV is slower than ORT's own, their batched GEMM faster (docs/perf/GPU.md). It costs
             one more copy of the weights on the device. None -> on where that applies, False -> off.
         seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
         chat_template: replaces the model's chat template: a built-in name (``engine.chat_template.
@@ -87,8 +87,10 @@ class EngineConfig:
         max_prefills_per_step: the most requests whose prompt chunks share one step's token budget (0: as
             many as it holds; 1: one request's chunk per step, the others wait a step each; None: the runner's
             ``max_prefills_per_step``).
-        min_prefix_reuse: the shortest cached prefix a prompt reuses (None: automatic, ``engine.prefix_cache.
-            MIN_REUSE_BATCHED_PROMPTS`` where new prompts run together, 1 elsewhere).
+        min_prefix_reuse: the shortest cached prefix a prompt reuses (None: automatic,
+            ``engine.core_process.min_prefix_reuse``: the runner's own where it has one (a chunk, where prompt chunks
+            go through a staging row), ``engine.prefix_cache.MIN_REUSE_BATCHED_PROMPTS`` where new prompts run
+            together, else 1).
         engine_process: run the engine core (session, KV cache, scheduler, samplers) in a process of its own
             (``engine.core_process``), so that it never waits for the interpreter lock held by the event loop;
             tokenizing, detokenizing and stop strings stay in the caller's process. None -> on where the model runs

@@ -7,20 +7,24 @@ async side only through its inbox queue and the sink callback; no locks around s
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.runner import Runner
+from engine.constraint_masks import ConstraintMasks
+from engine.core_inbox import SHUTDOWN, CoreInbox
+from engine.core_wire import AbortRequests
+from engine.model_runner import ModelRunner
 from engine.sampler import RequestSampler, SampleResult, needs_logits, sample_batch
 from engine.scheduler import Finished, PrefillChunk, Request, Scheduler, SchedulerOutput, Verify
+from engine.step_stats import PHASES, StepStats
 from engine.step_trace import StepTrace
-from engine.types import EngineDeadError, EngineError, FinishReason, StepInfo, TokenLogprob
+from engine.types import (
+    CoreOutput, CoreSnapshot, EngineDeadError, EngineError, FaultInjector, FinishReason, Sink, StepInfo,
+)
 
 if TYPE_CHECKING:
     from engine.structured_output import StructuredOutputBackend
@@ -28,77 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class CoreOutput(NamedTuple):
-    """What one step produced for one request: new tokens and, at the end, why it finished.
-
-    NOTE(engine): a NamedTuple, not a frozen dataclass: a 64-row step builds 64 of them on the core thread
-    (~3 us each as a frozen dataclass, under 1 us as a tuple), and an engine process sends them as plain tuples,
-    which pickle 5x faster and are rebuilt on the other side without calling ``__init__``
-    (``engine.core_wire``).
-    """
-
-    request_id: str
-    token_ids: tuple[int, ...]
-    finish_reason: FinishReason | None = None
-    logprobs: tuple[TokenLogprob, ...] | None = None
-    error: str | None = None
-    seq: int = 0  # the Request's seq
-    first_scheduled_s: float | None = None  # Request.first_scheduled_s (time.monotonic seconds)
-    index: int = 0  # the choice (n > 1)
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (set on choice 0's outputs)
-    # NOTE(engine): set when the request was refused before it ran (EngineOverloadedError from the
-    # scheduler, an invalid request); the async side raises it to the caller instead of an output.
-    exception: BaseException | None = None
-    # NOTE(engine): STOP normally means the last token is a stop token (eos, stop_token_ids), which is not text;
-    # a request whose grammar completed (constrained decoding) stops on a token that is text.
-    grammar_complete: bool = False
-
-
-@dataclass(frozen=True)
-class CoreSnapshot:
-    """Counters published after every step (read from other threads without locks)."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    num_slots_free: int = 0
-    prompt_tokens_total: int = 0
-    generation_tokens_total: int = 0
-    decode_tokens_per_s: float = 0.0
-    steps_total: int = 0
-    last_step_s: float = 0.0
-    prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache
-    prefix_cache_hits_total: int = 0  # of them, tokens whose KV was reused
-    spec_draft_tokens_total: int = 0  # tokens proposed by speculative drafts
-    spec_accepted_tokens_total: int = 0  # of them, tokens the model kept
-    # KV held, in tokens (issue 26: the gateway's KV-utilization gauge): running requests' computed tokens, and
-    # what free slots keep for prefix reuse (evictable, so not counted as used, as vLLM counts cached blocks).
-    num_kv_tokens_running: int = 0
-    num_kv_tokens_cached: int = 0
-    # Where the core thread's time went (wall seconds per phase, PHASES order) and its CPU seconds: a phase whose
-    # wall time the CPU time does not cover waited (on the device, or on the interpreter held by the event loop).
-    phase_s: tuple[float, ...] = ()
-    thread_cpu_s: float = 0.0
-
-
-# NOTE(engine): schedule (and KV copies), decode_run (masks + the decode run, logits on the host), decode_sample,
-# decode_update (constraints, scheduler update, outputs handed over), verify (draft checks), prefill (chunks and
-# their first tokens).
-PHASES = ("schedule", "decode_run", "decode_sample", "decode_update", "verify", "prefill")
-
-
-Sink = Callable[[list[CoreOutput]], None]
-# NOTE(engine): a test-only hook (EngineConfig.fault_injector): called on the core thread just before each
-# session.run; whatever it raises fails exactly the requests of that run, as a real device error would.
-FaultInjector = Callable[[StepInfo], None]
-_SHUTDOWN = object()
-
-
-class _Abort:
-    __slots__ = ("request_ids", "index")
-
-    def __init__(self, request_ids: Sequence[str], index: int | None = None) -> None:
-        self.request_ids = list(request_ids)
-        self.index = index  # None: every choice
 
 
 class EngineCore:
@@ -115,7 +48,7 @@ class EngineCore:
         step_trace: a file each step is recorded in (``engine.step_trace``); None: no record.
     """
 
-    def __init__(self, runner: Runner, scheduler: Scheduler, sink: Sink, seed: int | None = None,
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, sink: Sink, seed: int | None = None,
                  fault_injector: FaultInjector | None = None,
                  structured: StructuredOutputBackend | None = None,
                  between_steps: Callable[[bool], None] | None = None, step_trace: str | None = None) -> None:
@@ -124,30 +57,17 @@ class EngineCore:
         # wait for work (an engine process sends its snapshot then: engine.core_process).
         self.between_steps = between_steps
         self.fault_injector = fault_injector
-        self.structured = structured
-        # NOTE(engine): one preallocated bitmask, one row per batch position; only constrained rows are
-        # filled and read, so a batch without constraints never touches it.
-        self._bitmask = structured.allocate_bitmask(scheduler.num_slots) if structured is not None else None
+        self.masks = ConstraintMasks(structured, scheduler.num_slots)
         self.scheduler = scheduler
         self.sink = sink
         self.vocab_size = runner.vocab_size
         self._seeds = np.random.SeedSequence(seed)
-        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
-        # NOTE(engine): once the loop has ended (shutdown or death) the inbox is closed under this lock, so
-        # an add can never land in an inbox nobody drains (its caller would wait forever).
-        self._inbox_lock = threading.Lock()
-        self._inbox_closed = False
+        self._inbox = CoreInbox()
         self._thread: threading.Thread | None = None
         self.snapshot = CoreSnapshot(num_slots_free=scheduler.num_slots)
         self.dead: BaseException | None = None
-        self._prompt_total = 0
-        self._gen_total = 0
-        self._steps = 0
-        self._rate = 0.0
-        self._spec_drafted = 0
-        self._spec_accepted = 0
+        self.stats = StepStats()
         self._nonfinite_reported = False
-        self._phase = [0.0] * len(PHASES)
         self._trace = StepTrace(step_trace, PHASES) if step_trace else None
         if self._trace is not None:
             runner.run_log = []
@@ -160,18 +80,16 @@ class EngineCore:
 
     def add(self, request: Request) -> None:
         """Queue a request for the core thread; raises EngineDeadError once the loop has ended."""
-        with self._inbox_lock:
-            if self._inbox_closed:
-                raise EngineDeadError(f"the engine thread has stopped: {self.dead!r}")
-            self._inbox.put(request)
+        if not self._inbox.add(request):
+            raise EngineDeadError(f"the engine thread has stopped: {self.dead!r}")
 
     def abort(self, request_ids: Sequence[str], index: int | None = None) -> None:
         """Stop requests (every choice, or only choice ``index`` of an n > 1 request)."""
-        self._inbox.put(_Abort(request_ids, index))
+        self._inbox.abort(request_ids, index)
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Abort everything, stop the thread and wait for it."""
-        self._inbox.put(_SHUTDOWN)
+        self._inbox.shutdown()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 
@@ -216,9 +134,9 @@ class EngineCore:
                 return True
             item = self._inbox.get(block=block)
             block, changed = False, True
-            if item is _SHUTDOWN:
+            if item is SHUTDOWN:
                 return False
-            if isinstance(item, _Abort):
+            if isinstance(item, AbortRequests):
                 for request in self.scheduler.abort(item.request_ids, item.index):
                     self._release(request)
             elif isinstance(item, Request):
@@ -229,7 +147,7 @@ class EngineCore:
         try:
             for choice in (request, *request.forks):
                 choice.sampler_state = RequestSampler(choice.params, choice.prompt_ids, self.vocab_size,
-                                                      self._choice_rng(choice))
+                                                      choice_rng(self._seeds, choice))
             self.scheduler.add(request)
         except Exception as exc:  # NOTE(engine): never let one request's problem stop the core thread
             refused = isinstance(exc, EngineError)  # overloaded, invalid: raised to the caller as is
@@ -238,30 +156,22 @@ class EngineCore:
             self.sink([CoreOutput(request.request_id, (), FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}",
                                   seq=request.seq, exception=exc if refused else None)])
 
-    def _choice_rng(self, request: Request) -> np.random.Generator | None:
-        """The rng of one choice: None for a seeded choice 0 (the sampler seeds it as with n = 1); choice i > 0
-        of a seeded request draws from (seed, i), so seeded n > 1 requests are reproducible too."""
-        seed = request.params.seed
-        if seed is None:
-            return np.random.default_rng(self._seeds.spawn(1)[0])
-        return None if request.index == 0 else np.random.default_rng([seed, request.index])
-
     def step(self) -> None:
         """One scheduler step: KV copies, the decode batch (outputs sent at once), draft checks, then the
         prefill chunks (one run each)."""
-        phase, clock = self._phase, time.perf_counter
+        stats, phase, clock = self.stats, self.stats.phase, time.perf_counter
         t0 = clock()
-        before = tuple(phase) if self._trace is not None else ()
+        before = phase.as_tuple() if self._trace is not None else ()
         out = self.scheduler.schedule()
         for copy in out.copies:  # NOTE(engine): before any run: a copy reads rows this step may overwrite
             self.runner.copy_kv(copy.src, copy.dst, copy.start, copy.end)
         t = clock()
-        phase[0] += t - t0
+        phase.schedule += t - t0
         prefills: Sequence[PrefillChunk] = out.prefills
         joined: tuple[PrefillChunk, ...] = ()
         if prefills and self.runner.can_batch_prompts:
             joined, prefills = self._run_prompts(prefills)
-            phase[5] += clock() - t
+            phase.prefill += clock() - t
         if out.decode or joined:
             t = clock()
             self._run_decode(out.decode, joined)
@@ -274,26 +184,20 @@ class EngineCore:
                 t1 = clock()
                 num_verified += self._run_verify(verify)
                 self.scheduler.check_cost.record_check(len(verify.draft), clock() - t1)
-            phase[4] += clock() - t
+            phase.verify += clock() - t
         if prefills:
             t = clock()
             for chunk in prefills:  # NOTE(engine): each its own run; a last chunk's first token goes out at once
                 self._run_prefill(chunk)
-            phase[5] += clock() - t
-        self._steps += 1
+            phase.prefill += clock() - t
         end = clock()
-        elapsed = end - t0
         if self._trace is not None:
-            self._trace.step(t0, end, before, phase, decode=len(out.decode) + len(joined),
+            self._trace.step(t0, end, before, phase.as_tuple(), decode=len(out.decode) + len(joined),
                              prefill=[c.num_tokens for c in prefills], prefill_start=[c.start for c in prefills],
                              joined=len(joined), copies=len(out.copies),
                              verify=len(out.verify), runs=self.runner.run_log)
             self.runner.run_log = []
-        num_decoded = len(out.decode) + num_verified
-        if num_decoded and elapsed > 0:
-            # NOTE(engine): an exponential average of decode tokens/s over recent steps, for metrics.
-            self._rate = 0.8 * self._rate + 0.2 * (num_decoded / elapsed) if self._rate else \
-                num_decoded / elapsed
+        stats.record_step(len(out.decode) + num_verified, end - t0)
         self._publish(time.monotonic())
 
     def _run_prompts(self, chunks: Sequence[PrefillChunk]) -> tuple[tuple[PrefillChunk, ...], list[PrefillChunk]]:
@@ -312,35 +216,35 @@ class EngineCore:
         rest = [c for c in chunks if all(c is not b for b in batch)]
         try:
             if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self._steps, "prefill", tuple(c.request.request_id for c in batch)))
+                self.fault_injector(StepInfo(self.stats.steps_total, "prefill", tuple(c.request.request_id for c in batch)))
             self.runner.prefill_prompts([c.request.slot for c in batch], [c.token_ids[:-1] for c in batch])
         except Exception as exc:
             self._fail([c.request for c in batch], exc)
             return (), rest
-        self._prompt_total += sum(c.num_tokens - 1 for c in batch)
+        self.stats.prompt_tokens_total += sum(c.num_tokens - 1 for c in batch)
         return tuple(batch), rest
 
     def _run_decode(self, running: tuple[Request, ...], joined: tuple[PrefillChunk, ...] = ()) -> None:
         """One decode run: a token for each of ``running`` and the last prompt token of each ``joined`` chunk
         (``_run_prompts``), whose sample is the request's first token."""
         failed: dict[Request, str] = {}  # why a choice's constraint failed (that choice only)
-        phase, clock = self._phase, time.perf_counter
+        phase, clock = self.stats.phase, time.perf_counter
         t0 = clock()
         batch = running
         positions = {id(c.request): len(c.request.prompt_ids) - 1 for c in joined}
         if joined:
             batch = tuple(sorted((*running, *(c.request for c in joined)), key=lambda r: r.slot))
         try:
-            masked = self._fill_masks(batch, failed)
+            masked = self.masks.fill(batch, failed)
             if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self._steps, "decode", tuple(r.request_id for r in batch)))
+                self.fault_injector(StepInfo(self.stats.steps_total, "decode", tuple(r.request_id for r in batch)))
             samplers = [r.sampler_state for r in batch]
             logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
                                         [positions.get(id(r), r.num_computed_tokens) for r in batch],
                                         logits=needs_logits(samplers, masked))
             t1 = clock()
             summary = self.runner.decode_summary
-            results = sample_batch(logits, samplers, self._bitmask, masked, summary=summary)
+            results = sample_batch(logits, samplers, self.masks.bitmask, masked, summary=summary)
         except Exception as exc:
             self._fail(batch, exc)
             return
@@ -348,22 +252,22 @@ class EngineCore:
                            logits[np.arange(len(batch)), [r.token_id for r in results]])
         t2 = clock()
         sampled = {r: res.token_id for r, res in zip(batch, results)}
-        complete = self._advance(batch, results, masked, failed)
+        complete = self.masks.advance(batch, results, masked, failed)
         step = SchedulerOutput(joined[0] if joined else None, running, more_prefills=joined[1:])
         finished = self.scheduler.update_from_output(step, sampled, complete)
-        self._gen_total += len(batch)
-        self._prompt_total += len(joined)
+        self.stats.generation_tokens_total += len(batch)
+        self.stats.prompt_tokens_total += len(joined)
         self._emit([(r, (res,)) for r, res in zip(batch, results)], finished, failed, complete)
-        phase[1] += t1 - t0
-        phase[2] += t2 - t1
-        phase[3] += clock() - t2
+        phase.decode_run += t1 - t0
+        phase.decode_sample += t2 - t1
+        phase.decode_update += clock() - t2
 
     def _run_verify(self, verify: Verify) -> int:
         """Check one request's draft in one run; returns the tokens it added."""
         request = verify.request
         try:
             if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self._steps, "verify", (request.request_id,)))
+                self.fault_injector(StepInfo(self.stats.steps_total, "verify", (request.request_id,)))
             logits = self.runner.verify(request.slot, verify.token_ids, request.num_computed_tokens)  # [S, V]
             results = request.sampler_state.verify(logits, verify.draft)
         except Exception as exc:
@@ -374,9 +278,9 @@ class EngineCore:
         finished = self.scheduler.update_from_output(SchedulerOutput(None, (), (verify,)),
                                                      {request: [r.token_id for r in results]})
         num_added = len(request.output_ids) - num_before  # fewer than results when a stop token came first
-        self._gen_total += num_added
-        self._spec_drafted += len(verify.draft)
-        self._spec_accepted += len(results) - 1
+        self.stats.generation_tokens_total += num_added
+        self.stats.spec_draft_tokens_total += len(verify.draft)
+        self.stats.spec_accepted_tokens_total += len(results) - 1
         self._emit([(request, results[:num_added])], finished)
         return num_added
 
@@ -386,14 +290,14 @@ class EngineCore:
         failed: dict[Request, str] = {}
         try:
             # NOTE(engine): only the last chunk of a prompt samples, so only it is masked.
-            masked = self._fill_masks(choices, failed) if chunk.is_last else []
+            masked = self.masks.fill(choices, failed) if chunk.is_last else []
             if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self._steps, "prefill", (request.request_id,)))
+                self.fault_injector(StepInfo(self.stats.steps_total, "prefill", (request.request_id,)))
             logits = self.runner.prefill(request.slot, chunk.token_ids, chunk.start,
                                          also=[f.slot for f in request.forks])
             # n > 1: every choice samples its first token from the same logits, each with its own sampler
             results = sample_batch(np.broadcast_to(logits, (len(choices), len(logits))),
-                                   [c.sampler_state for c in choices], self._bitmask, masked) \
+                                   [c.sampler_state for c in choices], self.masks.bitmask, masked) \
                 if chunk.is_last else []
         except Exception as exc:
             self._fail(choices, exc)
@@ -401,11 +305,11 @@ class EngineCore:
         if results:
             self._check_finite(choices, logits[[r.token_id for r in results]])
         sampled = {c: res.token_id for c, res in zip(choices, results)}
-        complete = self._advance(choices, results, masked, failed) if results else set()
+        complete = self.masks.advance(choices, results, masked, failed) if results else set()
         finished = self.scheduler.update_from_output(SchedulerOutput(chunk, ()), sampled, complete)
-        self._prompt_total += chunk.num_tokens
+        self.stats.prompt_tokens_total += chunk.num_tokens
         if results:
-            self._gen_total += len(results)
+            self.stats.generation_tokens_total += len(results)
             self._emit([(c, (res,)) for c, res in zip(choices, results)], finished, failed, complete)
 
     def _check_finite(self, batch: Sequence[Request], values: np.ndarray) -> None:
@@ -424,50 +328,6 @@ class EngineCore:
                                 "output is arbitrary (float16 overflow?); drafts are off for such requests "
                                 "(reported once)", request.request_id, request.num_tokens)
 
-    def _fill_masks(self, batch: Sequence[Request], failed: dict[Request, str]) -> list[int]:
-        """Fill the bitmask rows of the constrained requests of ``batch`` (row i for batch[i]).
-
-        Returns the rows to mask; a constraint already in error (a grammar resource limit) goes to
-        ``failed`` instead, and its row is sampled unmasked and then dropped.
-        """
-        rows = [(r.constraint, i) for i, r in enumerate(batch) if r.constraint is not None]
-        if not rows:
-            return []
-        assert self.structured is not None and self._bitmask is not None
-        self.structured.fill(rows, self._bitmask)
-        masked = []
-        for constraint, i in rows:
-            error = constraint.error
-            if error is None:
-                masked.append(i)
-            else:
-                failed[batch[i]] = f"structured output failed: {error}"
-        return masked
-
-    def _advance(self, batch: Sequence[Request], results: Sequence[SampleResult], masked: Sequence[int],
-                 failed: dict[Request, str]) -> set[Request]:
-        """After sampling: advance each constraint by its token; returns the requests now complete.
-
-        A token the grammar rejects fails that choice only (into ``failed``). A stop token (eos) that
-        completes the grammar is left to the usual stop check.
-        """
-        complete = set()
-        for i in masked:
-            request, token_id = batch[i], results[i].token_id
-            try:
-                accepted = request.constraint.accept(token_id)
-                done = accepted and request.constraint.is_done
-            except Exception as exc:  # NOTE(engine): the library raises only on API misuse; still, one request
-                log.exception("constraint of %s raised", request.request_id)
-                failed[request] = f"structured output failed: {type(exc).__name__}: {exc}"
-                continue
-            if not accepted:
-                failed[request] = (f"structured output failed: the grammar rejected token {token_id} "
-                                   f"({request.constraint.error})")
-            elif done and not request.is_stop_token(token_id):
-                complete.add(request)
-        return complete
-
     def _emit(self, items: Sequence[tuple[Request, Sequence[SampleResult]]], finished: list[Finished],
               failed: dict[Request, str] | None = None, complete: set[Request] | None = None) -> None:
         """Send one output per request of ``items`` (request, the results appended to it this step); a choice
@@ -482,19 +342,7 @@ class EngineCore:
         for f in finished:
             self._release(f.request)
         self._publish(time.monotonic())  # stats agree with the outputs by the time they are seen
-        outputs = []
-        for r, results in items:
-            if failed and r in failed:
-                outputs.append(CoreOutput(r.request_id, (), FinishReason.ERROR, error=failed[r], seq=r.seq,
-                                          first_scheduled_s=r.first_scheduled_s, index=r.index,
-                                          num_cached_tokens=r.num_cached_tokens))
-                continue
-            logprobs = tuple(res.logprob for res in results if res.logprob is not None)
-            outputs.append(CoreOutput(r.request_id, tuple(res.token_id for res in results), reasons.get(id(r)),
-                                      logprobs or None, seq=r.seq, first_scheduled_s=r.first_scheduled_s,
-                                      index=r.index, num_cached_tokens=r.num_cached_tokens,
-                                      grammar_complete=bool(complete) and r in complete))
-        self.sink(outputs)
+        self.sink(step_outputs(items, reasons, failed, complete))
 
     def _fail(self, batch: Sequence[Request], exc: Exception) -> None:
         """A run failed: its requests end with ERROR; the engine goes on with the others."""
@@ -508,16 +356,8 @@ class EngineCore:
                               seq=r.seq, index=r.index) for r in batch])
 
     def _finish_all(self, reason: FinishReason, error: str | None, exception: BaseException | None = None) -> None:
-        with self._inbox_lock:
-            self._inbox_closed = True
-        dropped = self.scheduler.abort_all()
-        while True:  # adds that never reached the scheduler
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, Request):
-                dropped.append(item)
+        dropped = self._inbox.close()  # adds that never reached the scheduler
+        dropped = self.scheduler.abort_all() + dropped
         dropped += [fork for r in dropped if r.index == 0 and r.slot is None for fork in r.forks]  # never admitted
         for request in dropped:
             try:  # NOTE(engine): a broken runner must not keep the final outputs from their consumers
@@ -538,14 +378,35 @@ class EngineCore:
             self.runner.release(request.slot, keep=len(self.scheduler.cache.cached(request.slot)))
 
     def _publish(self, now: float) -> None:
-        s = self.scheduler
-        self.snapshot = CoreSnapshot(
-            num_running=len(s.running), num_waiting=len(s.waiting), num_slots_free=s.num_free_slots,
-            prompt_tokens_total=self._prompt_total, generation_tokens_total=self._gen_total,
-            decode_tokens_per_s=self._rate if s.running else 0.0, steps_total=self._steps, last_step_s=now,
-            prefix_cache_queries_total=s.prefix_queries_total, prefix_cache_hits_total=s.prefix_hits_total,
-            spec_draft_tokens_total=self._spec_drafted, spec_accepted_tokens_total=self._spec_accepted,
-            num_kv_tokens_running=sum(r.num_computed_tokens for r in s.running.values()),
-            num_kv_tokens_cached=s.cache.num_tokens, phase_s=tuple(self._phase),
-            thread_cpu_s=time.thread_time() if threading.current_thread() is self._thread else
-            self.snapshot.thread_cpu_s)
+        on_core_thread = threading.current_thread() is self._thread
+        self.snapshot = self.stats.snapshot(self.scheduler, now, time.thread_time() if on_core_thread else
+                                            self.snapshot.thread_cpu_s)
+
+
+def step_outputs(items: Sequence[tuple[Request, Sequence[SampleResult]]], reasons: dict[int, FinishReason],
+                 failed: dict[Request, str] | None, complete: set[Request] | None) -> list[CoreOutput]:
+    """One CoreOutput per request of ``items`` (request, the results appended to it this step): its tokens and
+    log-probabilities, and ``reasons[id(request)]`` when it finished; a choice in ``failed`` ends with ERROR."""
+    outputs = []
+    for r, results in items:
+        if failed and r in failed:
+            outputs.append(CoreOutput(r.request_id, (), FinishReason.ERROR, error=failed[r], seq=r.seq,
+                                      first_scheduled_s=r.first_scheduled_s, index=r.index,
+                                      num_cached_tokens=r.num_cached_tokens))
+            continue
+        logprobs = tuple(res.logprob for res in results if res.logprob is not None)
+        outputs.append(CoreOutput(r.request_id, tuple(res.token_id for res in results), reasons.get(id(r)),
+                                  logprobs or None, seq=r.seq, first_scheduled_s=r.first_scheduled_s,
+                                  index=r.index, num_cached_tokens=r.num_cached_tokens,
+                                  grammar_complete=bool(complete) and r in complete))
+    return outputs
+
+
+def choice_rng(seeds: np.random.SeedSequence, request: Request) -> np.random.Generator | None:
+    """The rng of one choice: None for a seeded choice 0 (the sampler seeds it as with n = 1); choice i > 0
+    of a seeded request draws from (seed, i), so seeded n > 1 requests are reproducible too; an unseeded one
+    draws from a fresh child of ``seeds``."""
+    seed = request.params.seed
+    if seed is None:
+        return np.random.default_rng(seeds.spawn(1)[0])
+    return None if request.index == 0 else np.random.default_rng([seed, request.index])

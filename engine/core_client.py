@@ -1,8 +1,9 @@
-"""EngineCoreClient: the server process's end of an engine process (engine.core_process), with the surface AsyncEngine
-uses on an in-process EngineCore (start, add, abort, snapshot, alive, dead, join-on-shutdown).
+"""The one interface AsyncEngine drives its core through (``CoreClient``), and its two implementations: the core
+thread in this process (``InProcessCoreClient``) and the server process's end of an engine process
+(``EngineCoreClient``, engine.core_process); ``make_core_client`` picks (``use_engine_process``).
 
 Why a process: in one process the event loop (SSE, detokenizing) and the core thread take turns on the interpreter
-lock (issue 22: at 64 streams on an H200 the engine step took 8.8 ms where its own work is much less). A reader thread
+lock (at 64 streams on a GPU the engine step took several times its own work: docs/perf/GPU.md). A reader thread
 here receives each message of step outputs and hands them to the sink (AsyncEngine._dispatch) as the core thread does
 in-process; what follows (OutputProcessor, stop strings) is unchanged.
 """
@@ -18,20 +19,128 @@ import signal
 import threading
 import time
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from engine.config import EngineConfig
-from engine.core import CoreSnapshot, Sink
-from engine.core_process import run_engine_process
+from engine.core import EngineCore
+from engine.core_process import build_core, run_engine_process
 from engine.core_wire import (
-    ABORT, ADD, DEAD, GRAMMAR, OUT, READY, SHUTDOWN, SNAP, CoreFacts, FrameReader, decode_exception, decode_outputs,
-    dumps, loads,
+    AbortRequests, AddRequest, CoreDied, CoreFacts, FrameReader, LoadFailed, PrepareGrammar, Ready, Shutdown,
+    SnapshotUpdate, StepOutputs, ToCore, decode_exception, decode_outputs, dumps, loads,
 )
 from engine.model_loader import ModelFolder
-from engine.scheduler import Request
-from engine.types import EngineDeadError, EngineError, ModelLoadError, StructuredOutput
+from engine.model_runner import ModelRunner
+from engine.scheduler import Scheduler
+from engine.structured_output import GrammarConstraint, StructuredOutputBackend
+from engine.types import CoreSnapshot, EngineDeadError, EngineError, ModelLoadError, Sink, StructuredOutput
 
 log = logging.getLogger(__name__)
+
+class CoreClient(ABC):
+    """Where an AsyncEngine's requests run: adds and aborts go in, each step's outputs come out through the sink it
+    was built with (called on another thread: the core's, or the engine process reader's).
+
+    Attributes:
+        facts: what the loaded model reports (context length, vocabulary, KV bytes, placement, ...).
+        structured: this process's grammar backend: it compiles (and so validates) each request's spec before
+            the request is added.
+        snapshot: the core's counters, as last published.
+        dead: why the core stopped (None while it runs).
+        process_cpu_s: the engine process's CPU seconds (all its threads); None in-process.
+        runner: the model runner where it lives in this process, else None.
+    """
+
+    facts: CoreFacts
+    structured: StructuredOutputBackend
+    snapshot: CoreSnapshot
+    dead: BaseException | None
+    process_cpu_s: float | None = None
+    runner: ModelRunner | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's id (None in-process)."""
+        return None
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start running and delivering outputs (after the owner can take them)."""
+
+    @abstractmethod
+    def add(self, request: AddRequest, constraints: Sequence[GrammarConstraint | None]) -> None:
+        """Queue a request, with the grammar this process compiled for each choice (all None without one);
+        raises EngineDeadError once the core has stopped."""
+
+    @abstractmethod
+    def abort(self, request_ids: Sequence[str], index: int | None = None) -> None:
+        """Stop requests (every choice, or only choice ``index`` of an n > 1 request); unknown ids are ignored."""
+
+    def prepare_grammar(self, spec: StructuredOutput) -> None:
+        """A request with ``spec`` is coming: start compiling it where the core runs (nothing to do in-process)."""
+
+    @abstractmethod
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Abort everything in flight (ABORT outputs) and stop; idempotent."""
+
+    @property
+    @abstractmethod
+    def alive(self) -> bool:
+        """Whether the core still runs."""
+
+
+class InProcessCoreClient(CoreClient):
+    """The core thread in this process (``engine.core_process.build_core``): the session, KV cache and scheduler
+    share the interpreter with the event loop."""
+
+    def __init__(self, folder: ModelFolder, config: EngineConfig, sink: Sink) -> None:
+        built = build_core(folder, config, sink)
+        self.core: EngineCore = built.core
+        self.facts = built.facts()
+        self.structured = built.structured
+        self.runner = built.loaded.runner
+        self._eos_token_ids = folder.eos_token_ids
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The core thread's scheduler (tests and probes only: only the core thread may touch it)."""
+        return self.core.scheduler
+
+    @property
+    def snapshot(self) -> CoreSnapshot:  # type: ignore[override]
+        return self.core.snapshot
+
+    @property
+    def dead(self) -> BaseException | None:  # type: ignore[override]
+        return self.core.dead
+
+    def start(self) -> None:
+        self.core.start()
+
+    def add(self, request: AddRequest, constraints: Sequence[GrammarConstraint | None]) -> None:
+        self.core.add(request.to_request(self._eos_token_ids, self.facts.max_model_len, constraints))
+
+    def abort(self, request_ids: Sequence[str], index: int | None = None) -> None:
+        self.core.abort(request_ids, index)
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        self.core.shutdown(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self.core.alive
+
+
+def make_core_client(folder: ModelFolder, config: EngineConfig, sink: Sink) -> CoreClient:
+    """The core for ``config``: in an engine process of its own, or a thread of this one (``use_engine_process``).
+
+    Raises:
+        ModelLoadError: the model can't be served on this device (ep/'s own errors propagate unchanged).
+    """
+    if use_engine_process(config):
+        return EngineCoreClient(folder, config, sink)
+    return InProcessCoreClient(folder, config, sink)
+
 
 # NOTE(engine): engines nobody shut down are stopped at interpreter exit. multiprocessing's own exit handler would
 # SIGTERM its daemon children (ignored by an engine process) and join them without a timeout while this process still
@@ -50,7 +159,7 @@ def _shutdown_live_engines() -> None:
 _REAP_S = 5.0
 
 
-class EngineCoreClient:
+class EngineCoreClient(CoreClient):
     """Starts the engine process, waits until its model is loaded, then forwards requests and receives outputs.
 
     Args:
@@ -91,21 +200,26 @@ class EngineCoreClient:
             child_conn.close()  # NOTE(engine): only the child holds its end now, so its exit is EOF here
         self.facts = self._wait_ready()
         _LIVE.add(self)
+        # NOTE(engine): this process's backend only validates specs (a bad one is a 400 before any output); the
+        # engine process compiles each spec again for its matchers.
+        self.structured = StructuredOutputBackend(
+            folder.tokenizer.hf, self.facts.vocab_size, folder.eos_token_ids,
+            compile_timeout_s=config.grammar_compile_timeout_s, cache_size=config.grammar_cache_size)
 
     def _wait_ready(self) -> CoreFacts:
         try:
             message = loads(self._conn.recv_bytes())
         except (EOFError, OSError):
             message = None
-        if message is not None and message[0] == READY:
-            return message[1]
+        if isinstance(message, Ready):
+            return message.facts
         self._proc.join(10)
         self._conn.close()
-        if message is None:
+        if not isinstance(message, LoadFailed):
             raise ModelLoadError(f"the engine process exited while loading the model ({_exit_text(self._proc)})")
-        exc = decode_exception(message[1])
+        exc = decode_exception(message.exception)
         if not isinstance(exc, EngineError):  # a bug or a library's error: keep where it came from
-            exc.add_note(f"raised in the engine process:\n{message[2]}")
+            exc.add_note(f"raised in the engine process:\n{message.traceback}")
         raise exc
 
     @property
@@ -123,20 +237,21 @@ class EngineCoreClient:
         self._reader = threading.Thread(target=self._read, name="ortserve-engine-client", daemon=True)
         self._reader.start()
 
-    def add(self, request: Request) -> None:
-        """Send a request to the engine process; raises EngineDeadError once it has stopped."""
-        self._send((ADD, request.request_id, request.prompt_ids, request.params, request.seq, request.arrival_s))
+    def add(self, request: AddRequest, constraints: Sequence[GrammarConstraint | None]) -> None:
+        """Send a request to the engine process (``constraints`` stay here: it compiles its own); raises
+        EngineDeadError once it has stopped."""
+        self._send(request)
 
     def abort(self, request_ids: Sequence[str], index: int | None = None) -> None:
         try:
-            self._send((ABORT, list(request_ids), index))
+            self._send(AbortRequests(list(request_ids), index))
         except EngineDeadError:  # nothing runs there any more
             pass
 
     def prepare_grammar(self, spec: StructuredOutput) -> None:
         """Let the engine process start compiling ``spec`` while this process compiles it too."""
         try:
-            self._send((GRAMMAR, spec))
+            self._send(PrepareGrammar(spec))
         except EngineDeadError:
             pass
 
@@ -147,7 +262,7 @@ class EngineCoreClient:
             asked, self._closing = self._closing, True
             if not asked and not self._ended:
                 try:
-                    self._conn.send_bytes(dumps((SHUTDOWN,)))
+                    self._conn.send_bytes(dumps(Shutdown()))
                 except OSError:
                     pass
         deadline = time.monotonic() + timeout_s + _REAP_S
@@ -167,7 +282,7 @@ class EngineCoreClient:
 
     # -- plumbing ---------------------------------------------------------------------------------------------------
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: ToCore) -> None:
         data = dumps(message)
         with self._lock:
             if self._ended or self._closing:
@@ -190,15 +305,14 @@ class EngineCoreClient:
                 outputs: list = []
                 for data in frames.read():  # what one read brought: several steps' outputs go on together
                     message = loads(data)
-                    kind = message[0]
-                    if kind == OUT:
-                        if message[2] is not None:
-                            self.snapshot, self.process_cpu_s = message[2], message[3]
-                        outputs += decode_outputs(message[1])
-                    elif kind == SNAP:
-                        self.snapshot, self.process_cpu_s = message[1], message[2]
-                    elif kind == DEAD:
-                        reason = decode_exception(message[1])
+                    if isinstance(message, StepOutputs):
+                        if message.snapshot is not None:
+                            self.snapshot, self.process_cpu_s = message.snapshot, message.process_cpu_s
+                        outputs += decode_outputs(message.rows)
+                    elif isinstance(message, SnapshotUpdate):
+                        self.snapshot, self.process_cpu_s = message.snapshot, message.process_cpu_s
+                    elif isinstance(message, CoreDied):
+                        reason = decode_exception(message.exception)
                 if outputs:
                     self._sink(outputs)
         except (EOFError, OSError):

@@ -24,16 +24,16 @@ from typing import Any
 
 from engine import placement
 from engine.config import EngineConfig
-from engine.core import CoreOutput, EngineCore, Sink
+from engine.core import EngineCore
 from engine.core_wire import (
-    ABORT, ADD, DEAD, FAILED, GRAMMAR, OUT, READY, SHUTDOWN, SNAP, CoreFacts, dumps, encode_exception, encode_outputs,
-    loads,
+    AbortRequests, AddRequest, CoreDied, CoreFacts, FromCore, LoadFailed, PrepareGrammar, Ready, Shutdown,
+    SnapshotUpdate, StepOutputs, ToCore, dumps, encode_exception, encode_outputs, loads,
 )
 from engine.model_loader import ModelFolder, read_model_folder
 from engine.prefix_cache import MIN_REUSE_BATCHED_PROMPTS
-from engine.scheduler import Request, Scheduler
+from engine.scheduler import Scheduler
 from engine.structured_output import GrammarConstraint, StructuredOutputBackend
-from engine.types import EngineDeadError, FinishReason
+from engine.types import CoreOutput, EngineDeadError, FinishReason, Sink
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,14 @@ class BuiltCore:
     loaded: placement.Loaded
     structured: StructuredOutputBackend
     speculative_tokens: int
+
+    def facts(self) -> CoreFacts:
+        """What the engine's owner needs to know of the loaded model (the engine process's ``Ready`` message)."""
+        loaded = self.loaded
+        return CoreFacts(max_model_len=loaded.max_model_len, vocab_size=loaded.vocab_size,
+                         kv_cache_bytes=loaded.runner.kv.shape.nbytes, placement=loaded.placement,
+                         speculative_tokens=self.speculative_tokens, can_verify=loaded.runner.can_verify,
+                         buckets=tuple(loaded.runner.buckets), pid=os.getpid(), backend_flags=backend_flags())
 
 
 def min_prefix_reuse(config: EngineConfig, runner: Any) -> int:
@@ -147,24 +155,20 @@ class EngineProcess:
         except BaseException as exc:  # noqa: BLE001 - every load failure goes to the parent, as it was raised
             import traceback
 
-            self.outbox.send((FAILED, encode_exception(exc), traceback.format_exc()))
+            self.outbox.send(LoadFailed(encode_exception(exc), traceback.format_exc()))
             return
         core = self.core = self.outbox.core = built.core
-        loaded = built.loaded
-        facts = CoreFacts(max_model_len=loaded.max_model_len, vocab_size=loaded.vocab_size,
-                          kv_cache_bytes=loaded.runner.kv.shape.nbytes, placement=loaded.placement,
-                          speculative_tokens=built.speculative_tokens, can_verify=loaded.runner.can_verify,
-                          buckets=tuple(loaded.runner.buckets), pid=os.getpid(), backend_flags=backend_flags())
-        self.feed = _OrderedFeed(core, built.structured, folder.eos_token_ids, loaded.max_model_len, self.outbox)
+        facts = built.facts()
+        self.feed = _OrderedFeed(core, built.structured, folder.eos_token_ids, facts.max_model_len, self.outbox)
         # NOTE(engine): as the server does after loading (server.app._tune_interpreter): what lives as long as the
         # process goes to the permanent generation, so full collections stop scanning it.
         gc.collect()
         gc.freeze()
-        self.outbox.send((READY, facts))  # before the core can send anything
+        self.outbox.send(Ready(facts))  # before the core can send anything
         core.start()
         core.join()
         if core.dead is not None:
-            self.outbox.send((DEAD, encode_exception(EngineDeadError(f"the engine core has stopped: {core.dead!r}"))))
+            self.outbox.send(CoreDied(encode_exception(EngineDeadError(f"the engine core has stopped: {core.dead!r}"))))
         built.structured.shutdown()
         self.conn.close()
 
@@ -179,11 +183,10 @@ class EngineProcess:
                     os._exit(0)
                 self._stop()
                 return
-            kind = message[0]
-            if kind == SHUTDOWN:
+            if isinstance(message, Shutdown):
                 self._stop()
                 return
-            if self.feed is not None and kind in (ADD, ABORT, GRAMMAR):
+            if self.feed is not None and isinstance(message, (AddRequest, AbortRequests, PrepareGrammar)):
                 self.feed.put(message)
 
     def _stop(self) -> None:
@@ -212,7 +215,7 @@ class _Outbox:
         if core is not None and (time.monotonic() - self._sent_s >= SNAPSHOT_INTERVAL_S
                                  or any(out.finish_reason is not None for out in outputs)):
             snapshot = core.snapshot
-        self.send((OUT, encode_outputs(outputs), snapshot, time.process_time() if snapshot is not None else None),
+        self.send(StepOutputs(encode_outputs(outputs), snapshot, time.process_time() if snapshot is not None else None),
                   snapshot)
 
     def between_steps(self, idle: bool) -> None:
@@ -220,9 +223,9 @@ class _Outbox:
         if snapshot is None or snapshot is self._sent_snapshot:
             return
         if idle or time.monotonic() - self._sent_s >= SNAPSHOT_INTERVAL_S:
-            self.send((SNAP, snapshot, time.process_time()), snapshot)
+            self.send(SnapshotUpdate(snapshot, time.process_time()), snapshot)
 
-    def send(self, message: tuple, snapshot: Any = None) -> None:
+    def send(self, message: FromCore, snapshot: Any = None) -> None:
         data = dumps(message)
         with self._lock:
             if self.broken:
@@ -251,14 +254,14 @@ class _OrderedFeed:
                  max_model_len: int, sink: Sink) -> None:
         self.core, self.structured, self.sink = core, structured, sink
         self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
-        self._held: collections.deque[tuple] = collections.deque()
+        self._held: collections.deque[AddRequest | AbortRequests] = collections.deque()
         self._lock = threading.RLock()  # re-entered when a compile is done by the time its callback is added
         self._waiting: concurrent.futures.Future | None = None
         self._closed = False
 
-    def put(self, message: tuple) -> None:
-        if message[0] == GRAMMAR:
-            self.structured.compile_future(message[1])  # start compiling; nothing to deliver
+    def put(self, message: ToCore) -> None:
+        if isinstance(message, PrepareGrammar):
+            self.structured.compile_future(message.spec)  # start compiling; nothing to deliver
             return
         with self._lock:
             self._held.append(message)
@@ -269,8 +272,8 @@ class _OrderedFeed:
         with self._lock:
             self._closed = True
             held, self._held = list(self._held), collections.deque()
-        ended = [CoreOutput(m[1], (), FinishReason.ABORT, seq=m[4], index=i)
-                 for m in held if m[0] == ADD for i in range(m[3].n)]
+        ended = [CoreOutput(m.request_id, (), FinishReason.ABORT, seq=m.seq, index=i)
+                 for m in held if isinstance(m, AddRequest) for i in range(m.params.n)]
         if ended:
             self.sink(ended)
 
@@ -287,17 +290,17 @@ class _OrderedFeed:
                 self._held.popleft()
                 self._deliver(message)
 
-    def _compiling(self, message: tuple) -> concurrent.futures.Future | None:
-        if message[0] != ADD or message[3].structured is None:
+    def _compiling(self, message: AddRequest | AbortRequests) -> concurrent.futures.Future | None:
+        if not isinstance(message, AddRequest) or message.params.structured is None:
             return None
-        future = self.structured.compile_future(message[3].structured)
+        future = self.structured.compile_future(message.params.structured)
         return None if future.done() else future
 
-    def _deliver(self, message: tuple) -> None:
-        if message[0] == ABORT:
-            self.core.abort(message[1], message[2])
+    def _deliver(self, message: AddRequest | AbortRequests) -> None:
+        if isinstance(message, AbortRequests):
+            self.core.abort(message.request_ids, message.index)
             return
-        _, request_id, prompt_ids, params, seq, arrival_s = message
+        request_id, params, seq = message.request_id, message.params, message.seq
         try:
             constraints: Sequence[GrammarConstraint | None] = [None] * params.n
             if params.structured is not None:
@@ -307,13 +310,8 @@ class _OrderedFeed:
             self.sink([CoreOutput(request_id, (), FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}", seq=seq,
                                   exception=exc)])
             return
-        request = Request(request_id, prompt_ids, params, eos_token_ids=self.eos_token_ids,
-                          max_model_len=self.max_model_len, seq=seq, arrival_s=arrival_s, constraint=constraints[0])
-        if params.n > 1:
-            for fork, constraint in zip(request.fork(params.n), constraints[1:]):
-                fork.constraint = constraint
         try:
-            self.core.add(request)
+            self.core.add(message.to_request(self.eos_token_ids, self.max_model_len, constraints))
         except EngineDeadError:  # the core has ended; the parent learns it from the pipe
             pass
 

@@ -1,14 +1,12 @@
 """What crosses the engine-process boundary: the messages, the facts a loaded model reports, and their encoding.
 
 Both sides import this module (engine.core_client in the server's process, engine.core_process in the engine's);
-it imports no onnxruntime. Every message is one tuple, pickled with protocol 5, first item its kind:
+it imports no onnxruntime. Every message is one of the records below (a NamedTuple), pickled with protocol 5:
 
-parent -> child: ``("add", request_id, prompt_ids, params, seq, arrival_s)``, ``("abort", request_ids, index)``,
-``("grammar", StructuredOutput)`` (start compiling: the parent compiles the same spec meanwhile),
-``("shutdown",)``.
-child -> parent: ``("ready", CoreFacts)`` or ``("failed", exception, traceback text)`` once, then
-``("out", rows, snapshot or None, process CPU s)`` (one per sink call: a step's decode run, a prompt's first
-tokens), ``("snap", snapshot, process CPU s)``, ``("dead", exception)`` (the core thread died), then EOF.
+parent -> child: ``AddRequest``, ``AbortRequests``, ``PrepareGrammar`` (start compiling: the parent compiles the
+same spec meanwhile), ``Shutdown``.
+child -> parent: ``Ready`` or ``LoadFailed`` once, then ``StepOutputs`` (one per sink call: a step's decode run, a
+prompt's first tokens), ``SnapshotUpdate``, ``CoreDied`` (the core thread died), then EOF.
 """
 
 from __future__ import annotations
@@ -19,21 +17,20 @@ import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from engine.core import CoreOutput
-from engine.types import DevicePlacement, EngineError, FinishReason, TokenLogprob
+from engine.scheduler import Request
+from engine.types import (
+    CoreOutput, CoreSnapshot, DevicePlacement, EngineError, FinishReason, SamplingParams, StructuredOutput,
+    TokenLogprob,
+)
 
 PICKLE_PROTOCOL = 5
-
-# Kinds of message (the first item of each tuple).
-ADD, ABORT, GRAMMAR, SHUTDOWN = "add", "abort", "grammar", "shutdown"
-READY, FAILED, OUT, SNAP, DEAD = "ready", "failed", "out", "snap", "dead"
 
 
 @dataclass(frozen=True)
 class CoreFacts:
-    """What the engine process knows once the model is loaded and the parent needs (the "ready" message)."""
+    """What the engine process knows once the model is loaded and the parent needs (the ``Ready`` message)."""
 
     max_model_len: int
     vocab_size: int
@@ -47,11 +44,94 @@ class CoreFacts:
     backend_flags: dict[str, str | None] = field(default_factory=dict)
 
 
-def dumps(message: tuple) -> bytes:
+# -- parent -> child -----------------------------------------------------------------------------------------------
+
+
+class AddRequest(NamedTuple):
+    """A request to run: what the engine's caller gives (its grammar compiles on the core's side)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seq: int  # unique per engine: tells a reused request_id's outputs apart
+    arrival_s: float  # time.monotonic() seconds when the engine took it
+
+    def to_request(self, eos_token_ids: frozenset[int], max_model_len: int,
+                   constraints: Sequence[Any] = ()) -> Request:
+        """The scheduler's Request, with its n > 1 choices forked; ``constraints[i]`` (a compiled grammar, one per
+        choice, or none at all) goes to choice i. The one place a Request is built from a caller's request."""
+        request = Request(self.request_id, self.prompt_ids, self.params, eos_token_ids=eos_token_ids,
+                          max_model_len=max_model_len, seq=self.seq, arrival_s=self.arrival_s,
+                          constraint=constraints[0] if constraints else None)
+        if self.params.n > 1:
+            for fork, constraint in zip(request.fork(self.params.n), constraints[1:]):
+                fork.constraint = constraint
+        return request
+
+
+class AbortRequests(NamedTuple):
+    """Stop requests: every choice, or only choice ``index`` of an n > 1 request."""
+
+    request_ids: list[str]
+    index: int | None = None
+
+
+class PrepareGrammar(NamedTuple):
+    """Start compiling ``spec`` (an add that needs it follows)."""
+
+    spec: StructuredOutput
+
+
+class Shutdown(NamedTuple):
+    """Stop: everything in flight ends with ABORT, then the engine process exits."""
+
+
+# -- child -> parent -----------------------------------------------------------------------------------------------
+
+
+class Ready(NamedTuple):
+    """The model is loaded; the core runs from now on."""
+
+    facts: CoreFacts
+
+
+class LoadFailed(NamedTuple):
+    """Loading failed: the error as ``encode_exception`` encodes it, and where it was raised."""
+
+    exception: tuple
+    traceback: str
+
+
+class StepOutputs(NamedTuple):
+    """One sink call's outputs (``encode_outputs`` rows), with the core's snapshot when one was due."""
+
+    rows: list[tuple]
+    snapshot: CoreSnapshot | None
+    process_cpu_s: float | None  # the engine process's CPU seconds, with the snapshot
+
+
+class SnapshotUpdate(NamedTuple):
+    """The core's counters between steps (idle, or none went with an output for a while)."""
+
+    snapshot: CoreSnapshot
+    process_cpu_s: float
+
+
+class CoreDied(NamedTuple):
+    """The core thread died (``encode_exception``'s tuple); EOF follows."""
+
+    exception: tuple
+
+
+ToCore = AddRequest | AbortRequests | PrepareGrammar | Shutdown
+FromCore = Ready | LoadFailed | StepOutputs | SnapshotUpdate | CoreDied
+
+
+def dumps(message: ToCore | FromCore) -> bytes:
     return pickle.dumps(message, PICKLE_PROTOCOL)
 
 
-def loads(data: bytes) -> tuple:
+def loads(data: bytes) -> ToCore | FromCore:
     return pickle.loads(data)
 
 

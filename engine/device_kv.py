@@ -57,9 +57,9 @@ def row_copy_graph_bytes(num_buffers: int, dtype: Any, heads: int, length: int) 
     buffer too (Gather reads the row before ScatterND writes).
 
     NOTE(engine): ScatterND's work is split by index: with one index per row (indices ``[1, 1]``) one thread
-    wrote all H * L * D elements of a row, 90 MB/s on an H200 (373 ms for a 1B model's 1,024-position row). One
+    wrote all H * L * D elements of a row, a few hundred ms for a 1B model's 1,024-position row. One
     index per (head, position), ``[H * L, 3]`` (the destination row, then a constant grid), gives every D-wide
-    vector its own thread: 1.2 ms for the same 33.6 MB (perf/gpu/probe_copy.py, docs/perf/GPU.md).
+    vector its own thread: ~300x faster (docs/perf/GPU.md).
     """
     from onnx import TensorProto, helper, numpy_helper
 
@@ -92,8 +92,8 @@ def address_copy_graph_bytes(num_buffers: int, dtype: Any, row_shape: Sequence[i
     """A graph of ``num_buffers`` Identity nodes ``src_i -> dst_i`` of shape ``row_shape`` ([1, H, L, D]).
 
     Bound by address (a source row and a destination row of each buffer, ``AddressRowCopier``), one run copies
-    a row of every layer's keys and values: a device-to-device copy per buffer (0.24 ms for a 1B model's 33.6 MB
-    on an H200, perf/gpu/probe_cuda.py).
+    a row of every layer's keys and values: a device-to-device copy per buffer (well under a decode step for a 1B
+    model's row: docs/perf/GPU.md).
     """
     from onnx import helper
 

@@ -182,41 +182,14 @@ class _Job:
     num_left: int = 0
 
 
-class EmbeddingEngine:
-    """Embeddings of token-id lists, batched across requests, on a worker thread of its own.
+class EmbeddingInputs:
+    """What an embedding engine answers without its session: the model's facts, tokenizing and checking inputs.
+    Shared by EmbeddingEngine and engine.embedding_process.EmbeddingProcessClient (whose session runs elsewhere);
+    needs ``folder``, ``tokenizer`` and ``pooling``."""
 
-    Usage::
-
-        engine = EmbeddingEngine.from_model_dir("path/to/all-minilm-l6-v2", EmbeddingConfig())
-        ids = engine.tokenize(["a sentence", "another"])
-        vectors = await engine.embed(ids)  # two float32 [384] vectors, L2-normalized
-        engine.shutdown()
-    """
-
-    def __init__(self, folder: EmbeddingFolder, config: EmbeddingConfig) -> None:
-        self.folder = folder
-        self.config = config
-        self.pooling = config.pooling or folder.pooling
-        self.tokenizer = folder.tokenizer
-        self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._num_requests = 0
-        self._stats = dict(inputs_total=0, tokens_total=0, padded_tokens_total=0, runs_total=0)
-        self._session: Any = None
-        self._feeds: dict[str, str] = {}
-        self._dead: BaseException | None = None
-        ready = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._main, args=(ready,), daemon=True,
-                                        name=f"ortserve-embed-{folder.model_name}")
-        self._thread.start()
-        ready.result()  # raises the session's load error here
-        log.info("embedding engine ready: %s (%s, dimension %d, window %d, pooling %s%s)", folder.model_name,
-                 folder.kind, self.dimension, self.max_seq_length, self.pooling,
-                 ", normalized" if self.normalize else "")
-
-    @classmethod
-    def from_model_dir(cls, path: str | Path, config: EmbeddingConfig | None = None) -> EmbeddingEngine:
-        return cls(read_embedding_folder(path), config or EmbeddingConfig())
+    folder: EmbeddingFolder
+    tokenizer: Tokenizer
+    pooling: str
 
     # --- facts --------------------------------------------------------------------------------------
 
@@ -296,6 +269,43 @@ class EmbeddingEngine:
                     f"window).", param=param, code="context_length_exceeded")
             out.append(ids)
         return out
+
+
+class EmbeddingEngine(EmbeddingInputs):
+    """Embeddings of token-id lists, batched across requests, on a worker thread of its own.
+
+    Usage::
+
+        engine = EmbeddingEngine.from_model_dir("path/to/all-minilm-l6-v2", EmbeddingConfig())
+        ids = engine.tokenize(["a sentence", "another"])
+        vectors = await engine.embed(ids)  # two float32 [384] vectors, L2-normalized
+        engine.shutdown()
+    """
+
+    def __init__(self, folder: EmbeddingFolder, config: EmbeddingConfig) -> None:
+        self.folder = folder
+        self.config = config
+        self.pooling = config.pooling or folder.pooling
+        self.tokenizer = folder.tokenizer
+        self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._num_requests = 0
+        self._stats = dict(inputs_total=0, tokens_total=0, padded_tokens_total=0, runs_total=0)
+        self._session: Any = None
+        self._feeds: dict[str, str] = {}
+        self._dead: BaseException | None = None
+        ready = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._main, args=(ready,), daemon=True,
+                                        name=f"ortserve-embed-{folder.model_name}")
+        self._thread.start()
+        ready.result()  # raises the session's load error here
+        log.info("embedding engine ready: %s (%s, dimension %d, window %d, pooling %s%s)", folder.model_name,
+                 folder.kind, self.dimension, self.max_seq_length, self.pooling,
+                 ", normalized" if self.normalize else "")
+
+    @classmethod
+    def from_model_dir(cls, path: str | Path, config: EmbeddingConfig | None = None) -> EmbeddingEngine:
+        return cls(read_embedding_folder(path), config or EmbeddingConfig())
 
     # --- running ------------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The captured decode step (WebGPU graph capture): the rewritten graph, the session choice, fixed device buffers.
+"""The captured decode step (WebGPU and CUDA graph capture): the rewritten graph, the session choice, fixed device
+buffers.
 
 Imports onnxruntime (and onnx while rewriting); ep/ only through engine.model_loader.create_session. The
 runner owns the buffers' contents; this module owns where they live and how they cross to the device.
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 
 TOTAL_LEN_NAME = "ortserve/total_sequence_length"
 # The packed decode input: int32 [num_slots, 2] = (token id, seqlens_k = KV length after this token - 1) per row,
-# one upload per step instead of three (each host -> WebGPU copy is a queue submission, ~0.4 ms on an H200).
+# one upload per step instead of three (each host -> WebGPU copy is a queue submission: docs/perf/GPU.md).
 PACKED_INPUT = "ortserve/step"
 # The decode step's row summary (``capture_graph_bytes(row_summary=True)``): per row of the step's logits, its argmax
 # (int64 [num_slots, 1]) and log-normalizer log(sum(exp(logits))) (float32 [num_slots, 1]), computed on the device.
@@ -140,7 +141,7 @@ def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = F
 
 
 # The most rows WebGPU's MatMulNBits runs on its small-M path (onnxruntime-ep-webgpu 0.4.0: M <= 3, one
-# workgroup pass over the weights; M = 4 already takes the tiled path, 5x slower on an H200 for a 1B model).
+# workgroup pass over the weights; M = 4 already takes the tiled path, 5x slower for a 1B model: docs/perf/GPU.md).
 def split_matmul_rows(graph, groups: int, rows: int = MATMUL_GROUP_ROWS) -> int:
     """Step 5 of ``capture_graph_bytes``: each MatMulNBits ``Y = f(A)`` becomes
     ``Concat(f(A[0:r]), f(A[r:2r]), ..., f(A[groups*r:]))`` along A's first axis (the batch of a decode step).
@@ -182,7 +183,7 @@ def add_row_summary(graph, logits: str) -> None:
     ``ROW_TOKEN_LOGPROB = LogSoftmax(logits)[..., ROW_ARGMAX]``, each ``[B, S]``.
 
     NOTE(engine): the normalizer comes from LogSoftmax, one kernel over each row on the CUDA EP (its blockwise
-    softmax); a ReduceMax + Exp + ReduceSum form cost ~6 ms a step at batch 8 on an H200 (docs/perf/GPU.md). A
+    softmax); a ReduceMax + Exp + ReduceSum form cost several decode steps' time at batch 8 (docs/perf/GPU.md). A
     row's log-probability of token t is then ``logits[t] - ROW_LOG_NORM``; ArgMax takes the first index on
     ties, as numpy's argmax does.
     """
@@ -324,7 +325,7 @@ class DeviceDecodeIO:
     its numpy staging buffers in place; ``upload`` copies them over before each run and ``read_logits``
     brings the logits back after it.
 
-    NOTE(engine): on WebGPU (H200, ORT 1.31.1) uploads with ``onnxruntime.copy_tensors`` are ordered before
+    NOTE(engine): on WebGPU (ORT 1.31.1) uploads with ``onnxruntime.copy_tensors`` are ordered before
     the next run, but a ``copy_tensors`` readback right after a run was seen returning stale data, so the
     logits come back through an IOBinding's ``copy_outputs_to_cpu`` (the session's own data transfer).
     The readback binding holds only the logits, never the KV buffers, and is never run.
@@ -392,8 +393,8 @@ class DeviceDecodeIO:
         its rows' ``row_argmax``, ``row_log_norm`` and ``row_token_logprob`` too.
 
         ``logits=False`` (with the summary and ``host_logits``): only the summary comes back, and None for the
-        logits. NOTE(engine): at 64 rows of a 128k vocabulary the logits are 33 MB a step: 0.6 ms into pinned
-        memory on an H200, under the interpreter lock (``copy_tensors`` keeps it), which the event loop waits on.
+        logits. NOTE(engine): at 64 rows of a 128k vocabulary the logits are 33 MB a step: copied into pinned
+        memory under the interpreter lock (``copy_tensors`` keeps it), which the event loop waits on.
         """
         if self._host_logits is not None and not self._on_cpu:
             # NOTE(engine): a run whose outputs stay on the device may return before the device is done; wait for

@@ -93,7 +93,7 @@ class KVShape:
     num_layers: int
     num_slots: int
     num_kv_heads: int
-    length: int  # positions per slot (max_model_len plus the idle tail where needed)
+    length: int  # positions per slot: the graph's static KV length, else max_model_len
     head_size: int
     dtype: Any
 

@@ -9,9 +9,8 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from engine.core import CoreOutput
 from engine.detokenizer import IncrementalDetokenizer
-from engine.types import FinishReason, RequestOutput, SamplingParams
+from engine.types import CoreOutput, FinishReason, RequestOutput, SamplingParams
 
 
 @dataclass(eq=False)
@@ -52,7 +51,8 @@ class OutputProcessor:
         return self.states.pop(request_id, None)
 
     def process(self, outputs: Iterable[CoreOutput]) -> list[tuple[str, int]]:
-        """Detokenize, cut stop strings and queue one RequestOutput per CoreOutput.
+        """Detokenize, cut stop strings and queue one RequestOutput per CoreOutput (the exception instead for a
+        request the core refused; nothing for the late outputs of a choice a stop string ended here).
 
         Returns:
             (request id, choice index) of the choices a stop string ended here; the core still runs them and

@@ -38,7 +38,8 @@ from engine.device_kv import AddressRowCopier, RowCopier, address_copy_graph_byt
 from engine.graph_capture import OpenedSession, open_session
 from engine.kv_cache import OPAQUE, POINTER, HostKVAllocator, KVAllocator, KVCache, KVShape, make_kv_allocator
 from engine.model_loader import ModelFolder, check_graph, choose_max_model_len, create_session
-from engine.runner import ModelRunner, Runner, make_input_allocator
+from engine.model_runner import ModelRunner
+from engine.runner import Runner, make_input_allocator
 from engine.types import DevicePlacement, ModelLoadError
 from ep.profiles import PROMPT_SDPA_KERNEL  # noqa: F401 - the CUDA profile's, named here for its tests
 
@@ -182,8 +183,8 @@ def _one_row_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSe
     not apply or is turned off.
 
     NOTE(engine): ORT_FPA_INTB_GEMM is read by each MatMulNBits kernel as its session is made, so one process holds
-    sessions of both kinds. Measured on an H200 (synthetic 1B, captured steps; ep/flags.py): the fused kernels take
-    1 row 1.06 -> 1.25 ms, 8 rows 2.08 -> 1.42, 64 rows 3.22 -> 2.82. One session can only have one or the other.
+    sessions of both kinds. Measured (synthetic 1B, captured steps; ep/flags.py, docs/perf/GPU.md): the fused kernels
+    make 1 row 18% slower, 8 rows 32% and 64 rows 12% faster. One session can only have one or the other.
     """
     from ep.flags import cuda_int4_gemm_off
 

@@ -33,8 +33,8 @@ MIN_RECOMPUTED = 2
 
 # NOTE(engine): on a runner whose new prompts run together (``RowChunks.prompts``: one launch-bound run for every
 # prompt a step admits, CUDA), a reused prefix takes its prompt out of that run: the rest runs alone as a chunk
-# after a past (1-2 uncaptured runs of ~2.6 ms each on an H200, 1B INT4, whatever their length), and a copy brings
-# the prefix over (0.15 ms). Shorter matches than this are not worth it there: the bench's distinct prompts shared
+# after a past (1-2 uncaptured runs, each costing about the same whatever its length), and a copy brings the prefix
+# over (docs/perf/GPU.md). Shorter matches than this are not worth it there: the bench's distinct prompts shared
 # 1-3 tokens with a running request nearly every time, and each admission paid a copy and two runs.
 MIN_REUSE_BATCHED_PROMPTS = 64
 

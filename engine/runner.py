@@ -1,7 +1,7 @@
 """Runs the decoder with IOBinding over the shared KV cache: prefill chunks and batched decode -> logits.
 
-``ModelRunner`` is what the core and the scheduler see. Two runners implement it, one per way a device lets KV
-rows be bound (``engine.kv_cache``; which one a device gets is decided in ``engine.placement``):
+``engine.model_runner.ModelRunner`` is what the core and the scheduler see. Two runners implement it, one per way a
+device lets KV rows be bound (``engine.kv_cache``; which one a device gets is decided in ``engine.placement``):
   * ``Runner`` (this module): row views, any row range bound on its own: host memory (numpy views) or device
     memory addressed by pointer (CUDA, HIP: the buffer's address plus a row offset);
   * ``engine.bucket_runner.BucketRunner``: opaque device buffers (WebGPU, DirectML): a prefix of the rows,
@@ -14,74 +14,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from engine.kv_cache import KVCache
 from engine.model_loader import GraphIO
+from engine.row_chunks import PROMPT_SHAPES, RowChunks, _value
 
 log = logging.getLogger(__name__)
-
-# NOTE(engine): ortserve-built graphs have this optional int64 [1] input (an overridable initializer,
-# default 0 = every position): 1 makes a prefill chunk compute only its last position's logits. Folders from
-# other builders lack it and get all positions, of which the last is used.
-LOGITS_TO_KEEP = "logits_to_keep"
 
 HOST_SOURCE = "cpu"  # an input allocator's ``source`` for ordinary numpy memory (ep.host_memory.SOURCE_CPU)
 # (shape, dtype) -> (numpy array, OrtValue over the same memory)
 InputAllocator = Callable[[tuple[int, ...], Any], tuple[np.ndarray, ort.OrtValue]]
-
-
-class ModelRunner(Protocol):
-    """What a step runs through. Slots are KV rows; every method's arrays are valid until its next call."""
-
-    num_slots: int
-    vocab_size: int
-    buckets: tuple[int, ...]  # the decode widths it runs (several: requests should take the lowest free slots)
-    whole_buffer: bool  # every decode run covers a prefix of the rows, not just the running ones
-    input_source: str  # where the decode inputs live ("cpu", "ep_host_accessible", "cpu->device", ...)
-    logits_source: str  # where the logits are written ("cpu", "ep_host_accessible", "device->cpu")
-    # the last decode's rows: (argmax, log-normalizer, the argmax's log-probability), where the device computes them
-    decode_summary: tuple[np.ndarray, np.ndarray, np.ndarray] | None
-
-    @property
-    def can_copy(self) -> bool:
-        """KV can be copied between slots (prefix reuse from another slot, n > 1 choices)."""
-
-    @property
-    def can_verify(self) -> bool:
-        """A request's row can run S > 1 tokens with every position's logits (speculative decoding)."""
-
-    def decode(self, slots: Sequence[int], token_ids: Sequence[int], positions: Sequence[int],
-               logits: bool = True) -> np.ndarray | None:
-        """``logits=False``: the caller needs only ``decode_summary``; a runner that has one may then leave the
-        logits on the device and return None (the others return them anyway)."""
-
-    def prefill(self, slot: int, token_ids: Sequence[int], start: int, also: Sequence[int] = ()) -> np.ndarray: ...
-
-    def verify(self, slot: int, token_ids: Sequence[int], start: int) -> np.ndarray: ...
-
-    def copy_kv(self, src: int, dst: int, start: int, end: int) -> None: ...
-
-    @property
-    def can_batch_prompts(self) -> bool:
-        """``prefill_prompts`` runs several new requests' prompts together."""
-
-    max_batched_prompt: int  # the most tokens of one prompt ``prefill_prompts`` takes
-    # the most requests whose prompt chunks one step should run (0: as many as the token budget holds)
-    max_prefills_per_step: int
-    # the shortest cached prefix worth reusing on this runner (None: the engine's rule, engine.core_process)
-    min_prefix_reuse: int | None
-    # (session, ms) of each run since the core last took them (the step trace); None: not kept
-    run_log: list[tuple[str, float]] | None
-
-    def prefill_prompts(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None: ...
-
-    def release(self, slot: int, keep: int = 0) -> None: ...
-
-    def warmup(self) -> None: ...
 
 
 def host_input(shape: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, ort.OrtValue]:
@@ -141,6 +87,10 @@ class RunnerBase:
     # (session, ms) of each run since the core last took them; None: not kept (the step trace is off)
     run_log: list[tuple[str, float]] | None = None
     chunks: RowChunks | None = None  # runs of S tokens in a row (row-view KV only)
+    # NOTE(engine): the attention mask a run binds is cut to the positions in use where the runner can (host KV,
+    # plain CPU inputs: ``Runner``); the full-width row is the fallback (device inputs cross whole).
+    _narrow_mask = False
+    mask_bytes = 0  # bytes of attention mask the last run read: rows x width x 8 (what a step pays for its context)
     prompt_budget = 0  # tokens of whole prompts a step runs together beside prefill_chunk (the scheduler's)
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
@@ -221,7 +171,7 @@ class RunnerBase:
         else:
             # NOTE(engine): onnxruntime's Python wrapper refuses address-bound buffers (a KV prefix) under
             # capture ("requires fixed WebGPU device OrtValues"); the session itself replays them correctly
-            # (perf/gpu/probe_buckets.py), so a captured step runs through the binding it was captured with.
+            # (docs/perf/GPU.md), so a captured step runs through the binding it was captured with.
             session._sess.run_with_iobinding(binding._iobinding, run_options)
         if self.run_log is not None:  # the step trace (engine.step_trace): each run's session and time
             ms = round((time.perf_counter() - t0) * 1e3, 3)
@@ -296,7 +246,7 @@ class Runner(RunnerBase):
         n, vocab = self.num_slots, self.vocab_size
         self.buckets = (n,)
         # NOTE(engine): the logits beside the inputs: host-accessible (pinned) memory on a device copies 4x
-        # faster than pageable memory (33 MB of float32 logits at batch 64 on an H200: 0.6 vs 2.3 ms)
+        # faster than pageable memory (float32 logits at batch 64: docs/perf/GPU.md)
         self.decode_logits, _ = input_allocator((n, 1, vocab), np.float32)
         self.logits_source = getattr(input_allocator, "source", HOST_SOURCE)
         self.chunks = RowChunks(self, session, io, fixed_shapes=fixed_shapes, max_verify=max_verify,
@@ -357,6 +307,8 @@ class Runner(RunnerBase):
         binding = self._decode_bindings.get((lo, hi)) or self._make_decode_binding(lo, hi)
         if self._narrow_mask:
             self._bind_narrow_mask(binding, lo, hi)
+        else:
+            self.mask_bytes = (hi - lo) * self.length * 8
         self._run(binding)
         self.slot_len[rows] = pos + 1
         if hi - lo > len(rows):
@@ -377,6 +329,7 @@ class Runner(RunnerBase):
         self._set_row_ones(slot, ones)
         binding = self._decode_bindings.get((slot, slot + 1)) or self._make_decode_binding(slot, slot + 1)
         binding.bind_cpu_input(self.io.attention_mask, self.mask[slot:slot + 1, :ones])
+        self.mask_bytes = ones * 8
         self._run(binding)
         self.slot_len[slot] = ones
         return self.decode_logits[:1, 0]
@@ -422,6 +375,7 @@ class Runner(RunnerBase):
         mask = self._mask_scratch[:(hi - lo) * width].reshape(hi - lo, width)  # [w, W]
         np.less(self._mask_cols[:width], ones[:, None], out=mask)  # row r: ones[r] leading ones
         binding.bind_ortvalue_input(self.io.attention_mask, ort.OrtValue.ortvalue_from_numpy(mask))
+        self.mask_bytes = mask.nbytes
 
     def _make_decode_binding(self, lo: int, hi: int) -> ort.IOBinding:
         binding = self.session.io_binding()
@@ -438,231 +392,3 @@ class Runner(RunnerBase):
         self.kv.bind_rows(binding, self._past, self._present, lo, hi)
         self._decode_bindings[(lo, hi)] = binding
         return binding
-
-
-# NOTE(engine): on the CUDA EP the first run of a chunk length costs 50-85 ms, every later one 3-4 ms (H200, 1B,
-# perf/gpu/probe_buckets: "unseen_chunk_first_ms"), and nearly every prompt ends in a length not seen before:
-# that was the ITL p99 of streams beside arriving prompts (84 ms) and most of a 64-stream burst's TTFT. With fixed
-# shapes a chunk runs as pieces whose lengths are its base-16 digits (141 -> 128 + 13), each length warmed at load:
-# 31 lengths up to 256, at most 2 runs per chunk below 256.
-SHAPE_BASE = 16
-
-
-# NOTE(engine): new requests' prompts run together as GroupQueryAttention's first prompt (no past: the mask as wide as
-# the run), [k, S] filled up with token 0: with prompt shapes S is one of these lengths (at least the longest prompt)
-# and k a power of two, each (k, S) warmed at load (RowChunks.warm_prompt_shapes).
-PROMPT_SHAPES = (16, 32, 64, 128, 256)
-
-
-def prompt_groups(slots: Sequence[int], fixed_shapes: bool) -> list[tuple[int, int]]:
-    """``(first index, count)`` groups of ascending ``slots``: consecutive slots (rows bound as one range), and with
-    fixed shapes a power of two each, largest first."""
-    groups, i = [], 0
-    while i < len(slots):
-        j = i + 1
-        while j < len(slots) and slots[j] == slots[j - 1] + 1:
-            j += 1
-        while i < j:
-            k = 1 << ((j - i).bit_length() - 1) if fixed_shapes else j - i
-            groups.append((i, k))
-            i += k
-    return groups
-
-
-def chunk_shapes(limit: int) -> list[int]:
-    """The run lengths of fixed-shape chunks of at most ``limit`` tokens: d * 16**i <= limit, d in 1..15."""
-    shapes, unit = [], 1
-    while unit <= limit:
-        shapes += [d * unit for d in range(1, SHAPE_BASE) if d * unit <= limit]
-        unit *= SHAPE_BASE
-    return shapes
-
-
-def chunk_pieces(num: int) -> list[int]:
-    """``num`` tokens as runs of ``chunk_shapes`` lengths, largest first: its nonzero base-16 digits."""
-    pieces, unit = [], 1
-    while num:
-        num, digit = divmod(num, SHAPE_BASE)
-        if digit:
-            pieces.append(digit * unit)
-        unit *= SHAPE_BASE
-    return pieces[::-1]
-
-
-class RowChunks:
-    """Runs of S tokens in one slot's own row over row-view KV (host views or device addresses): prefill chunks
-    (the last position's logits) and draft checks (every position's), ``[1, S]`` each.
-
-    GroupQueryAttention takes S > 1 new tokens with a past at batch 1 only, so a chunk runs its row alone.
-
-    Args:
-        owner: the runner whose buffers (mask, prefill inputs, KV lengths) and host-input binding the runs use.
-        session: the session to run (one of the plain graph, which takes any S).
-        io: its names.
-        run_options: for every run (``gpu_graph_id=-1`` beside captured decode steps: no capture of a chunk).
-        fixed_shapes: run each chunk as ``chunk_pieces`` (lengths ``warm_shapes`` runs once at load).
-        max_verify: the longest draft check (the tokens of one verify run), for ``warm_shapes``.
-        batch_prompts: ``prompts`` runs new requests' prompts together (needs the graph's logits_to_keep).
-        prompt_shapes: those runs take ``PROMPT_SHAPES`` widths and power-of-two row counts, each warmed at load
-            (None: as ``fixed_shapes``).
-    """
-
-    def __init__(self, owner: RunnerBase, session: ort.InferenceSession, io: GraphIO,
-                 run_options: ort.RunOptions | None = None, fixed_shapes: bool = False, max_verify: int = 0,
-                 batch_prompts: bool = False, prompt_shapes: bool | None = None) -> None:
-        self.owner = owner
-        self.fixed_shapes = fixed_shapes
-        self.prompt_shapes = fixed_shapes if prompt_shapes is None else prompt_shapes
-        self.max_verify = max_verify
-        self.num_runs = 0  # session runs made (a chunk with fixed shapes may take several)
-        self.session = session
-        self.io = io
-        self.run_options = run_options
-        vocab = owner.vocab_size
-        self.keep_last = LOGITS_TO_KEEP in {i.name for i in session.get_overridable_initializers()}
-        self.prefill_logits = np.zeros((1 if self.keep_last else owner.prefill_chunk) * vocab, dtype=np.float32)
-        self._keep_one = ort.OrtValue.ortvalue_from_numpy(np.ones(1, dtype=np.int64))
-        self._keep_n = np.ones(1, dtype=np.int64)  # logits_to_keep of a verify run, written before each
-        self._keep_n_value = ort.OrtValue.ortvalue_from_numpy(self._keep_n)
-        self._verify_logits = np.zeros(0, dtype=np.float32)  # [S * V], grown on demand
-        self._past = tuple(zip(io.past_keys, io.past_values))
-        self._present = tuple(zip(io.present_keys, io.present_values))
-        self._bindings: dict[tuple[int, bool], ort.IOBinding] = {}
-        self.batch_prompts = batch_prompts and self.keep_last
-        self._prompt_bindings: dict[tuple[int, int], ort.IOBinding] = {}
-        self.num_prompt_runs = self.num_prompt_rows = 0  # prompts' runs, and the rows they ran (warm-up included)
-        self._prompt_logits = np.zeros((owner.num_slots, 1, vocab) if self.batch_prompts else (0,), dtype=np.float32)
-
-    def prompts(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None:
-        """Prompt tokens ``[0, len)`` of each of ``slots`` (ascending; rows holding no KV the request needs), in one
-        run per ``prompt_groups`` group: ``[k, S]``, each row filled up with token 0 to the group's S (a
-        ``PROMPT_SHAPES`` length with fixed shapes), the mask S wide and all ones, so GroupQueryAttention takes
-        it as a first prompt of S tokens in every row, which it runs at any batch (a chunk after a past it runs
-        at batch 1 only).
-
-        NOTE(engine): the filler writes KV past the row's prompt, where nothing attends until the row's own next
-        tokens overwrite it (as an idle decode row's dummy token does); real positions attend causally, so they
-        never see it: the KV of each row's prompt is that of its prompt run alone (bit for bit on the CPU EP).
-        The filler counts as tokens (not padding) so that no EP's handling of right padding is relied on.
-        """
-        owner = self.owner
-        for at, k in prompt_groups(slots, self.prompt_shapes):
-            rows, lists = slots[at:at + k], token_lists[at:at + k]
-            lengths = [len(t) for t in lists]
-            longest = max(lengths)
-            if not (0 < min(lengths) and longest <= owner.max_batched_prompt):
-                raise ValueError(f"a batched prompt holds 1..{owner.max_batched_prompt} tokens, got {lengths}")
-            width = next(s for s in PROMPT_SHAPES if s >= longest) if self.prompt_shapes else longest
-            ids = np.zeros((k, width), dtype=np.int64)
-            for r, tokens in enumerate(lists):
-                ids[r, :len(tokens)] = tokens
-            self._run_prompts(rows[0], k, ids, np.ones((k, width), dtype=np.int64))
-            owner.slot_len[list(rows)] = lengths
-
-    def _run_prompts(self, lo: int, k: int, ids: np.ndarray, mask: np.ndarray) -> None:
-        self.num_runs += 1
-        self.num_prompt_runs += 1
-        self.num_prompt_rows += k
-        owner, io = self.owner, self.io
-        binding = self._prompt_bindings.get((lo, k))
-        if binding is None:
-            binding = self.session.io_binding()
-            owner._bind_host(binding, LOGITS_TO_KEEP, self._keep_one)
-            binding.bind_ortvalue_output(io.logits, _value(self._prompt_logits[:k]))  # (not read)
-            owner.kv.bind_rows(binding, self._past, self._present, lo, lo + k)
-            self._prompt_bindings[(lo, k)] = binding
-        binding.bind_ortvalue_input(io.input_ids, ort.OrtValue.ortvalue_from_numpy(ids))
-        binding.bind_ortvalue_input(io.attention_mask, ort.OrtValue.ortvalue_from_numpy(mask))
-        if io.position_ids:
-            pos = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), ids.shape).copy()
-            binding.bind_ortvalue_input(io.position_ids, ort.OrtValue.ortvalue_from_numpy(pos))
-        owner._run(binding, self.session, self.run_options)
-
-    def run(self, slot: int, token_ids: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
-        """Tokens ``[start, start + S)`` in ``slot``; returns float32 ``[1 or S, V]`` logits (only the last
-        position's unless ``all_logits``; all of them when the graph lacks logits_to_keep). A view, valid until
-        the next run (with fixed shapes: one run per piece, the last piece's logits, or all pieces' joined)."""
-        pieces = chunk_pieces(len(token_ids)) if self.fixed_shapes else [len(token_ids)]
-        if len(pieces) == 1:
-            return self._run(slot, token_ids, start, all_logits)
-        parts, at = [], 0
-        for num in pieces:
-            logits = self._run(slot, token_ids[at:at + num], start + at, all_logits)
-            if all_logits:
-                parts.append(logits.copy())  # the next piece's run reuses the buffer
-            at += num
-        return np.concatenate(parts) if all_logits else logits
-
-    def warm_shapes(self, max_verify: int | None = None) -> int:
-        """With fixed shapes, run every piece length once in slot 0 (which holds nothing yet), and the draft
-        checks' up to ``max_verify`` tokens (None: the one given at construction); returns the runs made."""
-        if not self.fixed_shapes:
-            return self.warm_prompt_shapes()
-        runs = [(num, False) for num in chunk_shapes(self.owner.prefill_chunk)]
-        longest = self.max_verify if max_verify is None else max_verify
-        runs += [(num, True) for num in chunk_shapes(longest)] if self.keep_last else []
-        for num, verify in runs:
-            self._run(0, [0] * num, 0, verify)
-        self.owner.slot_len[0] = 0
-        return len(runs) + self.warm_prompt_shapes()
-
-    def warm_prompt_shapes(self) -> int:
-        """With fixed shapes and batched prompts, run each ``[k, S]`` a step's budget can ask for once, in rows
-        ``[0, k)`` (which hold nothing yet); returns the runs made."""
-        if not (self.prompt_shapes and self.batch_prompts):
-            return 0
-        owner, made = self.owner, 0
-        limit = max(2 * owner.prefill_chunk, PROMPT_SHAPES[0] * owner.num_slots, owner.prompt_budget)
-        for width in (s for s in PROMPT_SHAPES if s <= owner.max_batched_prompt):
-            k = 1
-            while k <= owner.num_slots and k * width <= limit:
-                self._run_prompts(0, k, np.zeros((k, width), dtype=np.int64), np.ones((k, width), dtype=np.int64))
-                made, k = made + 1, 2 * k
-        owner.slot_len[:] = 0
-        return made
-
-    def _run(self, slot: int, token_ids: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
-        self.num_runs += 1
-        owner, io, num, vocab = self.owner, self.io, len(token_ids), self.owner.vocab_size
-        ids, pos = owner._chunk_inputs(token_ids, start)
-        owner._set_ones(np.array([slot]), np.array([start + num]))
-        verify = self.keep_last and all_logits
-        binding = self._bindings.get((slot, verify)) or self._make_binding(slot, verify)
-        if verify:
-            self._keep_n[0] = num
-            if len(self._verify_logits) < num * vocab:
-                self._verify_logits = np.zeros(num * vocab, dtype=np.float32)
-            logits = self._verify_logits[:num * vocab].reshape(1, num, vocab)  # [1, S, V]
-            binding.bind_ortvalue_output(io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
-        elif self.keep_last:  # [1, 1, V], bound once in _make_binding
-            logits = self.prefill_logits[:vocab].reshape(1, 1, vocab)
-        else:
-            logits = self.prefill_logits[:num * vocab].reshape(1, num, vocab)  # [1, S, V]
-            binding.bind_ortvalue_output(io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
-        binding.bind_ortvalue_input(io.input_ids, ort.OrtValue.ortvalue_from_numpy(ids))
-        if io.position_ids:
-            binding.bind_ortvalue_input(io.position_ids, ort.OrtValue.ortvalue_from_numpy(pos))
-        owner._run(binding, self.session, self.run_options)
-        owner.slot_len[slot] = start + num
-        return logits[0]
-
-    def _make_binding(self, slot: int, verify: bool) -> ort.IOBinding:
-        """A chunk binding of ``slot`` (logits of the last position), or with ``verify`` one whose
-        logits_to_keep is ``_keep_n`` (its logits output is bound per run)."""
-        owner, io = self.owner, self.io
-        binding = self.session.io_binding()
-        owner._bind_host(binding, io.attention_mask, _value(owner.mask[slot:slot + 1]))
-        if self.keep_last:
-            owner._bind_host(binding, LOGITS_TO_KEEP, self._keep_n_value if verify else self._keep_one)
-            if not verify:
-                binding.bind_ortvalue_output(io.logits, _value(self.prefill_logits[:owner.vocab_size].reshape(
-                    1, 1, owner.vocab_size)))
-        owner.kv.bind_rows(binding, self._past, self._present, slot, slot + 1)
-        self._bindings[(slot, verify)] = binding
-        return binding
-
-
-def _value(array: np.ndarray) -> Any:
-    """Zero-copy OrtValue over a contiguous numpy array (keeps the array alive)."""
-    assert array.flags.c_contiguous
-    return ort.OrtValue.ortvalue_from_numpy(array)

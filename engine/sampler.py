@@ -1,7 +1,8 @@
-"""Sampling on the CPU: pure numpy transforms of logits and a per-request sampler built from SamplingParams.
+"""Sampling on the CPU: a per-request sampler built from SamplingParams, and a step's batch sampled at once.
 
-Every ``apply_*`` function returns a new array and never changes its input; no onnxruntime import.
-Shapes: ``logits`` is float32 ``[..., vocab]`` (one row per request); filtered-out tokens are ``-inf``.
+The law is ``engine.sampling_law`` (the reference transforms); the batch takes the fast path of
+``engine.sampling_fast`` where it picks the same tokens. No onnxruntime import. Shapes: ``logits`` is float32
+``[..., vocab]`` (one row per request); filtered-out tokens are ``-inf``.
 """
 
 from __future__ import annotations
@@ -13,117 +14,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.sampling import draw_tokens
+from engine.sampling_fast import draw_tokens
+from engine.sampling_law import (
+    apply_logit_bias, apply_min_p, apply_penalties, apply_temperature, apply_token_bitmask, apply_top_k, apply_top_p,
+    log_softmax, token_allowed, top_logprobs,
+)
 from engine.types import SamplingParams, TokenLogprob
-
-# NOTE(engine): top-p first looks at the best _TOP_P_PROBE tokens; if they already hold p of the mass
-# the nucleus is among them (they are the most likely ones), so the full-vocab sort is skipped. Exact.
-_TOP_P_PROBE = 64
-
-
-def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> np.ndarray:
-    """Constrained decoding: tokens whose bit is 0 become ``-inf``.
-
-    Args:
-        logits: float32 ``[..., vocab]``.
-        bitmask: int32 ``[..., words]`` with ``words * 32 >= vocab`` (llguidance's layout: bit ``j`` of word
-            ``i`` allows token ``32 * i + j``); bits past ``vocab`` are ignored.
-    Returns:
-        New logits, same shape and dtype.
-    """
-    # NOTE(engine): viewing int32 words as bytes is little-endian on every platform onnxruntime ships for, so
-    # byte k // 8, bit k % 8 (bitorder="little") is token k; this is what llguidance's own numpy kernel does.
-    allowed = np.unpackbits(bitmask.view(np.uint8), axis=-1, count=logits.shape[-1], bitorder="little")
-    return np.where(allowed.view(np.bool_), logits, np.array(-np.inf, dtype=logits.dtype))
-
-
-def token_allowed(bitmask_row: np.ndarray, token_id: int) -> bool:
-    """Whether one int32 bitmask row (see apply_token_bitmask) allows ``token_id``."""
-    return bool((int(bitmask_row[token_id >> 5]) >> (token_id & 31)) & 1)
-
-
-def apply_logit_bias(logits: np.ndarray, token_ids: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """Add ``bias[i]`` to ``logits[..., token_ids[i]]`` (OpenAI's logit_bias, values in [-100, 100])."""
-    out = logits.copy()
-    np.add.at(out, (..., token_ids), bias.astype(logits.dtype))
-    return out
-
-
-def apply_penalties(logits: np.ndarray, output_counts: np.ndarray, seen_mask: np.ndarray, *,
-                    presence: float = 0.0, frequency: float = 0.0, repetition: float = 1.0) -> np.ndarray:
-    """OpenAI presence/frequency penalties and the CTRL repetition penalty.
-
-    Args:
-        logits: float32 ``[..., vocab]``.
-        output_counts: int ``[..., vocab]``, how often each token was generated so far (presence and
-            frequency look at the output only, as OpenAI does).
-        seen_mask: bool ``[..., vocab]``, tokens in the prompt or the output (repetition looks at both,
-            as transformers does): positive logits are divided by ``repetition``, negative multiplied.
-    """
-    out = logits
-    if repetition != 1.0:
-        out = np.where(seen_mask, np.where(out > 0, out / repetition, out * repetition), out)
-    if presence != 0.0 or frequency != 0.0:
-        out = out - (frequency * output_counts + presence * (output_counts > 0)).astype(logits.dtype)
-    return out if out is not logits else logits.copy()
-
-
-def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """Divide by ``temperature`` (> 0; 0 means greedy and is handled by the caller with argmax)."""
-    if temperature <= 0.0:
-        raise ValueError(f"temperature must be > 0 here (0 is greedy), got {temperature}")
-    return logits / np.float32(temperature)
-
-
-def apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:
-    """Keep the ``k`` largest logits per row (ties at the k-th value are all kept); 0 disables."""
-    vocab = logits.shape[-1]
-    if k <= 0 or k >= vocab:
-        return logits.copy()
-    kth = np.partition(logits, -k, axis=-1)[..., -k, None]
-    return np.where(logits < kth, -np.inf, logits).astype(logits.dtype, copy=False)
-
-
-def apply_top_p(logits: np.ndarray, p: float, min_tokens_to_keep: int = 1) -> np.ndarray:
-    """Nucleus filtering: keep the most likely tokens whose probabilities first sum to at least ``p``.
-
-    A token is kept when the mass of the tokens ranked above it is below ``p``; at least
-    ``min_tokens_to_keep`` tokens always survive. Typical values 0.9-0.95; 1.0 disables.
-    """
-    if p >= 1.0:
-        return logits.copy()
-    rows = logits.reshape(-1, logits.shape[-1])  # (N, V)
-    out = np.full_like(rows, -np.inf)
-    for i, row in enumerate(rows):
-        keep = _nucleus(row, p, min_tokens_to_keep)
-        out[i, keep] = row[keep]
-    return out.reshape(logits.shape)
-
-
-def apply_min_p(logits: np.ndarray, p: float, min_tokens_to_keep: int = 1) -> np.ndarray:
-    """Drop tokens whose probability is below ``p`` times the top token's; 0 disables."""
-    if p <= 0.0:
-        return logits.copy()
-    top = logits.max(axis=-1, keepdims=True)
-    # prob_i / prob_max = exp(logit_i - logit_max) < p  <=>  logit_i < logit_max + log(p)
-    out = np.where(logits < top + np.log(p), -np.inf, logits).astype(logits.dtype, copy=False)
-    keep = min(min_tokens_to_keep, logits.shape[-1])
-    if keep > 1:
-        kth = np.partition(logits, -keep, axis=-1)[..., -keep, None]
-        out = np.where(logits >= kth, logits, out)
-    return out
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """float32 log-probabilities over the last axis."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
 
 # NOTE(engine): a greedy batch's pass splits its rows over threads above this many logits (numpy's ufuncs release
 # the GIL) on machines of 4 cores or more; below it one thread is faster than the hand-off. 128k vocab: batch 32+.
-# Tried: splitting batch 8 with logprobs too (1M logits; its pass is 1.9 ms of a 5.1 ms step through HTTP on an
-# H200's host): 2.1 ms, the work moved to the pool but took no less wall time (issue22.sh phases, decode_sample).
+# Tried: splitting batch 8 with logprobs too (1M logits): the work moved to the pool but took no less wall time
+# (the decode_sample phase, docs/perf/GPU.md).
 _THREADED_LOGITS = 1 << 22
 _pool: ThreadPoolExecutor | None = None
 
@@ -146,8 +47,8 @@ def greedy_pass(logits: np.ndarray, normalizers: bool = False) -> tuple[np.ndarr
     ``(x[token] - max) - log_sum``, ``log_softmax``'s value operation for operation.
 
     NOTE(engine): large batches split their rows over threads (numpy's ufuncs release the GIL): at batch 64 and
-    128k vocab a per-row log-softmax cost ~19 ms of a step whose model run takes 3.5 ms on an H200, and even the
-    argmax alone 1.2 ms.
+    128k vocab a per-row log-softmax cost ~5x the GPU step's model run, and even the argmax alone a third of it
+    (docs/perf/GPU.md).
     """
     global _pool
     n = logits.shape[0]
@@ -186,41 +87,24 @@ def batch_logprobs(logits: np.ndarray, token_ids: Sequence[int], top_n: Sequence
     return out
 
 
+def label_logprobs(row: np.ndarray, token_id: int, label_ids: np.ndarray) -> TokenLogprob:
+    """The log-probabilities of ``label_ids`` (and of the sampled ``token_id``) under ``softmax(row)``, one row of
+    raw float32 ``[V]`` logits, computed in float64 so that rounding stays far below the 1e-4 a decision's
+    probabilities are compared at. ``top`` lists ``(label id, logprob)`` in the order of ``label_ids``.
+
+    NOTE(engine): the raw distribution, not the sampling one: no bias, penalties, temperature or mask, as vLLM's
+    and SGLang's decision endpoints read it (their "raw_logprobs" mode).
+    """
+    x = row.astype(np.float64)
+    top = x.max()
+    log_sum = top + np.log(np.exp(x - top).sum())  # log(sum(exp(x)))
+    labels = tuple((int(t), float(x[t] - log_sum)) for t in label_ids.tolist())
+    return TokenLogprob(int(token_id), float(x[token_id] - log_sum), labels)
+
+
 def sample_from(logits: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one token id from ``softmax(logits)`` (1-D, ``-inf`` = excluded) with one ``rng.random()``."""
     return int(draw_tokens(logits[None], np.array([rng.random()]))[0])
-
-
-def top_logprobs(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
-    """The ``n`` most likely (token_id, logprob) pairs of a 1-D row, most likely first.
-
-    Tokens a mask excluded (``-inf``) are never listed, so a constrained row may give fewer than ``n``.
-    """
-    n = min(n, logprobs.shape[-1])
-    if n <= 0:
-        return ()
-    idx = np.argpartition(logprobs, -n)[-n:]
-    idx = idx[np.argsort(-logprobs[idx], kind="stable")]
-    return tuple((int(i), float(logprobs[i])) for i in idx if logprobs[i] > -np.inf)
-
-
-def _nucleus(row: np.ndarray, p: float, min_keep: int) -> np.ndarray:
-    """Indices of the nucleus of one row of logits (see apply_top_p)."""
-    probs = np.exp(row.astype(np.float64) - row.max())
-    probs /= probs.sum()
-    vocab = len(row)
-    probe = min(max(_TOP_P_PROBE, min_keep), vocab)
-    if probe < vocab:
-        # every token tied with the probe's last one too, in id order: ties rank by id, as in a full sort
-        cand = np.flatnonzero(probs >= probs[np.argpartition(probs, -probe)[-probe:]].min())
-        cand = cand[np.argsort(-probs[cand], kind="stable")]
-        if probs[cand].sum() < p:
-            cand = np.argsort(-probs, kind="stable")
-    else:
-        cand = np.argsort(-probs, kind="stable")
-    cum_before = np.cumsum(probs[cand]) - probs[cand]  # mass ranked strictly above each candidate
-    num_keep = max(int(np.count_nonzero(cum_before < p)), min_keep)
-    return cand[:num_keep]
 
 
 @dataclass
@@ -238,7 +122,7 @@ class RequestSampler:
     number per sampled token, so the same seed gives the same text whatever else is in the batch.
 
     ``process`` is the reference law (the ``apply_*`` transforms in order); ``sample`` and ``sample_batch``
-    draw from it by a faster route (``adjust``, then ``engine.sampling.draw_tokens``) that picks the same
+    draw from it by a faster route (``adjust``, then ``engine.sampling_fast.draw_tokens``) that picks the same
     token for the same uniform draw.
 
     Args:
@@ -259,6 +143,9 @@ class RequestSampler:
                               or params.repetition_penalty != 1.0)
         self.use_filters = not self.greedy and (params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0)
         self.want_logprobs = params.logprobs or params.top_logprobs > 0
+        # decisions / rerank: the labels whose log-probabilities the first token's output carries (None: none)
+        self.label_ids = (np.array(params.label_token_ids, dtype=np.int64)
+                          if params.label_token_ids and max(params.label_token_ids) < vocab_size else None)
         # NOTE(engine): ids outside the vocab (logit_bias) are ignored rather than crash the batch.
         bias = [(t, b) for t, b in params.logit_bias if 0 <= t < vocab_size]
         self.bias_ids = np.array([t for t, _ in bias], dtype=np.int64)
@@ -331,6 +218,15 @@ class RequestSampler:
         kept with probability p(t), and on rejection the token comes from p without t, renormalized.
         transformers' assisted generation checks drafts without logits (prompt lookup) the same way.
         """
+        if self.plain_greedy:  # NOTE(engine): one argmax pass over the rows, log-probabilities of the kept rows only
+            rows = logits[:len(draft) + 1]
+            tokens = np.argmax(rows, axis=-1)
+            n = next((j + 1 for j, t in enumerate(draft) if int(tokens[j]) != t), len(draft) + 1)
+            kept = [int(t) for t in tokens[:n]]
+            logprobs = batch_logprobs(rows[:n], kept, [self.params.top_logprobs] * n) if self.want_logprobs else None
+            for t in kept:
+                self.record(t)
+            return [SampleResult(t, logprobs[j] if logprobs else None) for j, t in enumerate(kept)]
         results: list[SampleResult] = []
         for j, row in enumerate(logits[:len(draft) + 1]):
             result = self.sample(row)
@@ -374,7 +270,8 @@ def _appended(buf: np.ndarray, size: int, value: int) -> np.ndarray:
 def needs_logits(samplers: Sequence[RequestSampler], masked_rows: Sequence[int] = ()) -> bool:
     """Whether ``sample_batch`` reads the logits, or a device's row summary (argmax, log-normalizer, the argmax's
     log-probability) is all it needs: every row plain greedy, none masked, no top alternatives asked for."""
-    return bool(masked_rows) or not all(s.plain_greedy and s.params.top_logprobs == 0 for s in samplers)
+    return bool(masked_rows) or not all(s.plain_greedy and s.params.top_logprobs == 0 and s.label_ids is None
+                                        for s in samplers)
 
 
 def sample_batch(logits: np.ndarray | None, samplers: Sequence[RequestSampler], bitmask: np.ndarray | None = None,
@@ -383,7 +280,7 @@ def sample_batch(logits: np.ndarray | None, samplers: Sequence[RequestSampler], 
     """Sample one token per row of ``logits`` (float32 ``[n, vocab]``), row i by ``samplers[i]``.
 
     An all-plain-greedy batch is one vectorized argmax; otherwise every sampled row is drawn in one
-    vectorized pass (``engine.sampling.draw_tokens``). Each sampler records its token.
+    vectorized pass (``engine.sampling_fast.draw_tokens``). Each sampler records its token.
 
     Args:
         bitmask: int32 ``[n, words]`` token masks of constrained decoding (see apply_token_bitmask), read
@@ -434,6 +331,9 @@ def sample_batch(logits: np.ndarray | None, samplers: Sequence[RequestSampler], 
             logits = np.array(logits)  # NOTE(engine): a copy: the caller's logits stay as they were
             logits[rows] = apply_token_bitmask(logits[rows], bitmask[rows])
         results = _sample_rows(logits, samplers)
+    for i, s in enumerate(samplers):
+        if s.label_ids is not None and logits is not None:  # NOTE(engine): needs_logits keeps them on the host
+            results[i] = SampleResult(results[i].token_id, label_logprobs(logits[i], results[i].token_id, s.label_ids))
     for s, r in zip(samplers, results):
         if s.output_counts is not None:
             s.record(r.token_id)

@@ -15,8 +15,8 @@ NOTE(engine): the downside is bounded by time, whatever the model writes or the 
 what a check of d draft tokens costs on this device in decode steps, measured by the core; a request drafts when
 its own acceptance rate makes a draft pay at that cost, and otherwise only tries again (a one-token probe) out of a
 credit that grows by ``PROBE_SHARE`` of a decode step per plain step, so failed probes cost at most that share of
-its time (H200, CUDA: a check ran 3-10x a captured decode step, and a model whose drafts never hit was 9x slower
-with drafts under a step-counted back-off).
+its time (on CUDA a check ran 3-10x a captured decode step, and a model whose drafts never hit was 9x slower with
+drafts under a step-counted back-off: docs/perf/GPU.md).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ MAX_SKIP_STEPS = 32
 PROBE_SHARE = 1.0 / 32
 # Weight of the newest measurement in the check and decode times (a new shape's first run may be slow once).
 COST_WEIGHT = 0.3
+MAX_TABLE = 17  # CheckCost's table of check costs by draft length starts this long
 # NOTE(engine): a check of S tokens costs about 1 + CHECK_COST_PER_TOKEN * (S - 1) decode steps (measured on
 # SmolLM2-135M INT4, 2 cores: 1.29x at S = 2, 1.75x at 4, 2.82x at 8, 4.5x at 16). With a per-token acceptance
 # rate a, a draft of d tokens yields 1 + a + a^2 + ... + a^d tokens per check; the draft length is the d that
@@ -55,28 +56,67 @@ class CheckCost:
     owned by the scheduler; the core records each lone decode step and each check).
 
     Before any measurement a check of d tokens is taken to cost ``1 + CHECK_COST_PER_TOKEN * d`` decode steps (the
-    CPU's law); once both kinds are measured, a length's own average is used, and a length not checked yet is
-    scaled from the nearest one that was. Never less than one decode step.
+    CPU's law); once both kinds are measured, a length's own average is used, a length between two measured ones is
+    interpolated, and one beyond them adds ``CHECK_COST_PER_TOKEN`` per token to the nearest (on a GPU a check's time
+    hardly grows with its length: 1B, 2 tokens ~2.5 decode steps, 17 ~3; docs/perf/GPU.md). Never less than one decode step.
     """
 
     def __init__(self) -> None:
         self.decode_s: float | None = None  # average seconds of a lone decode step (rows <= speculative_max_batch)
         self.check_s: dict[int, float] = {}  # draft length -> average seconds of its check
+        self._table: list[float] = []  # steps(d) for d < len, rebuilt after a check (not after each decode step)
+        self._table_decode_s: float | None = None
+        self.frozen = False  # keep the prior law whatever this machine measures (freeze())
+
+    def freeze(self) -> None:
+        """Ignore measurements from now on: checks cost ``1 + CHECK_COST_PER_TOKEN * d`` decode steps whatever the
+        clock says. For tests and probes that count drafts, which must not depend on how loaded the machine is.
+        """
+        self.frozen = True
+        self.decode_s, self.check_s, self._table, self._table_decode_s = None, {}, [], None
 
     def record_decode(self, seconds: float) -> None:
+        if self.frozen:
+            return
         self.decode_s = seconds if self.decode_s is None else (1 - COST_WEIGHT) * self.decode_s + COST_WEIGHT * seconds
+        if self._table_decode_s is not None and abs(self.decode_s - self._table_decode_s) > 0.05 * self._table_decode_s:
+            self._table = []  # NOTE(engine): rebuilt only when the decode time moved by 5%: this runs every step
 
     def record_check(self, num_draft: int, seconds: float) -> None:
+        if self.frozen:
+            return
         old = self.check_s.get(num_draft)
         self.check_s[num_draft] = seconds if old is None else (1 - COST_WEIGHT) * old + COST_WEIGHT * seconds
+        self._table = []
 
     def steps(self, num_draft: int) -> float:
         """A check of ``num_draft`` tokens in decode steps (>= 1)."""
-        prior = 1.0 + CHECK_COST_PER_TOKEN * num_draft
-        if self.decode_s is None or not self.check_s:
-            return prior
-        d = min(self.check_s, key=lambda k: (abs(k - num_draft), k))
-        return max(1.0, self.check_s[d] / self.decode_s * prior / (1.0 + CHECK_COST_PER_TOKEN * d))
+        if num_draft >= len(self._table):
+            self._build(max(num_draft + 1, 2 * len(self._table), MAX_TABLE))
+        return self._table[num_draft]
+
+    def _build(self, size: int) -> None:
+        decode, known = self.decode_s, sorted(self.check_s)
+        self._table_decode_s = decode
+        if decode is None or not known:
+            self._table = [1.0 + CHECK_COST_PER_TOKEN * d for d in range(size)]
+            return
+        table, i = [], 0
+        for d in range(size):
+            while i < len(known) and known[i] < d:
+                i += 1
+            if i < len(known) and known[i] == d:
+                cost = self.check_s[d] / decode
+            elif i == 0:  # below every measured length
+                cost = self.check_s[known[0]] / decode - CHECK_COST_PER_TOKEN * (known[0] - d)
+            elif i == len(known):  # beyond them
+                cost = self.check_s[known[-1]] / decode + CHECK_COST_PER_TOKEN * (d - known[-1])
+            else:  # between two
+                lo, hi = known[i - 1], known[i]
+                f = (d - lo) / (hi - lo)
+                cost = ((1 - f) * self.check_s[lo] + f * self.check_s[hi]) / decode
+            table.append(max(1.0, cost))
+        self._table = table
 
 
 class NgramDrafter:
@@ -117,6 +157,7 @@ class NgramDrafter:
         self._misses = 0
         self.cost = cost or CheckCost()
         self._credit = 0.0  # decode steps' worth a probe may spend
+        self._probe_cost = 0.0  # what the probe being checked took from the credit
         self.num_probes = 0
         self.stopped = False  # for good (``stop``)
 
@@ -149,45 +190,57 @@ class NgramDrafter:
             self._skip -= 1
             self._earn()
             return ()
+        start = self._match()
+        if start is None or limit <= 0:  # NOTE(engine): nothing to draft: no cost model consulted (every step)
+            self._earn()
+            return ()
         num = min(limit, self.num_tokens)
         probing = num <= 0
         if probing:  # NOTE(engine): drafts don't pay now: try one token only out of the probe credit
             probe = self.cost.steps(1) - 1.0  # what a failed one-token check costs beyond the decode step
-            if limit <= 0 or (self.num_probes and self._credit < probe):  # (a request's first probe is free)
+            if self.num_probes and self._credit < probe:  # (a request's first probe is free)
                 self._earn()
                 return ()
             num = 1
-        draft = self._lookup(num)
-        if not draft:
-            self._earn()
-        elif probing:
             if self.num_probes:
                 self._credit -= probe
+            self._probe_cost = probe  # given back if the probe is kept (record): the first one's too
             self.num_probes += 1
-        return draft
+        return self._draft(start, num)
 
     def _earn(self) -> None:
         """A plain decode step: the probe credit grows (capped at about one probe's worth)."""
         self._credit = min(self._credit + PROBE_SHARE, self.cost.steps(1) - 1.0 + PROBE_SHARE)
 
-    def _lookup(self, limit: int) -> tuple[int, ...]:
-        """What followed the latest earlier occurrence of the longest n-gram ending the tokens (at most ``limit``)."""
+    def _match(self) -> int | None:
+        """Where what followed the latest earlier occurrence of the longest n-gram ending the tokens starts, or None."""
         tokens = self._tokens
         for n in range(min(self.max_ngram, len(tokens)), self.min_ngram - 1, -1):
             start = self._next.get(tuple(tokens[-n:]))
             if start is not None:
-                draft = tokens[start:start + limit]
-                # NOTE(engine): a match near the end (a loop: "a b c a b c") runs into the draft itself
-                while len(draft) < limit:
-                    draft.append(draft[start + len(draft) - len(tokens)])
-                return tuple(draft)
-        return ()
+                return start
+        return None
+
+    def _draft(self, start: int, limit: int) -> tuple[int, ...]:
+        tokens = self._tokens
+        draft = tokens[start:start + limit]
+        # NOTE(engine): a match near the end (a loop: "a b c a b c") runs into the draft itself
+        while len(draft) < limit:
+            draft.append(draft[start + len(draft) - len(tokens)])
+        return tuple(draft)
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         """Learn from a check: ``num_accepted`` of ``num_drafted`` tokens kept. The first rejected token (if any)
-        counts as tested; a check with nothing accepted also pauses drafting for 1, 3, 7, ... steps."""
+        counts as tested; a check with nothing accepted also pauses drafting for 1, 3, 7, ... steps; a probe kept
+        whole gives its credit back."""
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
+        if self._probe_cost and num_accepted == num_drafted:
+            # NOTE(engine): a kept probe is evidence, not a loss to bound: the next one may follow at once, so a request
+            # whose text copies reaches the acceptance that pays for long drafts in a few steps (at a probe per
+            # 1 / PROBE_SHARE steps it took longer than a 128-token answer: 1.3x instead of 3.5x on the H200)
+            self._credit += self._probe_cost
+        self._probe_cost = 0.0
         tested = num_accepted + (num_accepted < num_drafted)
         self._accepted = DECAY * self._accepted + num_accepted
         self._tested = DECAY * self._tested + tested

@@ -3,7 +3,7 @@
 The only module that imports llguidance. Owns one LLTokenizer per engine (built on first use, off the core
 thread), an LRU of compiled grammars, compilation in worker threads under a time limit, the per-request
 GrammarConstraint (fill / accept / rollback / is_done) and the batched mask fill. No onnxruntime import;
-the sampler applies the masks (engine.sampler.apply_token_bitmask), this module only computes them.
+the sampler applies the masks (engine.sampling_law.apply_token_bitmask), this module only computes them.
 Beside each grammar a KeyTracker (engine.json_keys) keeps any JSON object from repeating a key, which no
 grammar can express for keys it does not list.
 

@@ -6,7 +6,9 @@ Frozen dataclasses and enums only; no onnxruntime, no pydantic (the wire lives i
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 class FinishReason(str, enum.Enum):
@@ -82,6 +84,11 @@ class SamplingParams:
     # every other special token is still skipped. Names the tokenizer does not know are ignored.
     preserved_tokens: tuple[str, ...] = ()
     n: int = 1  # choices; they share one prefill (the engine's max_batch bounds it)
+    # Reading logits instead of generating (decisions, rerank, score): the first output token's TokenLogprob also
+    # carries, in ``top``, the log-probability of each of these ids (in this order) under the model's raw
+    # next-token distribution at the prompt's end (no temperature, penalties, bias or mask). With max_tokens=1
+    # the request is a run that stops after the prompt: the one sampled token is never run through the model.
+    label_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)
@@ -100,6 +107,8 @@ class SamplingParams:
                self.repetition_penalty)
         _check(0 <= self.top_logprobs <= 20, "top_logprobs", "must be in [0, 20]", self.top_logprobs)
         _check(self.seed is None or 0 <= self.seed < 2**64, "seed", "must be in [0, 2**64)", self.seed)
+        _check(all(t >= 0 for t in self.label_token_ids), "label_token_ids", "must be token ids >= 0",
+               self.label_token_ids)
         for token_id, bias in self.logit_bias:
             _check(-100.0 <= bias <= 100.0, "logit_bias", f"values must be in [-100, 100] (token {token_id})", bias)
 
@@ -121,7 +130,8 @@ class TokenLogprob:
 
     token_id: int
     logprob: float
-    top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob), most likely first
+    # (token_id, logprob), most likely first; for a request with label_token_ids: each label's, in their order
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -195,6 +205,67 @@ class DevicePlacement:
     kv_rows: str = "host"  # how one row is bound (ep.addressing): "host" | "pointer" | "opaque"
     runner: str = ""  # engine.placement's choice: "rows (host)", "rows (pointer)", "buckets", "whole buffer"
     switch_interval_ms: float | None = None  # the device profile's thread switch interval once loaded (None: Python's)
+
+
+# --- what the engine core hands over ---------------------------------------------------------------
+
+
+class CoreOutput(NamedTuple):
+    """What one step produced for one request: new tokens and, at the end, why it finished.
+
+    NOTE(engine): a NamedTuple, not a frozen dataclass: a 64-row step builds 64 of them on the core thread
+    (~3 us each as a frozen dataclass, under 1 us as a tuple), and an engine process sends them as plain tuples,
+    which pickle 5x faster and are rebuilt on the other side without calling ``__init__``
+    (``engine.core_wire``).
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    error: str | None = None
+    seq: int = 0  # the Request's seq
+    first_scheduled_s: float | None = None  # Request.first_scheduled_s (time.monotonic seconds)
+    index: int = 0  # the choice (n > 1)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (set on choice 0's outputs)
+    # NOTE(engine): set when the request was refused before it ran (EngineOverloadedError from the
+    # scheduler, an invalid request); the async side raises it to the caller instead of an output.
+    exception: BaseException | None = None
+    # NOTE(engine): STOP normally means the last token is a stop token (eos, stop_token_ids), which is not text;
+    # a request whose grammar completed (constrained decoding) stops on a token that is text.
+    grammar_complete: bool = False
+
+
+@dataclass(frozen=True)
+class CoreSnapshot:
+    """Counters published after every step (read from other threads without locks)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_slots_free: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    decode_tokens_per_s: float = 0.0
+    steps_total: int = 0
+    last_step_s: float = 0.0
+    prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits_total: int = 0  # of them, tokens whose KV was reused
+    spec_draft_tokens_total: int = 0  # tokens proposed by speculative drafts
+    spec_accepted_tokens_total: int = 0  # of them, tokens the model kept
+    # KV held, in tokens (issue 26: the gateway's KV-utilization gauge): running requests' computed tokens, and
+    # what free slots keep for prefix reuse (evictable, so not counted as used, as vLLM counts cached blocks).
+    num_kv_tokens_running: int = 0
+    num_kv_tokens_cached: int = 0
+    # Where the core thread's time went (wall seconds per phase, PHASES order) and its CPU seconds: a phase whose
+    # wall time the CPU time does not cover waited (on the device, or on the interpreter held by the event loop).
+    phase_s: tuple[float, ...] = ()
+    thread_cpu_s: float = 0.0
+
+
+Sink = Callable[[list[CoreOutput]], None]
+# NOTE(engine): a test-only hook (EngineConfig.fault_injector): called on the core thread just before each
+# session.run; whatever it raises fails exactly the requests of that run, as a real device error would.
+FaultInjector = Callable[[StepInfo], None]
 
 
 # --- errors, mapped by class (never by message) to HTTP statuses in server/errors.py --------------

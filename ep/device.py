@@ -81,6 +81,15 @@ class EpLibrary:
     error: str | None = None  # why registration failed
 
 
+# NOTE(ep): where a device's own memory is reported. ORT's Windows discovery puts DXGI's dedicated video memory in
+# the hardware metadata ("DxgiVideoMemory": "<N> MB"); the OpenVINO EP puts its device's total in its EP metadata
+# (bytes); on Linux the amdgpu driver (AMDGPU, MIGraphX) exposes mem_info_vram_total (bytes) on the PCI device whose
+# bus id ORT's discovery reports. The CUDA EP on Linux reports none.
+_EP_MEMORY_KEYS = ("GPU_DEVICE_TOTAL_MEM_SIZE", "NPU_DEVICE_TOTAL_MEM_SIZE")
+_MEMORY_UNITS = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3, "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3}
+SYSFS = Path("/sys")
+
+
 @dataclass(frozen=True)
 class DeviceRecord:
     """A plain description of one OrtEpDevice; also built by hand in tests where the hardware is absent."""
@@ -112,6 +121,29 @@ class DeviceRecord:
     def kv_addressing(self) -> Addressing:
         """How one KV row of this device's DEFAULT memory can be bound (``ep.addressing``)."""
         return memory_addressing(self.default_memory_name, self.vendor_id)
+
+    def memory_bytes(self, sysfs: Path = SYSFS) -> int | None:
+        """The device's own memory in bytes, as ORT or its driver reports it; None where nothing reports it (a CPU
+        device, whose memory is the host's RAM and which carries none of these reports, or a GPU without one).
+
+        Args:
+            sysfs: the root of sysfs (tests give a folder of their own).
+        """
+        ep_metadata, metadata = dict(self.ep_metadata), dict(self.metadata)
+        for key in _EP_MEMORY_KEYS:
+            if ep_metadata.get(key, "").strip().isdigit():
+                return int(ep_metadata[key])
+        number, _, unit = metadata.get("DxgiVideoMemory", "").strip().partition(" ")
+        if number.isdigit() and unit.strip().upper() in _MEMORY_UNITS:
+            return int(number) * _MEMORY_UNITS[unit.strip().upper()]
+        if self.pci_bus_id:
+            try:
+                text = (sysfs / "bus" / "pci" / "devices" / _normalize_pci(self.pci_bus_id) /
+                        "mem_info_vram_total").read_text(encoding="ascii").strip()
+            except OSError:
+                return None
+            return int(text) if text.isdigit() else None
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {

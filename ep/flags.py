@@ -86,10 +86,9 @@ INT4_GEMV = EnvFlag(
 # GEMV, weights repacked at load), read by each MatMulNBits kernel when a session is made ("" / "0" / "off" is off).
 # Its session-config twin (ep.cuda.fpa_intb_gemm) cannot be used: a session whose EP is added for its OrtEpDevice
 # hands every ep.cuda.* entry to the EP as a provider option, and the CUDA EP aborts the process on the unknown
-# option. Measured on an H200 (synthetic Llama-3.2-1B, Q4_0 block 32, fp16; perf/gpu/issue22.sh fpa, the
-# engine's captured decode steps): 1 row 1.06 -> 1.25 ms, 2 rows 1.39 -> 1.14, 8 rows 2.08 -> 1.42, 16 rows
-# 3.17 -> 1.80, 64 rows 3.22 -> 2.82; the session loads 6.5 s slower (the kernels' profiling). So: on where a batch
-# can form.
+# option. Measured (synthetic Llama-3.2-1B, Q4_0 block 32, fp16, the engine's captured decode steps;
+# docs/perf/GPU.md): 1 row 18% slower, 2 to 64 rows 12-43% faster; the session loads seconds slower (the kernels'
+# profiling). So: on where a batch can form.
 CUDA_INT4_GEMM = EnvFlag(
     name=CUDA_INT4_GEMM_FLAG,
     description="the CUDA EP's fused INT4 GEMM/GEMV for MatMulNBits; '0' or 'off' turns it off",

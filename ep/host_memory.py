@@ -124,7 +124,7 @@ def alloc_device(shape: Sequence[int], dtype: Any, selected: SelectedDevice, *,
             raise MemoryUnavailableError(f"{selected.ep_name}: cannot allocate {shape} {dtype}: shared allocator: "
                                          f"{e}; session allocator: {e2}") from e2
     if zero:
-        # NOTE(host_memory): on WebGPU (H200, ORT 1.31.1) both an upload with copy_tensors and
+        # NOTE(host_memory): on WebGPU (ORT 1.31.1) both an upload with copy_tensors and
         # update_inplace take the data at call time and are ordered before the next run.
         zeros = np.zeros(shape, dtype=dtype)
         try:

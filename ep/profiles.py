@@ -25,7 +25,7 @@ from ep.names import (
 )
 
 # NOTE(engine): the opaque memories whose buffers bind as a prefix of their rows (the handle with a smaller first
-# dimension) and take the ScatterND row copy: measured on the WebGPU plugin EP (H200, onnxruntime-ep-webgpu 0.4.0).
+# dimension) and take the ScatterND row copy: measured on the WebGPU plugin EP (onnxruntime-ep-webgpu 0.4.0).
 PREFIX_VIEW_MEMORY = frozenset({"webgpu_buf", "webgpu_buffer"})
 # NOTE(server): the device step of a batch is a few ms; the event loop's work for its outputs (detokenizing,
 # SSE events) can take longer. With Python's 5 ms switch interval the engine thread, back from a step, waited up to
@@ -39,14 +39,14 @@ MATMUL_GROUP_ROWS = 3
 
 WEBGPU_GRAPH_CAPTURE_OPTION = "enableGraphCapture"  # lands as ep.webgpuexecutionprovider.enableGraphCapture
 CUDA_GRAPH_OPTION = "enable_cuda_graph"
-# NOTE(ep): Dawn's API validation costs about 2 ms per decode step of a 1B model on an H200 (probe_step:
-# 3.7 ms instead of 6.0 with validation); the engine's kernels come from ORT, so it is off unless asked for
+# NOTE(ep): Dawn's API validation costs over a third of a 1B model's decode step (docs/perf/GPU.md); the engine's
+# kernels come from ORT, so it is off unless asked for
 # (--ep-option validationMode=basic).
 WEBGPU_DEFAULT_OPTIONS = {"validationMode": "disabled"}
 # NOTE(engine): the CUDA EP's attention kernels for prompt chunks (its sdpa_kernel option, a bitmask of
 # onnxruntime's AttentionBackend: flash 1 | memory-efficient 2 | unfused 16). Unpinned, GroupQueryAttention prefers
-# cuDNN's SDPA on SM >= 90, whose plan is built per new (chunk length, past length): 45-77 ms each time a prompt chunk
-# met a new pair on an H200 (docs/perf/GPU.md "Fifth pass"), where chunks vary by design.
+# cuDNN's SDPA on SM >= 90, whose plan is built per new (chunk length, past length): tens of ms each time a prompt chunk
+# met a new pair (docs/perf/GPU.md "Fifth pass"), where chunks vary by design.
 # Decode steps keep the default: their shapes are fixed and captured.
 PROMPT_SDPA_KERNEL = "19"
 
@@ -121,8 +121,8 @@ def hip_graph_enabled(genai_config: Mapping[str, Any], ep_options: Mapping[str, 
 
 def default_row_groups(max_batch: int) -> int:
     """The row split for a captured step of at most ``max_batch`` rows: every row on the small-M path up to 9 rows
-    (H200, 1B INT4: bucket 4 15.5 -> 6.0 ms, bucket 8 16.2 -> 8.8 ms, bucket 2 3.8 -> 4.2 ms); none beyond (bucket
-    16 took 22 ms split, 15 ms whole: the tiled kernel's cost hardly grows with M, so a few small groups beside it
+    (docs/perf/GPU.md, 1B INT4: bucket 4 2.6x and bucket 8 1.8x faster, bucket 2 10% slower); none beyond (bucket
+    16 took 1.5x as long split: the tiled kernel's cost hardly grows with M, so a few small groups beside it
     only add)."""
     if max_batch <= MATMUL_GROUP_ROWS or max_batch > 3 * MATMUL_GROUP_ROWS:
         return 0
@@ -202,7 +202,7 @@ class DeviceProfile:
 
     @property
     def fixed_chunk_shapes(self) -> bool:
-        """Prompt chunks and draft checks run as pieces of fixed lengths (``engine.runner.chunk_pieces``)."""
+        """Prompt chunks and draft checks run as pieces of fixed lengths (``engine.row_chunks.chunk_pieces``)."""
         return False
 
     @property
@@ -291,16 +291,16 @@ class CudaProfile(DeviceProfile):
 
     @property
     def fixed_chunk_shapes(self) -> bool:
-        # NOTE(engine): the first run of a new length costs 50-85 ms (engine.runner.chunk_pieces); only beside the
-        # fused INT4 kernels: with ORT's own MatMulNBits kernels (onnxruntime-gpu 1.31.1, H200) pieces of 14-16
+        # NOTE(engine): the first run of a new length costs over 10x a later one (engine.row_chunks.chunk_pieces); only beside the
+        # fused INT4 kernels: with ORT's own MatMulNBits kernels (onnxruntime-gpu 1.31.1) pieces of 14-16
         # tokens after a past gave greedy tokens unlike the CPU EP's from the 6th on
         # (tests/integration/ep/test_cuda_engine.py, exact chunks and the fused kernels both match)
         return self.int4_gemm
 
     @property
     def one_row_session(self) -> bool:
-        # NOTE(engine): the fused kernels' one-row GEMV is slower than ORT's own (H200, 1B: 1.26 vs 1.06 ms a
-        # step), their batched GEMM faster (engine.placement._one_row_session)
+        # NOTE(engine): the fused kernels' one-row GEMV is slower than ORT's own, their batched GEMM
+        # faster (docs/perf/GPU.md) (engine.placement._one_row_session)
         return self.int4_gemm
 
     def session_setup(self, options, genai_config, *, input_names, output_names, graph_capture):

@@ -31,8 +31,8 @@ def _rows(n: int, step: int) -> list[tuple]:
 
 
 def _engine_child(conn, n: int, logprobs: bool) -> None:
-    from engine.core import CoreOutput, CoreSnapshot
-    from engine.core_wire import OUT, dumps, encode_outputs
+    from engine.types import CoreOutput, CoreSnapshot
+    from engine.core_wire import StepOutputs, dumps, encode_outputs
     from engine.types import TokenLogprob
 
     steps = [[CoreOutput(f"cmpl-{i:032x}", (s % 49152,), None, (TokenLogprob(s, -0.5),) if logprobs else None, seq=i,
@@ -41,10 +41,10 @@ def _engine_child(conn, n: int, logprobs: bool) -> None:
     conn.recv_bytes()
     cpu = time.thread_time()
     for s, outs in enumerate(steps):
-        conn.send_bytes(dumps((OUT, encode_outputs(outs), snapshot if s % 3 == 0 else None, None)))
+        conn.send_bytes(dumps(StepOutputs(encode_outputs(outs), snapshot if s % 3 == 0 else None, None)))
     conn.send_bytes(pickle.dumps((time.thread_time() - cpu) / STEPS))
     for outs in steps[:PINGS]:
-        conn.send_bytes(dumps((OUT, encode_outputs(outs), None, None)))
+        conn.send_bytes(dumps(StepOutputs(encode_outputs(outs), None, None)))
         conn.recv_bytes()
 
 
@@ -59,13 +59,13 @@ def engine_path(n: int, logprobs: bool) -> dict:
     parent.send_bytes(b"go")
     cpu = time.thread_time()
     for _ in range(STEPS):
-        decode_outputs(loads(parent.recv_bytes())[1])
+        decode_outputs(loads(parent.recv_bytes()).rows)
     receive_us = 1e6 * (time.thread_time() - cpu) / STEPS
     send_us = 1e6 * pickle.loads(parent.recv_bytes())
     trips = []
     for _ in range(PINGS):
         t = time.perf_counter()
-        decode_outputs(loads(parent.recv_bytes())[1])
+        decode_outputs(loads(parent.recv_bytes()).rows)
         parent.send_bytes(b"k")
         trips.append(time.perf_counter() - t)
     proc.join()

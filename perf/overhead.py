@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         srv = _named_threads(server.pid)
         me = os.getpid()
         probes = {
-            "engine": _cpu_probe(me, {"loop": me, "core": engine._core._thread.native_id}),
+            "engine": _cpu_probe(me, {"loop": me, "core": engine._core.core._thread.native_id}),
             "http": _cpu_probe(server.pid, {"loop": server.pid, **({"core": srv["ortserve-engine-core"]}
                                                                    if "ortserve-engine-core" in srv else {})}),
             "genai": _cpu_probe(me, {"loop": me, "core": me}),

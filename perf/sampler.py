@@ -51,7 +51,7 @@ CASES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("min_p 0.05", {"min_p": 0.05}),
     ("0.8 / top_k 40 / top_p 0.95", {"temperature": 0.8, "top_k": 40, "top_p": 0.95}),
     ("presence 0.5 + top_p 0.9", {"presence_penalty": 0.5, "top_p": 0.9}),
-    # rows that reach below -87 nats, where float32 exp turns subnormal (see engine.sampling._SUBNORMAL)
+    # rows that reach below -87 nats, where float32 exp turns subnormal (see engine.sampling_fast._SUBNORMAL)
     ("temperature 0.3", {"temperature": 0.3}),
     ("logit_bias -100 x 10", {"logit_bias": tuple((100 + i, -100.0) for i in range(10))}),
 )
@@ -111,26 +111,37 @@ def reference_draw(logits: np.ndarray, sampler: Any) -> int:
     return int(np.searchsorted(cdf, sampler.rng.random() * cdf[-1], side="right"))
 
 
-def load_sampler(root: Path) -> ModuleType:
-    """``engine.sampler`` of another checkout (its ``engine.sampling`` with it), loaded beside this tree's.
+# The sampler and the modules it imports, in import order: engine.sampling before the reference law and the fast path
+# got their own names (engine.sampling_law, engine.sampling_fast); a checkout has one layout or the other.
+SAMPLER_MODULES = ("engine.sampling", "engine.sampling_law", "engine.sampling_fast", "engine.sampler")
 
-    NOTE(bench): the two modules are executed under their own names while the other checkout's files stand in
+
+def load_sampler(root: Path) -> ModuleType:
+    """``engine.sampler`` of another checkout (its sampling modules with it), loaded beside this tree's.
+
+    NOTE(bench): the modules are executed under their own names while the other checkout's files stand in
     ``sys.modules``, then this tree's are put back: the other sampler keeps its own ``draw_tokens``. Both
     share this tree's ``engine.types``.
     """
     import engine.sampler  # noqa: F401 - this tree's, to put back afterwards
-    import engine.sampling  # noqa: F401
 
-    saved = {name: sys.modules[name] for name in ("engine.sampling", "engine.sampler")}
+    saved = {name: sys.modules.get(name) for name in SAMPLER_MODULES}
     try:
-        for name in ("engine.sampling", "engine.sampler"):
-            spec = importlib.util.spec_from_file_location(name, root / (name.replace(".", "/") + ".py"))
+        for name in SAMPLER_MODULES:
+            path = root / (name.replace(".", "/") + ".py")
+            if not path.is_file():  # a module of another layout (engine.sampling before the law/fast split)
+                continue
+            spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
             spec.loader.exec_module(module)
         return module
     finally:
-        sys.modules.update(saved)
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
 
 
 def git_sha(root: Path, rev: str = "HEAD") -> str:
@@ -139,14 +150,15 @@ def git_sha(root: Path, rev: str = "HEAD") -> str:
 
 
 def checkout_of(before: str, tmp: Path) -> tuple[Path, str]:
-    """``--before``'s tree and git SHA: a directory as it is, or a revision of this repository, whose two
+    """``--before``'s tree and git SHA: a directory as it is, or a revision of this repository, whose
     sampler modules are written out under ``tmp`` (no checkout, no worktree)."""
     if Path(before).is_dir():
         return Path(before), git_sha(Path(before))
     root = Path(__file__).resolve().parents[1]
-    for name in ("engine/sampling.py", "engine/sampler.py"):
-        out = subprocess.run(["git", "-C", str(root), "show", f"{before}:{name}"], capture_output=True, text=True,
-                             check=True)
+    for name in (m.replace(".", "/") + ".py" for m in SAMPLER_MODULES):
+        out = subprocess.run(["git", "-C", str(root), "show", f"{before}:{name}"], capture_output=True, text=True)
+        if out.returncode != 0:  # not in that revision's layout
+            continue
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp / name).write_text(out.stdout)
     return tmp, git_sha(root, before)

@@ -107,8 +107,8 @@ def _tune_interpreter(settings: Settings, engine: Any) -> None:
 
 def load_embedder(settings: Settings, model: Any) -> EmbedderClient:
     """The embedding engine of one catalog model (blocking; run in a thread): an embedding model's own (its own
-    session and thread, the pooling it was trained with), or, for a chat model served with ``--embeddings``, its
-    embedding graph pooled by ``--pooling``.
+    session and thread, the pooling it was trained with; in a hub, in an engine process of its own), or, for a chat
+    model served with ``--embeddings``, its embedding graph pooled by ``--pooling`` (here, beside the chat model's).
 
     Args:
         settings: the model's settings (``model`` is its folder).
@@ -121,6 +121,10 @@ def load_embedder(settings: Settings, model: Any) -> EmbedderClient:
                              intra_op_threads=settings.intra_op_threads, max_queue=settings.embedding_max_queue,
                              max_batch_tokens=settings.embedding_batch_tokens, pooling=pooling,
                              nice=settings.embedding_nice)
+    if model.kind == "embedding" and model.extra.get("engine_process"):  # a hub's embedding model
+        from engine.embedding_process import EmbeddingProcessClient
+
+        return EmbeddingProcessClient(model.folder, config)
     return EmbeddingEngine.from_model_dir(model.folder, config)
 
 
@@ -148,10 +152,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 return
         if state.status == "stopping":  # shut down while loading: the lifespan's finally shuts it down
             return
+        await registry.start()
         state.status = "ready"
         engine = state.engine
         _tune_interpreter(state.settings, engine)
-        await registry.start()
         if state.settings.step_trace:  # NOTE(server): the loop's late wake-ups beside the engine's steps
             from engine.step_trace import TraceFile, watch_loop
 
@@ -163,9 +167,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             logger.info("model %s ready (max_model_len %d)%s", state.served_model_name, engine.max_model_len,
                         f"; embeddings: {', '.join(state.embedding_names())}" if state.embedders else "")
         if not registry.one_model:
-            logger.info("serving %d models: %s (each loads on its first request; memory budget %s)",
+            logger.info("serving %d models: %s (each loads on its first request; memory budget %s, from %s)",
                         len(registry.entries), ", ".join(registry.served_names()),
-                        format_bytes(registry.budget_bytes))
+                        format_bytes(registry.budget_bytes or 0), registry.budget_source)
 
     if state.status != "ready" and (registry.chat_loader is not None or not registry.one_model):
         load_task = asyncio.create_task(load())
@@ -205,11 +209,13 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     """
     from server import __version__
     from server.anthropic import route as messages
+    from server.decisions import route as decisions
     from server.embeddings import route as embeddings
     from server.http.prepare import refuse_uncontainable_chat
     from server.hub import admin
     from server.ollama import route as ollama
     from server.openai import chat, completions, models
+    from server.rerank import route as rerank
     from server.responses import route as responses
     from server.routes import health, metrics
     from server.tokenize import route as tokenize
@@ -236,8 +242,8 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     app.state.ortserve_body_check = partial(refuse_uncontainable_chat, state)
 
     install_error_handlers(app)
-    for module in (chat, completions, responses, messages, tokenize, embeddings, models, health, metrics, admin,
-                   ollama):
+    for module in (chat, completions, responses, messages, tokenize, embeddings, decisions, rerank, models, health,
+                   metrics, admin, ollama):
         app.include_router(module.router)
     if settings.ui:
         from server.routes.ui import install_ui

@@ -236,12 +236,24 @@ GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/re
 EMBEDDING_PATHS = frozenset({"/v1/embeddings", "/embedding", "/embeddings"})
 
 
+# Readout routes (decisions, rerank, score) -> their endpoint label of ortserve_readout_requests_total.
+READOUT_PATHS = {"/v1/decisions": "decisions", "/v1/systemone": "systemone", "/v1/rerank": "rerank",
+                 "/rerank": "rerank", "/v2/rerank": "rerank", "/v1/score": "score", "/score": "score"}
+
+
 def _count_outcome(request: Request, status: int) -> None:
     """Count a generation request that ended in an error before the engine recorded it."""
+    if request.url.path in READOUT_PATHS:
+        state = getattr(request.app.state, "ortserve", None)
+        if state is not None and status != 499:
+            state.metrics.readout_requests.labels(state.metric_model(request), READOUT_PATHS[request.url.path],
+                                                  REJECTED if status < 500 else "error").inc()
+        return
     if request.url.path in EMBEDDING_PATHS:
         state = getattr(request.app.state, "ortserve", None)
         if state is not None:
-            state.metrics.embedding_requests.labels(status=REJECTED if status < 500 else "error").inc()
+            state.metrics.embedding_requests.labels(state.metric_model(request, "embedding"),
+                                                    REJECTED if status < 500 else "error").inc()
         return
     if request.url.path not in GENERATION_PATHS or status == 499:
         return
@@ -252,7 +264,7 @@ def _count_outcome(request: Request, status: int) -> None:
         return
     state = getattr(request.app.state, "ortserve", None)
     if state is not None:
-        state.metrics.requests.labels(status=outcome).inc()
+        state.metrics.requests.labels(state.metric_model(request), outcome).inc()
 
 
 async def _handle_any(request: Request, exc: Exception) -> JSONResponse:

@@ -91,7 +91,8 @@ class Settings(BaseSettings):
     memory_budget: str | None = Field(
         None, description="Memory the loaded hub models may use together (bytes, or 8G, 512M): weights plus KV as "
         "estimated from each folder. The least recently used idle model is unloaded to make room. Default: the "
-        "machine's RAM less 10%% (less 2 GiB at most); for GPU memory set it.",
+        "selected device's memory on a GPU (as ONNX Runtime or its driver reports it), the machine's RAM on the "
+        "CPU, less 10%% (2 GiB at most).",
     )
     load_timeout_s: float = Field(
         120.0, gt=0.0, le=86_400.0, description="Seconds a request waits for its model to load; longer is a 503 "
@@ -102,6 +103,11 @@ class Settings(BaseSettings):
     embedding_model: str | None = Field(
         None, description="Embedding model served beside --model on /v1/embeddings (requests pick it by `model`): "
         "a known name (all-minilm-l6-v2), a sentence-transformers folder or a converted model folder.",
+    )
+    rerank_model: str | None = Field(
+        None, description="The model /v1/rerank, /rerank, /v2/rerank and /v1/score use when a request names none: "
+        "an embedding model's name (cosine of the embeddings) or the chat model's (the probability of 'yes' to "
+        "'Does the document answer the query?'). Default: the embedding model if one is served, else the chat model.",
     )
     served_embedding_model_name: str | None = Field(
         None, description="Name clients use for --embedding-model (default: the name it was given by)."
@@ -255,8 +261,8 @@ class Settings(BaseSettings):
 
     step_trace: str | None = Field(
         None, description="Append a JSON line per engine step and per garbage collection to this file (when, how "
-        "long, each phase, what it ran), and one per late wake-up of the server's event loop (perf/gpu/gaps.py "
-        "lines them up with a bench's token gaps); default: off."
+        "long, each phase, what it ran), and one per late wake-up of the server's event loop (to line up with a bench's token gaps: "
+        "docs/perf/README.md); default: off."
     )
 
     sse_ping_s: float = Field(

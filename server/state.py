@@ -52,6 +52,12 @@ class ServerState:
         one = serves_one_model(self.settings)
         self.registry = ModelRegistry(self.settings, build_catalog(self.settings, one), one_model=one,
                                       chat_loader=None, embedder_loader=None)
+        # every series carries model_name; a request refused before it was routed counts under the default model
+        self.metrics.default_model = self.registry.default.name
+        self.metrics.export_zeros(self.metrics.default_model)
+        for entry in self.registry.entries:
+            if entry.kind == "embedding" or entry.model.chat_embeddings:
+                self.metrics.export_zeros(entry.name, "embedding")
 
     # -- the default model (a one-model server's only one) ------------------------------------------------------
 
@@ -90,6 +96,18 @@ class ServerState:
             elif entry.kind == "chat":
                 entry.model.chat_embeddings = True
             entry.embedder, entry.owned, entry.status = embedder, False, READY
+
+    def metric_model(self, request: Request, kind: str = "chat") -> str:
+        """The model_name a request's metrics carry: the model it was routed to, else the default of its kind."""
+        routed = getattr(request.state, "ortserve_model", None)
+        if routed:
+            return routed
+        if kind == "embedding":
+            entry = next((e for e in self.registry.entries if e.kind == "embedding" or e.model.chat_embeddings),
+                         None)
+            if entry is not None:
+                return entry.name
+        return self.served_model_name
 
     def embedding_names(self) -> list[str]:
         """The served name of each loaded embedding engine."""

@@ -5,10 +5,14 @@ The same file serves llama.cpp's llama-server and, through ``ortserve convert``,
 The vocabulary comes from llama.cpp's ``models/ggml-vocab-llama-bpe.gguf`` (tokenizer fields only, no tensors) and
 gguf-py from the same sources (llama-cpp-python's sdist vendors both; ``perf/gpu/peer_sources.sh`` packs them).
 
-    python -m perf.gpu.bench_gguf --vocab ggml-vocab-llama-bpe.gguf --out bench-1b.gguf [--shape llama-3.2-1b]
+    python -m perf.gpu.bench_gguf --vocab ggml-vocab-llama-bpe.gguf --out bench-1b.gguf [--shape llama-3.2-1b] [--untied]
+
+With centred codes (the default) greedy output varies and prompt-lookup drafts miss; ``--offset-codes`` (codes 0..15,
+every weight's mean -d/2, issue 38's first bench file) makes every prompt's greedy output one repeated token, so drafts
+always hit. ``--untied`` gives the LM head weights of its own (the CUDA engine tests' model).
 
 Weights: every linear and the tied embedding as Q4_0 blocks (an fp16 scale d and 32 4-bit codes q, value
-``d * (q - 8)``) with codes uniform in 0..15 and ``d = std / 4.61`` (the codes' standard deviation), so each weight
+``d * (q - 8)``) with codes uniform in 1..15 (centred) and ``d = std / 4.32`` (their standard deviation), so each weight
 has about ``std`` (0.02 by default, as a trained model's initialization); norms are ones. Residual and logits stay
 within a few units, so float16 activations never overflow.
 """
@@ -26,7 +30,8 @@ from perf.gpu.shapes import SHAPES
 
 Q4_0_BLOCK = 32  # weights per block
 Q4_0_BYTES = 18  # fp16 scale + 16 bytes of codes
-CODE_STD = float(np.std(np.arange(16) - 8))  # 4.61
+CODE_STD = float(np.std(np.arange(1, 16) - 8))  # 4.32
+OFFSET_CODE_STD = float(np.std(np.arange(16) - 8))  # 4.61
 # Llama 3's chat template (enough for /v1/chat/completions; the bench uses /v1/completions)
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
@@ -34,19 +39,30 @@ CHAT_TEMPLATE = (
     "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
 
 
-def q4_0_blocks(rng: np.random.Generator, rows: int, cols: int, std: float) -> np.ndarray:
-    """uint8 ``[rows, cols / 32 * 18]``: random Q4_0 blocks whose weights have standard deviation ``std``."""
+def q4_0_blocks(rng: np.random.Generator, rows: int, cols: int, std: float, offset: bool = False) -> np.ndarray:
+    """uint8 ``[rows, cols / 32 * 18]``: random Q4_0 blocks whose weights have standard deviation ``std``; ``offset``:
+    codes 0..15 (mean -d/2, the model whose greedy output repeats one token: drafts always hit)."""
     if cols % Q4_0_BLOCK:
         raise ValueError(f"Q4_0 needs columns in multiples of {Q4_0_BLOCK}, got {cols}")
-    blocks = rng.integers(0, 256, size=(rows, cols // Q4_0_BLOCK, Q4_0_BYTES), dtype=np.uint8)
+    if offset:
+        blocks = rng.integers(0, 256, size=(rows, cols // Q4_0_BLOCK, Q4_0_BYTES), dtype=np.uint8)
+        blocks[:, :, :2] = np.frombuffer(np.float16(std / OFFSET_CODE_STD).tobytes(), dtype=np.uint8)
+        return blocks.reshape(rows, -1)
+    # NOTE(perf): codes 1..15 (values -7..7 times d), centred: with 0..15 every weight's mean is -d/2, and that common
+    # offset builds up an all-ones direction in the residual stream until every prompt gives the same greedy token
+    codes = rng.integers(1, 16, size=(rows, cols // Q4_0_BLOCK, 2, Q4_0_BYTES - 2), dtype=np.uint8)
+    blocks = np.empty((rows, cols // Q4_0_BLOCK, Q4_0_BYTES), dtype=np.uint8)
+    blocks[:, :, 2:] = codes[:, :, 0] | (codes[:, :, 1] << 4)
     scale = np.frombuffer(np.float16(std / CODE_STD).tobytes(), dtype=np.uint8)
     blocks[:, :, :2] = scale  # every block's scale (the codes are uniform, so one scale gives the std)
     return blocks.reshape(rows, -1)
 
 
 def write_bench_gguf(vocab_path: Path, out: Path, shape: dict[str, int], std: float = 0.02, seed: int = 0,
-                     context_length: int = 8192) -> Path:
-    """Write the bench GGUF (see the module docstring); returns ``out``."""
+                     context_length: int = 8192, untied: bool = False, offset: bool = False) -> Path:
+    """Write the bench GGUF (see the module docstring); returns ``out``. ``untied``: an LM head of its own (random
+    like the rest) instead of the embedding's: greedy output is then varied (tied, a random model's logits favour the
+    token just read, so its greedy output repeats one token and prompt-lookup drafts always hit)."""
     import gguf
 
     vocab = gguf.GGUFReader(str(vocab_path))
@@ -85,10 +101,12 @@ def write_bench_gguf(vocab_path: Path, out: Path, shape: dict[str, int], std: fl
     q4 = gguf.GGMLQuantizationType.Q4_0
 
     def linear(name: str, rows: int, cols: int) -> None:  # GGUF shapes are [cols, rows] (ne0 first)
-        w.add_tensor(name, q4_0_blocks(rng, rows, cols, std), raw_dtype=q4)  # (its byte shape)
+        w.add_tensor(name, q4_0_blocks(rng, rows, cols, std, offset), raw_dtype=q4)  # (its byte shape)
 
     linear("token_embd.weight", n_vocab, h)  # tied: llama.cpp and the converter use it as the LM head too
     w.add_tensor("output_norm.weight", np.ones(h, dtype=np.float32))
+    if untied:
+        linear("output.weight", n_vocab, h)
     for i in range(layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", np.ones(h, dtype=np.float32))
@@ -127,9 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="llama-3.2-1b", choices=sorted(SHAPES))
     p.add_argument("--std", type=float, default=0.02, help="the weights' standard deviation (default 0.02)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--untied", action="store_true", help="an LM head of its own (the CUDA tests' model)")
+    p.add_argument("--offset-codes", action="store_true",
+                   help="codes 0..15 (mean -d/2): greedy output repeats one token, drafts always hit")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    write_bench_gguf(args.vocab, args.out, SHAPES[args.shape], std=args.std, seed=args.seed)
+    write_bench_gguf(args.vocab, args.out, SHAPES[args.shape], std=args.std, seed=args.seed, untied=args.untied,
+                     offset=args.offset_codes)
     print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
     return 0

@@ -29,9 +29,10 @@ def read(path):
     out = {}
     for line in open(path):
         if line.startswith(("ortserve_time_to_first_token_seconds_", "ortserve_request_queue_time_seconds_")):
-            name, value = line.split()[:2]
+            name, value = line.rsplit(maxsplit=1)
+            name = name.split("{")[0]  # summed over model_name
             if name.endswith(("_sum", "_count")):
-                out[name] = float(value)
+                out[name] = out.get(name, 0.0) + float(value)
     return out
 a, b = read(sys.argv[1]), read(sys.argv[2])
 d = {k: b[k] - a.get(k, 0.0) for k in b}

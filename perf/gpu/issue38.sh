@@ -4,9 +4,10 @@
 # and the bench GGUF under /root/peer); carry [".device/whl", ".device/setup-cuda.sh", ".peer"]:
 #   source .device/setup-cuda.sh; bash perf/gpu/issue38.sh [steps]        -> $OUT/issue38.json, $OUT/run_log.txt
 # model: the bench GGUF and its conversion if the background job has not made them; tests: the CUDA engine tests on
-# the converted bench GGUF (finite logits) against the CPU EP (TESTS_K picks some); spec: one stream, default
-# settings against --speculative-tokens 0, on build_synthetic's 1B shape (non-finite logits, greedy), on the bench
-# GGUF greedy (its random output repeats: drafts hit) and at temperature 1 (drafts never hit, finite logits);
+# the converted untied bench GGUF (finite logits, varied greedy output) against the CPU EP (TESTS_K picks some); spec:
+# one stream, default settings against --speculative-tokens 0, greedy, on build_synthetic's 1B shape (non-finite
+# logits), the bench GGUF (drafts miss) and its offset-code variant (its output repeats: drafts hit; SPEC_T1=1 adds
+# the bench GGUF at temperature 1);
 # peer: llama-server (CUDA) and ortserve (--max-batch 64) on the same GGUF: 1, 8 and 64 streams, a ~900-token TTFT
 # idle and beside 7 streams; arrivals: 64 requests at once, three times, on both.
 set -o pipefail
@@ -28,8 +29,8 @@ if has model && [ ! -f $GGUF_DIR/genai_config.json ]; then
 fi
 
 if has tests; then
-  log "tests: CUDA engine tests on $GGUF_DIR"
-  ORTSERVE_CUDA_TEST_MODEL=$GGUF_DIR ORTSERVE_DEVICE_TESTS=1 timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q \
+  log "tests: CUDA engine tests on $GGUF_DIR-untied (varied greedy output)"
+  ORTSERVE_CUDA_TEST_MODEL=$GGUF_DIR-untied ORTSERVE_DEVICE_TESTS=1 timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q \
     -p no:cacheprovider -rs tests/integration/ep/test_cuda_engine.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 \
     | tail -n 30 > "$OUT/pytest_log.txt"
   tail -n 3 "$OUT/pytest_log.txt" | tee -a "$LOG"
@@ -68,8 +69,8 @@ if has spec; then
     log "spec: building build_synthetic's 1B shape"
     OUT=$OUT/build PROVIDER=cuda bash perf/gpu/serving.sh build > /dev/null 2>&1; rm -rf "$OUT/build"
   fi
-  for m in synthetic gguf; do
-    dir=/tmp/ortserve-1b; [ $m = gguf ] && dir=$GGUF_DIR
+  for m in ${SPEC_MODELS:-synthetic gguf gguf-offset}; do
+    dir=/tmp/ortserve-1b; [ $m != synthetic ] && dir=$GGUF_DIR${m#gguf}
     for mode in default spec0; do
       args=(); [ $mode = spec0 ] && args=(--speculative-tokens 0)
       log "spec: $m, $mode (--max-batch 8)"
@@ -77,7 +78,7 @@ if has spec; then
       bench "spec-$m-$mode-greedy" 8200 $SHORT --concurrency 1 --num-requests ${C1_REQUESTS:-24} --warmup 1 \
         --extra-body '{"logprobs": 0}'
       spec_counts 8200
-      if [ $m = gguf ]; then
+      if [ -n "${SPEC_T1:-}" ] && [ $m = gguf ]; then
         bench "spec-$m-$mode-t1" 8200 $SHORT --concurrency 1 --num-requests ${C1_REQUESTS:-24} --warmup 1 \
           --temperature 1.0 --extra-body '{"logprobs": 0}'
         spec_counts 8200
@@ -129,12 +130,45 @@ if has peer || has arrivals; then
   fi
 fi
 
+if has arrivals-trace; then  # where 64 arrivals' first tokens wait: the engine's steps beside the client's times
+  if ours 8300 $GGUF_DIR 64 --step-trace "$OUT/trace-arrivals.jsonl"; then
+    for i in 1 2 3; do
+      bench "trace-arrivals$i" 8300 --prompt-tokens 25 --output-tokens 32 --concurrency 64 --num-requests 64 \
+        --warmup 0 --client-processes ${ARRIVAL_PROCS:-4} --seed $((300 + i))
+      curl -s http://127.0.0.1:8300/metrics | grep -E "^ortserve_[a-z_]*(first_token|queue_time)[a-z_]*(_sum|_count)" \
+        | tr '\n' ' ' | tee -a "$LOG"; echo | tee -a "$LOG"
+    done
+    stop $SERVER
+    python3 - "$OUT" <<'PY' 2>&1 | tee -a "$LOG"
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+steps = [json.loads(line) for line in open(out / "trace-arrivals.jsonl") if '"decode"' in line]
+for i in (1, 2, 3):
+    r = json.loads((out / f"r-trace-arrivals{i}.json").read_text())["runs"][0]
+    t0 = r["started_at_s"]
+    recs = r.get("records") or []
+    starts = sorted(x["start_ms"] for x in recs)
+    ttfts = sorted(x["start_ms"] + x["ttft_ms"] for x in recs if x.get("ttft_ms") is not None)
+    print(f"run {i}: sends {starts[0]:.1f}..{starts[-1]:.1f} ms, first tokens {ttfts[0]:.1f}..{ttfts[-1]:.1f} ms")
+    for st in steps:
+        at = (st["t"] - t0) * 1e3
+        if starts[0] - 5 <= at <= ttfts[-1] + 5:
+            runs = ",".join(f"{n[:6]}:{ms:.1f}" for n, ms in st["runs"])
+            print(f"  {at:7.1f} +{st['ms']:5.1f} idle {st.get('idle_ms') or 0:5.1f} decode {st['decode']:2d} "
+                  f"joined {st['joined']:2d} prefill {st['prefill']} | {runs}"[:230])
+PY
+    gzip -f "$OUT/trace-arrivals.jsonl"
+  fi
+fi
+
 log "done"
 python3 - "$OUT" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-reports = {}
+# NOTE(perf): merged into what an earlier summary of this $OUT kept (a second `summarize` must not empty it)
+reports = json.loads((out / "issue38.json").read_text()) if (out / "issue38.json").exists() else {}
 for p in sorted(out.glob("r-*.json")):
     r = json.loads(p.read_text())
     runs = r.get("runs", [])
@@ -146,7 +180,7 @@ for p in sorted(out.glob("r-*.json")):
               f"{t.get('p99_ms')} ms  prompt tokens {s.get('num_prompt_tokens', s.get('prompt_tokens_mean'))}")
     p.unlink()
 (out / "issue38.json").write_text(json.dumps(reports))
-with open(out / "servers.log", "w") as f:
+with open(out / "servers.log", "a") as f:
     for p in sorted(out.glob("*server*.log")):
         f.write(f"==> {p.name}\n{p.read_text()[-15000:]}\n")
         p.unlink()

@@ -5,7 +5,7 @@
 #   bash perf/gpu/llama_server.sh model    the bench GGUF (perf/gpu/bench_gguf.py) -> /root/peer/bench-1b.gguf, and
 #                                          its conversion (ortserve convert, float16) -> /root/peer/bench-1b
 #   bash perf/gpu/llama_server.sh synthetic  build_synthetic's 1B shape (serving.sh's) -> /tmp/ortserve-1b
-#   bash perf/gpu/llama_server.sh start    all three, detached (setsid), so they go on into the next calls; logs and a
+#   bash perf/gpu/llama_server.sh start    all three (JOBS= picks), detached; never copy a new script over a running job's (setsid), so they go on into the next calls; logs and a
 #                                          'done' file per job in /root/peer
 # carry [".peer"] (and the CUDA staging part, perf/gpu/stage_cuda.sh, in the same call).
 set -uo pipefail
@@ -24,20 +24,23 @@ build)
     -DLLAMA_BUILD_UI=OFF && cmake --build $P/build --target llama-server -j "$(nproc)" || exit 1
   echo "built llama-server in $(( $(date +%s) - t0 )) s"; $P/build/bin/llama-server --version 2>&1 | tail -n 2
   ;;
-model)
+model)  # the bench GGUF, its untied variant and its offset-code variant (drafts hit), each converted
   t0=$(date +%s)
   xz -dc .peer/ggml-vocab-llama-bpe.gguf.xz > $P/vocab.gguf
-  PYTHONPATH=$PWD/.peer/gguf-py:$PWD python3 -m perf.gpu.bench_gguf --vocab $P/vocab.gguf --out $P/bench-1b.gguf \
-    || exit 1
-  # `ortserve convert` (server/__main__.py) needs the project's wheels (setup-cuda.sh); before them, its function
-  if python3 -c "import pydantic" 2>/dev/null; then
-    python3 -m server convert $P/bench-1b.gguf $P/bench-1b --dtype float16 --overwrite --quiet || exit 1
-  else
-    PYTHONPATH=$PWD/.peer/gguf-py:$PWD python3 -c "import sys; from engine.builder import convert_gguf
+  for v in "" "-untied" "-offset"; do  # (see bench_gguf.py: -offset's drafts always hit, the others' miss)
+    PYTHONPATH=$PWD/.peer/gguf-py:$PWD python3 -m perf.gpu.bench_gguf --vocab $P/vocab.gguf \
+      --out $P/bench-1b$v.gguf $([ "$v" = -untied ] && echo --untied) $([ "$v" = -offset ] && echo --offset-codes) \
+      || exit 1
+    # `ortserve convert` (server/__main__.py) needs the project's wheels (setup-cuda.sh); before them, its function
+    if python3 -c "import pydantic" 2>/dev/null; then
+      python3 -m server convert $P/bench-1b$v.gguf $P/bench-1b$v --dtype float16 --overwrite --quiet || exit 1
+    else
+      PYTHONPATH=$PWD/.peer/gguf-py:$PWD python3 -c "import sys; from engine.builder import convert_gguf
 convert_gguf(sys.argv[1], sys.argv[2], accuracy_level=4, dtype='float16', overwrite=True, progress=False)" \
-      $P/bench-1b.gguf $P/bench-1b || exit 1
-  fi
-  echo "bench model in $(( $(date +%s) - t0 )) s"; ls -la $P/bench-1b
+        $P/bench-1b$v.gguf $P/bench-1b$v || exit 1
+    fi
+  done
+  echo "bench models in $(( $(date +%s) - t0 )) s"
   ;;
 synthetic)  # build_synthetic's 1B shape as serving.sh makes it (non-finite fp16 logits), for the speculation A/B
   PYTHONPATH=$PWD/.peer/gguf-py:$PWD python3 - <<'PY' || exit 1
@@ -50,7 +53,7 @@ PY
   ;;
 start)
   rm -rf $P/tree && mkdir -p $P/tree && cp -a perf engine ep server bench .peer pyproject.toml $P/tree/
-  for j in model build synthetic; do
+  for j in ${JOBS:-model build synthetic}; do
     rm -f $P/$j.done
     (cd $P/tree && setsid bash -c "bash perf/gpu/llama_server.sh $j > $P/$j.log 2>&1; echo \$? > $P/$j.done" \
       < /dev/null > /dev/null 2>&1 &)
@@ -58,7 +61,7 @@ start)
   echo "started model and build in the background: $P/{model,build}.log"
   ;;
 wait)  # wait for the jobs (at most ${2:-420} s), then show how they ended
-  for _ in $(seq "${2:-420}"); do [ -f $P/model.done ] && [ -f $P/build.done ] && break; sleep 1; done
+  for _ in $(seq "${2:-420}"); do [ -f $P/model.done ] && [ -f $P/build.done ] && break; sleep 1; done  # (a job not started counts as running)
   for j in model build synthetic; do echo "== $j: rc $(cat $P/$j.done 2>/dev/null || echo running)"; tail -n 4 $P/$j.log; done
   ;;
 esac

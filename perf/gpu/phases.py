@@ -18,7 +18,7 @@ def _samples(text: str) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             key = s.name + ("/" + s.labels["phase"] if "phase" in s.labels else "")
-            out[key] = s.value
+            out[key] = out.get(key, 0.0) + s.value  # summed over model_name
     return out
 
 

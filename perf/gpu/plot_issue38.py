@@ -1,7 +1,8 @@
-"""Issue 38's plot from perf/gpu/issue38.sh's issue38.json: ortserve against llama-server (CUDA, the same GGUF) at 1, 8
-and 64 streams with the ~900-token TTFT, and one stream with drafts on and off on each model.
+"""Issue 38's plot: ortserve against llama-server (CUDA, the same GGUF) at 1, 8 and 64 streams with the ~700-token
+TTFT and 64 arrivals, and one stream with drafts on and off on each model. Reads perf/gpu/issue38.sh's issue38.json
+(reports), or docs/perf/issue38/results.json (the runs' summary lines by call: the peer call, the speculation calls).
 
-    python -m perf.gpu.plot_issue38 docs/perf/issue38/issue38.json docs/perf/gpu_issue38.png
+    python -m perf.gpu.plot_issue38 docs/perf/issue38/results.json docs/perf/gpu_issue38.png
 """
 
 from __future__ import annotations
@@ -11,8 +12,15 @@ import sys
 from pathlib import Path
 
 
+# results.json: the calls whose runs the plot shows (the spec panel's never-hit model from the centred-code call)
+RESULT_GROUPS = {"peer_and_arrivals": "", "spec_offset_codes_fixed_cost_model": "", "spec_centred_codes": "centred-"}
+
+
 def figure(reports: dict) -> dict[str, dict[str, float]]:
-    """``{name: {"tok_s", "ttft_p50_ms", "ttft_p99_ms"}}`` of each report's first run."""
+    """``{name: {"tok_s", "ttft_p50_ms", "ttft_p99_ms"}}`` of each report's first run (issue38.json), or of the runs of
+    ``RESULT_GROUPS`` (results.json; the centred-code call's names prefixed "centred-")."""
+    if set(reports) & set(RESULT_GROUPS):
+        return {RESULT_GROUPS[g] + name: run for g in RESULT_GROUPS for name, run in reports.get(g, {}).items()}
     out = {}
     for name, report in reports.items():
         if report["runs"]:
@@ -42,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     axes[0].set_ylabel("output tokens/s")
     axes[0].set_title("same GGUF, through HTTP")
     axes[0].legend()
-    cases = [("ttft-idle", "~900 tokens, idle"), ("ttft-busy", "beside 7 streams")] + \
+    cases = [("ttft-idle", "~700 tokens, idle"), ("ttft-busy", "beside 7 streams")] + \
         [(f"arrivals{i}", f"64 at once ({i})") for i in (1, 2, 3)]
     for i, (who, colour) in enumerate((("peer", "tab:gray"), ("ours", "tab:blue"))):
         vals = [f.get(f"{who}-{k}", {}).get("ttft_p50_ms", 0.0) for k, _ in cases]
@@ -50,10 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     axes[1].set_xticks([v + 0.2 for v in range(len(cases))], [label for _, label in cases], rotation=20, fontsize=8)
     axes[1].set_ylabel("TTFT p50 (ms)")
     axes[1].set_title("time to first token")
-    spec = [("synthetic-%s-greedy", "synthetic 1B\n(NaN logits)"), ("gguf-%s-greedy", "bench GGUF\ngreedy (hits)"),
-            ("gguf-%s-t1", "bench GGUF\ntemp 1 (misses)")]
+    spec = [("synthetic-%s-greedy", "synthetic 1B\n(NaN logits)"), ("gguf-%s-greedy", "offset codes, tied\n(drafts hit)"),
+            ("centred-gguf-untied-%s-greedy", "centred codes\n(drafts miss)")]
     for i, (mode, colour) in enumerate((("spec0", "tab:gray"), ("default", "tab:blue"))):
-        vals = [f.get("spec-" + k % mode, {}).get("tok_s", 0.0) for k, _ in spec]
+        vals = [f.get(k.replace("%s", mode).replace("centred-", "centred-spec-") if k.startswith("centred-")
+                      else "spec-" + k % mode, {}).get("tok_s", 0.0) for k, _ in spec]
         axes[2].bar([v + 0.4 * i for v in range(len(spec))], vals, 0.4, color=colour,
                     label="--speculative-tokens 0" if mode == "spec0" else "default (drafts)")
     axes[2].set_xticks([v + 0.2 for v in range(len(spec))], [label for _, label in spec], fontsize=8)

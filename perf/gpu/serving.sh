@@ -16,7 +16,10 @@ set -o pipefail
 steps=${*:-http engine}
 source perf/gpu/env.sh  # the GPU set-up (LOCAL=1: a dry run here), OUT
 LOG="$OUT/serving_log.txt"
-MODEL=${MODEL_DIR:-/tmp/ortserve-1b}
+# NOTE(bench): the finite-logit bench GGUF (perf/gpu/llama_server.sh model) when this machine has it, else
+# build_synthetic's 1B shape (its float16 logits turn non-finite ~49 tokens into an answer)
+BENCH_GGUF_DIR=/root/peer/bench-1b
+MODEL=${MODEL_DIR:-$([ -f $BENCH_GGUF_DIR/genai_config.json ] && echo $BENCH_GGUF_DIR || echo /tmp/ortserve-1b)}
 PROVIDER=${PROVIDER:-webgpu}
 LEN=${MAX_MODEL_LEN:-1024}
 log() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
@@ -75,7 +78,8 @@ stop() {  # SIGTERM, then SIGKILL after 15 s
 SHORT="--prompt-tokens 25 --output-tokens 128"
 # NOTE(bench): the synthetic vocabulary spells the harness's words in ~2 tokens each: 440 words ~ 900 tokens
 # (the reports hold each prompt's token count)
-LONG=${LONG_PROMPT_WORDS:-440}
+# (the Llama 3 vocabulary of the bench GGUF: about one token a word)
+LONG=${LONG_PROMPT_WORDS:-$([ "$MODEL" = $BENCH_GGUF_DIR ] && echo 900 || echo 440)}
 if [[ " $steps " == *" http "* ]]; then
   log "http: --max-batch 8 (the default)"
   if serve 8; then

@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from engine.types import InvalidRequestError, PromptTooLongError
-from server.openai.protocol import (ChatCompletionRequest, OpenAIBaseModel, chat_request_from, param_renamer,
+from server.openai.base import OpenAIBaseModel
+from server.openai.protocol import (ChatCompletionRequest, chat_request_from, param_renamer,
                                     renamed_errors)
 
 logger = logging.getLogger(__name__)

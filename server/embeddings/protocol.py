@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from engine.types import InvalidRequestError
-from server.openai.protocol import OpenAIBaseModel
+from server.openai.base import IdleTTLField, OpenAIBaseModel
 
 MAX_INPUTS = 2048  # OpenAI's limit of inputs per request
 
@@ -90,7 +90,7 @@ def parse_inputs(value: Any, field: str = "input") -> list[EmbeddingInput]:
     return out
 
 
-class EmbeddingRequest(OpenAIBaseModel):
+class EmbeddingRequest(IdleTTLField):
     """POST /v1/embeddings."""
 
     model: str | None = Field(None, description="The embedding model (default: the server's --embedding-model, "

@@ -50,25 +50,26 @@ def _dimensions(embedder: EmbedderClient, requested: int | None) -> int | None:
                               code="invalid_value")
 
 
-async def _embed(state: ServerState, embedder: EmbedderClient, inputs: Sequence[wire.EmbeddingInput],
+async def _embed(state: ServerState, name: str, embedder: EmbedderClient, inputs: Sequence[wire.EmbeddingInput],
                  truncate_to: int | None) -> tuple[list[np.ndarray], int]:
-    """(vectors, prompt tokens), recording the embedding metrics of a success."""
+    """(vectors, prompt tokens), recording the embedding metrics of a success under the model's ``name``."""
     start = time.perf_counter()
     token_ids = await anyio.to_thread.run_sync(_token_ids, embedder, inputs, truncate_to)
     vectors = await embedder.embed(token_ids)
     num_tokens = sum(len(ids) for ids in token_ids)
     m = state.metrics
-    m.embedding_requests.labels(status="ok").inc()
-    m.embedding_inputs.inc(len(token_ids))
-    m.embedding_tokens.inc(num_tokens)
-    m.embedding_latency.observe(time.perf_counter() - start)
+    m.embedding_requests.labels(name, "ok").inc()
+    m.embedding_inputs.labels(name).inc(len(token_ids))
+    m.embedding_tokens.labels(name).inc(num_tokens)
+    m.embedding_latency.labels(name).observe(time.perf_counter() - start)
     return vectors, num_tokens
 
 
 @router.post("/v1/embeddings", summary="Create embeddings")
 async def create_embeddings(body: wire.EmbeddingRequest, request: Request) -> JSONResponse:
     state = get_state(request)
-    entry = await state.acquire(request, body.model, "embedding")
+    entry = await state.acquire(request, body.model, "embedding", body.ttl)
+    request.state.ortserve_model = entry.name
     name, embedder = entry.name, entry.embedder
     if embedder.pooling == "none":
         raise InvalidRequestError(f"the model {name!r} is served with pooling 'none' (one vector per token), which "
@@ -76,7 +77,7 @@ async def create_embeddings(body: wire.EmbeddingRequest, request: Request) -> JS
                                   f"--pooling", param="model", code="model_not_supported")
     inputs = body.inputs()
     dims = _dimensions(embedder, body.dimensions)
-    vectors, num_tokens = await _embed(state, embedder, inputs, body.truncate_to(embedder.max_seq_length))
+    vectors, num_tokens = await _embed(state, name, embedder, inputs, body.truncate_to(embedder.max_seq_length))
     if dims is not None:  # Matryoshka: the leading dimensions, re-normalized
         vectors = [v[:dims] / max(float(np.linalg.norm(v[:dims])), 1e-12) for v in vectors]
     return JSONResponse(wire.embedding_response(vectors, name, num_tokens, body.encoding_format))
@@ -87,6 +88,7 @@ async def create_embeddings(body: wire.EmbeddingRequest, request: Request) -> JS
 async def create_embeddings_llamacpp(body: wire.LlamaCppEmbeddingRequest, request: Request) -> JSONResponse:
     """llama.cpp's non-OpenAI endpoint: [{"index", "embedding": [[...]]}] (per token with pooling 'none')."""
     state = get_state(request)
-    embedder = (await state.acquire(request, body.model, "embedding")).embedder
-    vectors, _ = await _embed(state, embedder, body.inputs(), None)
+    entry = await state.acquire(request, body.model, "embedding")
+    request.state.ortserve_model, embedder = entry.name, entry.embedder
+    vectors, _ = await _embed(state, entry.name, embedder, body.inputs(), None)
     return JSONResponse(wire.llamacpp_embedding_response(vectors))

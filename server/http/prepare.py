@@ -52,6 +52,7 @@ async def engine_for(request: Request, model: str | None,
 def start_tracking(request: Request, state: ServerState) -> RequestTracker:
     """A latency tracker for this request, also reachable by the error handlers (request.state)."""
     tracker = state.metrics.tracker()
+    tracker.model_name = state.metric_model(request)
     request.state.ortserve_tracker = tracker
     return tracker
 

@@ -68,6 +68,12 @@ async def _race_disconnect(request: Request, awaitable: Any) -> Any:
     return task.result()
 
 
+async def race_disconnect(request: Request, awaitable: Any) -> Any:
+    """Await a non-streamed request's work; a client that leaves first cancels it (ClientDisconnectedError, 499):
+    the decisions, rerank and score routes, whose engine reads need no EngineRun."""
+    return await _race_disconnect(request, awaitable)
+
+
 def outcome_of(exc: BaseException) -> str:
     """The ortserve_requests_total status an exception stands for: abort, rejected or error."""
     if not isinstance(exc, Exception) or isinstance(exc, CutAtShutdownError):  # the client or the server left

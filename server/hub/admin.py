@@ -45,7 +45,7 @@ def describe(state: ServerState, entry: ModelEntry) -> dict:
 async def list_models(request: Request) -> dict:
     state = get_state(request)
     return {"object": "list", "data": [describe(state, e) for e in state.registry.entries],
-            "memory_budget_bytes": state.registry.budget_bytes}
+            "memory_budget_bytes": state.registry.budget_bytes, "memory_budget_source": state.registry.budget_source}
 
 
 @router.post("/models/load", summary="Load a model now")

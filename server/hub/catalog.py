@@ -31,10 +31,30 @@ def parse_bytes(text: str) -> int:
     return int(number * 1024 ** "_kmgt".index(unit)) if unit else int(number)
 
 
-def default_memory_budget() -> int:
-    """The machine's RAM less a margin (10%, at most 2 GiB)."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return total - min(total // 10, 2 * 1024**3)
+def ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def default_memory_budget(device: Any = None, ram: int | None = None) -> tuple[int, str]:
+    """What the loaded models may hold together when --memory-budget is not given: the device's own memory on a
+    GPU, the machine's RAM on the CPU; less a margin (10%, at most 2 GiB) for the runtime and everything else.
+
+    Args:
+        device: the server's selected device (an ep.device.DeviceRecord; None: the CPU). A device that reports no
+            memory of its own (the CUDA EP on Linux) falls back to RAM, said in the returned source.
+        ram: the machine's RAM in bytes (default: this machine's).
+
+    Returns:
+        (budget bytes, where the total came from: for the log and /models).
+    """
+    total, source = None, "RAM"
+    if device is not None and device.device_type != "CPU":
+        total = device.memory_bytes()
+        name = f"{device.ep_name} {device.device_type}"
+        source = f"{name} memory" if total is not None else f"RAM ({name} reports no memory; set --memory-budget)"
+    if total is None:
+        total = ram if ram is not None else ram_bytes()
+    return total - min(total // 10, 2 * 1024**3), source
 
 
 def format_bytes(num_bytes: int) -> str:

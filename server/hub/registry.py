@@ -31,6 +31,7 @@ from server.settings import Settings
 logger = logging.getLogger("ortserve.hub")
 
 UNLOADED, LOADING, READY, FAILED = "unloaded", "loading", "ready", "failed"
+OLLAMA_TAG = ":latest"
 # NOTE(hub): how soon a request whose model is loading may try again, when the load outlasts --load-timeout-s
 LOADING_RETRY_AFTER_S = 5
 
@@ -76,12 +77,14 @@ class ModelEntry:
 
     @property
     def alive(self) -> bool:
-        """Loaded and its engine still running (a killed engine process is not)."""
-        return self.status == READY and (self.engine is None or getattr(self.engine, "is_running", True))
+        """Loaded and its engines still running (a killed engine process is not)."""
+        return self.status == READY and all(getattr(e, "is_running", True) for e in (self.engine, self.embedder)
+                                            if e is not None)
 
     @property
     def pid(self) -> int | None:
-        return getattr(self.engine, "engine_pid", None) if self.engine is not None else None
+        """Its engine process's (a chat model's, else an embedding model's own), None where it runs here."""
+        return next((pid for e in (self.engine, self.embedder) if (pid := getattr(e, "engine_pid", None))), None)
 
     def ttl_s(self, settings: Settings) -> float:
         if self.model.pinned:
@@ -127,8 +130,10 @@ class ModelRegistry:
         self.entries = [ModelEntry(model) for model in catalog]
         self.one_model = one_model
         self.chat_loader, self.embedder_loader = chat_loader, embedder_loader
-        self.budget_bytes = parse_bytes(settings.memory_budget) if settings.memory_budget else \
-            default_memory_budget()
+        # NOTE(hub): without --memory-budget, the device's memory or RAM (default_memory_budget), known from
+        # start() on: selecting the device imports onnxruntime and may register an EP library, off the event loop
+        self.budget_bytes: int | None = parse_bytes(settings.memory_budget) if settings.memory_budget else None
+        self.budget_source = "--memory-budget" if settings.memory_budget else ""
         self._by_name: dict[str, ModelEntry] = {}
         for entry in self.entries:
             for alias in entry.model.names:
@@ -152,6 +157,10 @@ class ModelRegistry:
         entry = self._by_name.get(name)
         if entry is None:  # the engine's own name (a folder's) also routes, once loaded
             entry = next((e for e in self.entries if e.engine is not None and e.engine.model_name == name), None)
+        if entry is None and name.endswith(OLLAMA_TAG):
+            # NOTE(hub): Ollama's names carry a tag, and a name without one means ":latest"; its clients (Open WebUI
+            # among them) add it, and /api/tags lists ours with it
+            entry = self.find(name.removesuffix(OLLAMA_TAG))
         return entry
 
     def lookup(self, name: str | None, kind: str) -> ModelEntry:
@@ -270,10 +279,12 @@ class ModelRegistry:
             model.folder = Path(resolve_model(model.spec.model))
             model.kind = model.kind or kind_of_folder(model.folder)
         settings = model.settings_for(self.settings)
-        if not self.one_model and model.kind == "chat":
-            # NOTE(hub): each chat model's session in a process of its own: a crash or a kill of one leaves the
-            # others serving, and unloading gives back all of its memory
+        if not self.one_model:
+            # NOTE(hub): each model's session in a process of its own (an embedding model's too: the embedder
+            # loader reads the flag from the catalog model): a crash or a kill of one leaves the others serving,
+            # and unloading gives back all of its memory. A one-model server keeps its engines where they were.
             settings = settings.model_copy(update={"engine_process": True})
+            model.extra["engine_process"] = True
         return settings
 
     async def _load(self, entry: ModelEntry) -> None:
@@ -315,15 +326,19 @@ class ModelRegistry:
         if self._room is None:
             self._room = asyncio.Lock()
         async with self._room:
+            await self._find_budget()
+            assert self.budget_bytes is not None
             while True:
                 others = [e for e in self.entries if e is not entry and e.status in (LOADING, READY)]
                 used = sum(e.estimate_bytes for e in others)
                 if used + entry.estimate_bytes <= self.budget_bytes:
                     return
                 idle = [e for e in others if e.status == READY and e.leases == 0 and not e.model.pinned]
-                if not idle:
-                    busy = [f"{e.name!r} ({format_bytes(e.estimate_bytes)})" for e in others]
-                    raise MemoryBudgetError(entry.name, entry.estimate_bytes, used, self.budget_bytes, busy)
+                held = used - sum(e.estimate_bytes for e in idle)
+                if held + entry.estimate_bytes > self.budget_bytes:
+                    # NOTE(hub): even with every idle model gone it would not fit: unload none of them for nothing
+                    busy = [f"{e.name!r} ({format_bytes(e.estimate_bytes)})" for e in others if e not in idle]
+                    raise MemoryBudgetError(entry.name, entry.estimate_bytes, held, self.budget_bytes, busy)
                 victim = min(idle, key=lambda e: e.last_used_s)
                 logger.info("evicting the idle model %s (%s) to make room for %s (%s)", victim.name,
                             format_bytes(victim.estimate_bytes), entry.name, format_bytes(entry.estimate_bytes))
@@ -340,8 +355,15 @@ class ModelRegistry:
             await _shutdown(engine, embedder)
         logger.info("model %s unloaded", entry.name)
 
+    async def _find_budget(self) -> None:
+        if self.budget_bytes is None:
+            self.budget_bytes, self.budget_source = await anyio.to_thread.run_sync(
+                lambda: default_memory_budget(selected_device(self.settings)))
+
     async def start(self) -> None:
-        """Start the idle reaper (pinned models are loaded by the app's lifespan)."""
+        """Find the memory budget and start the idle reaper (pinned models are loaded by the app's lifespan)."""
+        if not self.one_model:  # NOTE(hub): a one-model server's models are the server: never budgeted
+            await self._find_budget()
         if self._reaper is None and any(not e.model.pinned for e in self.entries):
             self._reaper = asyncio.create_task(self._reap(), name="hub reaper")
 
@@ -361,20 +383,41 @@ class ModelRegistry:
         ttls = [e.ttl_s(self.settings) for e in self.entries if not e.model.pinned]
         return min(1.0, max(0.05, min(ttls, default=1.0) / 4))
 
+    def to_reap(self, now_s: float) -> list[ModelEntry]:
+        """The loaded models to unload at monotonic time ``now_s``: idle (no request holds them) past their
+        keep-alive (ttl_s), or whose engine process died; never a pinned one."""
+        return [e for e in self.entries if e.status == READY and not e.leases and not e.model.pinned
+                and (not e.alive or now_s - e.last_used_s >= e.ttl_s(self.settings))]
+
     async def _reap(self) -> None:
         """Unload models idle past their keep-alive; forget engines whose process died (reloaded on demand)."""
         while True:
             await asyncio.sleep(self._period_s())
             now = time.monotonic()
-            for entry in self.entries:
-                if entry.status != READY or entry.leases or entry.model.pinned:
+            for entry in self.to_reap(now):
+                if entry.leases or entry.status != READY:  # taken while an earlier one was unloading
                     continue
                 if not entry.alive:
                     logger.warning("model %s: its engine has stopped; unloading it", entry.name)
-                    await self.unload(entry)
-                elif now - entry.last_used_s >= entry.ttl_s(self.settings):
+                else:
                     logger.info("model %s idle for %.1f s: unloading it", entry.name, now - entry.last_used_s)
-                    await self.unload(entry)
+                await self.unload(entry)
+
+
+def selected_device(settings: Settings) -> Any | None:
+    """The device the server's --provider and --device select, as ep.device reports it (a DeviceRecord); None for
+    the CPU or where selection fails (the budget is then RAM's). Blocking; imports onnxruntime."""
+    from ep.names import normalize_provider
+
+    try:
+        if normalize_provider(settings.provider, allow_auto=True) == "cpu":
+            return None
+        from ep.device import select_device
+
+        return select_device(settings.provider, settings.device, settings.ep_library).record
+    except Exception as exc:  # the engines report a bad --provider/--device themselves, with their own errors
+        logger.warning("memory budget: no device selected (%s: %s); using RAM", type(exc).__name__, exc)
+        return None
 
 
 async def _shutdown(*engines: Any) -> None:

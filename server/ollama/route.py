@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.types import InvalidRequestError, PromptTooLongError
 from server import __version__
-from server.hub.registry import READY, ModelEntry
+from server.hub.registry import OLLAMA_TAG, READY, ModelEntry
 from server.http.prepare import PreparedChat, engine_for, prepare_chat, start_run, start_tracking
 from server.errors import ModelNotFoundError, error_for
 from server.http.run import EngineRun, StreamContext, check_error, collected
@@ -42,8 +42,14 @@ def _details(entry: ModelEntry) -> dict[str, Any]:
             "parameter_size": "", "quantization_level": ""}
 
 
+def tagged(name: str) -> str:
+    """A served name as Ollama names models, with a tag (":latest" unless it has one): Open WebUI adds ":latest"
+    to a name without one and then looks it up among /api/tags' names."""
+    return name if ":" in name else name + OLLAMA_TAG
+
+
 def _model_item(state: ServerState, entry: ModelEntry) -> dict[str, Any]:
-    return {"name": entry.name, "model": entry.name,
+    return {"name": tagged(entry.name), "model": tagged(entry.name),
             "modified_at": wire.datetime.fromtimestamp(state.started_at, wire.timezone.utc).isoformat(),
             "size": entry.estimate_bytes, "digest": "", "details": _details(entry)}
 
@@ -283,11 +289,11 @@ async def api_embed(body: wire.EmbedRequest, request: Request) -> dict:
     state = get_state(request)
     before = _loads(state, body.model)
     entry = await state.acquire(request, body.model, "embedding", wire.keep_alive_s(body.keep_alive))
-    embedder = entry.embedder
+    request.state.ortserve_model, embedder = entry.name, entry.embedder
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
     inputs = embeddings_wire.EmbeddingRequest(model=entry.name, input=texts).inputs()
     dims = _dimensions(embedder, body.dimensions)
-    vectors, num_tokens = await _embed(state, embedder, inputs,
+    vectors, num_tokens = await _embed(state, entry.name, embedder, inputs,
                                        embedder.max_seq_length if body.truncate else None)
     if dims is not None:
         import numpy as np

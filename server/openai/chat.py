@@ -17,7 +17,7 @@ router = APIRouter(tags=["generation"], route_class=ThreadedBodyRoute)
 
 @router.post("/v1/chat/completions", response_model=None, summary="Create a chat completion")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    state, engine = await engine_for(request, body.model)
+    state, engine = await engine_for(request, body.model, body.ttl)
     if len(body.messages) > THREADED_MESSAGES:
         await anyio.to_thread.run_sync(body.check_tool_answers)
     else:

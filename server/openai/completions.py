@@ -23,7 +23,7 @@ router = APIRouter(tags=["generation"], route_class=ThreadedBodyRoute)
 
 @router.post("/v1/completions", response_model=None, summary="Create a completion")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    state, engine = await engine_for(request, body.model)
+    state, engine = await engine_for(request, body.model, body.ttl)
     settings = state.settings
     tracker = start_tracking(request, state)
     prompt_ids = await completion_prompt_ids(engine, body.prompt_text_or_ids())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from server.errors import ModelNotFoundError
+from server.hub.catalog import resolve_kind
 from server.hub.registry import READY, ModelEntry
 from server.openai import protocol
 from server.state import ServerState, get_state
@@ -20,8 +21,8 @@ def model_card(state: ServerState, entry: ModelEntry) -> dict:
                                dimensions=embedder.dimension if embedder is not None else None)
     card["loaded"] = entry.status == READY
     card["status"] = {"value": "loaded" if entry.status == READY else entry.status}
-    if entry.kind is not None:
-        card["kind"] = entry.kind
+    # NOTE(hub): a known name not pulled yet has its kind from the known names' table (no folder to read yet)
+    card["kind"] = entry.kind or resolve_kind(entry.model)
     return card
 
 

@@ -1,315 +1,35 @@
-"""OpenAI wire format: request models (validated at the edge) and response/chunk builders.
+"""OpenAI wire format: the chat and completion requests (validated at the edge) and the response/chunk builders.
 
-The only module that spells OpenAI field names; converts requests to engine.types.SamplingParams.
+With its siblings (server.openai.base, messages: the chat messages and tools, sampling_fields: what chat and
+completions share and its conversion to engine.types.SamplingParams) the only place that spells OpenAI field names.
 Must not import onnxruntime or any engine module other than engine.types.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
-import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from engine.types import FinishReason, InvalidRequestError, SamplingParams, TokenLogprob
 from server.prompt import TemplateOptions
-from server.openai.structured import StructuredOutputFields
+# NOTE(server): OpenAIBaseModel is re-exported: other protocols' models have imported it from here.
+from server.openai.base import OpenAIBaseModel as OpenAIBaseModel
+from server.openai.base import _unsupported
+from server.openai.messages import ChatMessage, NamedToolChoice, ToolDefinition
+from server.openai.sampling_fields import _resolve_max_tokens, _SamplingFields
 from server.tools.plan import ToolRequest
-
-logger = logging.getLogger(__name__)
-
-BEAM_SEARCH_MESSAGE = (
-    "beam search is not offered: the KV cache is one shared max-length buffer per layer and request, "
-    "so candidate beams cannot fork it"
-)
-
-
-def _nullable_when_optional(schema: dict[str, Any]) -> None:
-    """JSON schema of a request model: every optional field also accepts null (see _null_means_absent)."""
-    required = set(schema.get("required", ()))
-    for name, prop in schema.get("properties", {}).items():
-        if name in required or any(v.get("type") == "null" for v in prop.get("anyOf", [prop])):
-            continue
-        meta = {key: prop.pop(key) for key in ("title", "description", "default") if key in prop}
-        schema["properties"][name] = {"anyOf": [prop, {"type": "null"}], **meta}
-
-
-class OpenAIBaseModel(BaseModel):
-    """Accepts unknown fields and logs them at debug level (clients send vendor extras freely); null in an
-    optional field means the field is absent."""
-
-    # NOTE(server): strict=True rejects "10" for an int and "true" for a bool, as OpenAI does;
-    # ints are still accepted where floats are expected.
-    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_nullable_when_optional)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_means_absent(cls, data: Any) -> Any:
-        # NOTE(server): OpenAI's schema marks most optional request fields nullable (n, stream, stop, temperature,
-        # logprobs, stream_options, ...) and clients send null for "not set"; as vLLM and llama.cpp do, null
-        # takes the default. A required field (messages, prompt, role) stays required.
-        if not isinstance(data, dict):
-            return data
-        optional = {key for name, field in cls.model_fields.items() if not field.is_required()
-                    for key in (name, field.alias) if key}
-        return {key: value for key, value in data.items() if value is not None or key not in optional}
-
-    @model_validator(mode="after")
-    def _log_extra_fields(self) -> OpenAIBaseModel:
-        if self.model_extra:
-            logger.debug("ignoring unknown fields of %s: %s", type(self).__name__, sorted(self.model_extra))
-        return self
-
-
-def _unsupported(param: str, message: str, code: str = "unsupported_parameter") -> InvalidRequestError:
-    # NOTE(server): InvalidRequestError is a ValueError, so pydantic carries it (with .param/.code)
-    # inside the ValidationError; server/errors.py unwraps it by class.
-    return InvalidRequestError(message, param=param, code=code)
-
 
 # --- chat request -----------------------------------------------------------------------------------
 
 
-class FunctionCall(OpenAIBaseModel):
-    name: str = Field(description="The function called.")
-    arguments: str | dict[str, Any] = Field(description="The arguments, as JSON text.")
-
-
-class AssistantToolCall(OpenAIBaseModel):
-    """A call in an assistant message of the history."""
-
-    id: str = Field(description="The call's id; the tool message that answers it repeats it.")
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatMessage(OpenAIBaseModel):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"] = Field(
-        description="Who wrote the message ('developer' is treated as 'system'; 'tool' answers a tool call)."
-    )
-    content: str | list[dict[str, Any]] | None = Field(
-        None, description="A string or an array of {'type': 'text', 'text': ...} parts."
-    )
-    name: str | None = None
-    tool_calls: list[AssistantToolCall] | None = Field(None, description="Calls an assistant message made.")
-    tool_call_id: str | None = Field(None, description="In a tool message: the id of the call it answers.")
-    reasoning_content: str | None = Field(None, description="In an assistant message: its thinking (templates "
-                                          "that render past thinking show it).")
-    reasoning: str | None = Field(None, description="The same as reasoning_content (vLLM's and Ollama's name).")
-
-    @field_validator("content")
-    @classmethod
-    def _text_parts_only(cls, value: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
-        if isinstance(value, list):
-            for index, part in enumerate(value):
-                kind = part.get("type")
-                if kind != "text":
-                    raise InvalidRequestError(
-                        f"only 'text' content parts are supported, got type {kind!r} in part {index}",
-                        code="unsupported_content_type",
-                    )
-                if not isinstance(part.get("text"), str):
-                    raise ValueError(f"content[{index}].text must be a string")
-        return value
-
-    @model_validator(mode="after")
-    def _content_present(self) -> ChatMessage:
-        if self.role == "function":
-            raise _unsupported("role", "'function' messages (the deprecated functions API) are not supported; "
-                                       "use tools and 'tool' messages")
-        if self.tool_calls and self.role != "assistant":
-            raise _unsupported("tool_calls", f"only assistant messages carry tool_calls, not {self.role}",
-                               code="invalid_value")
-        if self.role == "tool" and not self.tool_call_id:
-            raise InvalidRequestError("a tool message needs the tool_call_id of the call it answers",
-                                      param="tool_call_id", code="missing_required_parameter")
-        if self.content is None and self.role != "assistant":
-            raise ValueError(f"a {self.role} message needs content")
-        return self
-
-    def text(self) -> str:
-        """The content as one string (text parts joined without separator, as OpenAI does)."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part["text"] for part in self.content)
-
-
-_FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-# Deeper parameter schemas are refused before anything walks them recursively (the schema check, the grammar).
-MAX_SCHEMA_DEPTH = 64
-
-
-def _nesting_depth(value: Any) -> int:
-    """How deep JSON containers nest in ``value`` (iterative: a hostile depth cannot overflow the stack)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict | list):
-            deepest = max(deepest, depth)
-            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
-    return deepest
-
-
-class FunctionDefinition(OpenAIBaseModel):
-    name: str = Field(description="a-z, A-Z, 0-9, '_' and '-', at most 64 characters.")
-    description: str | None = None
-    parameters: dict[str, Any] | None = Field(None, description="JSON Schema of the arguments (none: no arguments).")
-    strict: bool | None = Field(None, description="Accepted; calls always follow the schema when forced.")
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, value: str) -> str:
-        if not _FUNCTION_NAME.match(value):
-            raise InvalidRequestError(f"function names are 1-64 characters of a-z, A-Z, 0-9, '_' and '-', "
-                                      f"got {value!r}", code="invalid_value")
-        return value
-
-    @field_validator("parameters")
-    @classmethod
-    def _check_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is None:
-            return value
-        depth = _nesting_depth(value)
-        if depth > MAX_SCHEMA_DEPTH:
-            raise InvalidRequestError(f"parameters nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are "
-                                      "supported", code="invalid_value")
-        try:
-            jsonschema.validators.validator_for(value).check_schema(value)
-        except RecursionError:
-            raise InvalidRequestError("parameters nests too deeply to be checked", code="invalid_value") from None
-        except jsonschema.SchemaError as exc:
-            where = "/".join(str(p) for p in exc.path)
-            raise InvalidRequestError(f"parameters is not a valid JSON Schema: {exc.message}"
-                                      + (f" (at {where})" if where else ""), code="invalid_value") from None
-        if value.get("type", "object") != "object":
-            raise InvalidRequestError(f"parameters must describe an object (the arguments), got type "
-                                      f"{value.get('type')!r}", code="invalid_value")
-        return value
-
-
-class ToolDefinition(OpenAIBaseModel):
-    type: Literal["function"] = Field(description="Only function tools exist.")
-    function: FunctionDefinition
-
-
-class NamedToolChoice(OpenAIBaseModel):
-    class Function(OpenAIBaseModel):
-        name: str
-
-    type: Literal["function"]
-    function: Function
-
-
-class StreamOptions(OpenAIBaseModel):
-    include_usage: bool = Field(False, description="Send a last chunk with `usage` and empty `choices`.")
-
-
-class _SamplingFields(OpenAIBaseModel, StructuredOutputFields):
-    """Fields shared by chat and completions (structured outputs: StructuredOutputFields); ranges are checked
-    once, by SamplingParams."""
-
-    model: str | None = Field(None, description="The served model name (see GET /v1/models).")
-    max_tokens: int | None = Field(None, description="Most tokens to generate (>= 1).")
-    temperature: float | None = Field(None, description="Sampling temperature in [0, 2]; 0 is greedy. Default 1.")
-    top_p: float | None = Field(None, description="Nucleus sampling mass in (0, 1]. Default 1.")
-    top_k: int | None = Field(None, description="Keep the k most likely tokens; 0 disables.")
-    min_p: float | None = Field(None, description="Drop tokens below min_p times the top probability, [0, 1].")
-    seed: int | None = Field(None, description="Seed for reproducible sampling.")
-    stop: str | list[str] | None = Field(None, description="Stop string(s); never part of the output.")
-    stop_token_ids: list[int] | None = Field(None, description="Extra token ids that end generation.")
-    ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence (benchmarks).")
-    n: int = Field(1, description="Number of choices (>= 1, at most the server's --max-batch); the prompt runs once.")
-    presence_penalty: float | None = Field(None, description="[-2, 2]; penalizes tokens already present.")
-    frequency_penalty: float | None = Field(None, description="[-2, 2]; penalizes tokens by their count.")
-    repetition_penalty: float | None = Field(None, description="[0.01, 2]; 1 disables (multiplicative, as HF).")
-    logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) to bias in [-100, 100].")
-    stream: bool = Field(False, description="Stream chunks as server-sent events.")
-    stream_options: StreamOptions | None = None
-    user: str | None = None
-    best_of: int | None = Field(None, description="Not supported above 1 (no beam search).")
-    use_beam_search: bool = Field(False, description="Not supported (no beam search).")
-
-    @model_validator(mode="after")
-    def _check_supported(self) -> _SamplingFields:
-        if self.best_of is not None and self.best_of < 1:
-            raise InvalidRequestError(f"best_of must be >= 1, got {self.best_of}", param="best_of",
-                                      code="invalid_value")
-        if self.n < 1:
-            raise InvalidRequestError(f"n must be >= 1, got {self.n}", param="n", code="invalid_value")
-        if self.use_beam_search or (self.best_of is not None and self.best_of != 1):
-            raise _unsupported("best_of" if not self.use_beam_search else "use_beam_search", BEAM_SEARCH_MESSAGE)
-        if self.stream_options is not None and not self.stream:
-            raise _unsupported("stream_options", "stream_options is only allowed with stream=true",
-                               code="invalid_value")
-        return self
-
-    def _stop_strings(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        stops = [self.stop] if isinstance(self.stop, str) else self.stop
-        return tuple(s for s in stops if s)
-
-    def _logit_bias(self) -> tuple[tuple[int, float], ...]:
-        pairs = []
-        for key, bias in (self.logit_bias or {}).items():
-            try:
-                token_id = int(key)
-            except ValueError:
-                raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}",
-                                          param="logit_bias", code="invalid_value") from None
-            if token_id < 0:
-                raise InvalidRequestError(f"logit_bias keys must be >= 0, got {token_id}", param="logit_bias",
-                                          code="invalid_value")
-            pairs.append((token_id, float(bias)))
-        return tuple(pairs)
-
-    def _sampling(self, max_tokens: int, logprobs: bool, top_logprobs: int) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else float(self.temperature),
-            top_p=1.0 if self.top_p is None else float(self.top_p),
-            top_k=0 if self.top_k is None else self.top_k,
-            min_p=0.0 if self.min_p is None else float(self.min_p),
-            # NOTE(server): OpenAI seeds are any int64; numpy wants >= 0, so map them onto [0, 2**64).
-            seed=None if self.seed is None else self.seed % 2**64,
-            stop=self._stop_strings(),
-            stop_token_ids=tuple(self.stop_token_ids or ()),
-            ignore_eos=self.ignore_eos,
-            presence_penalty=0.0 if self.presence_penalty is None else float(self.presence_penalty),
-            frequency_penalty=0.0 if self.frequency_penalty is None else float(self.frequency_penalty),
-            repetition_penalty=1.0 if self.repetition_penalty is None else float(self.repetition_penalty),
-            logit_bias=self._logit_bias(),
-            logprobs=logprobs,
-            top_logprobs=top_logprobs,
-            structured=self.structured_output(),
-            n=self.n,
-        )
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
-
-
 def _arguments_text(arguments: str | dict[str, Any]) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-
-
-def _resolve_max_tokens(requested: int | None, param: str, default_max_tokens: int, max_model_len: int) -> int:
-    """Requested or default max_tokens, clamped to the context (the engine then ends with 'length')."""
-    if requested is None:
-        return max(1, min(default_max_tokens, max_model_len))
-    if requested < 1:
-        raise InvalidRequestError(f"{param} must be >= 1, got {requested}", param=param, code="invalid_value")
-    return min(requested, max_model_len)
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -94,7 +94,7 @@ def from_vllm_structured_outputs(value: dict[str, Any], param: str = "structured
 class StructuredOutputFields(BaseModel):
     """The structured-output fields that chat and completions requests share (mixed into both)."""
 
-    model_config = ConfigDict(extra="allow", strict=True)  # as server.openai.protocol.OpenAIBaseModel
+    model_config = ConfigDict(extra="allow", strict=True)  # as server.openai.base.OpenAIBaseModel
 
     response_format: dict[str, Any] | None = Field(
         None, description="{'type': 'text' | 'json_object' | 'json_schema', 'json_schema': {'name', 'schema', "

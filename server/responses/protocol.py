@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from server.openai.protocol import (ChatCompletionRequest, OpenAIBaseModel, chat_request_from, param_renamer,
+from server.openai.base import IdleTTLField, OpenAIBaseModel
+from server.openai.protocol import (ChatCompletionRequest, chat_request_from, param_renamer,
                                     renamed_errors)
 from server.responses.tools import FunctionTool, ToolNames, allowed_names, chat_tool_choice, function_tools
 from server.responses.tools import invalid as _invalid
@@ -247,7 +248,7 @@ class TextConfig(OpenAIBaseModel):
         return {"type": "json_schema", "json_schema": schema}
 
 
-class ResponsesRequest(OpenAIBaseModel):
+class ResponsesRequest(IdleTTLField):
     """POST /v1/responses."""
 
     model: str | None = Field(None, description="The served model name (see GET /v1/models).")

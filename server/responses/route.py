@@ -39,7 +39,7 @@ def _history(state: ServerState, previous_response_id: str | None) -> list[dict[
 
 @router.post("/v1/responses", response_model=None, summary="Create a model response")
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
-    state, engine = await engine_for(request, body.model)
+    state, engine = await engine_for(request, body.model, body.ttl)
     settings = state.settings
     tracker = start_tracking(request, state)
     history = _history(state, body.previous_response_id)

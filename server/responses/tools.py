@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from engine.types import InvalidRequestError
-from server.openai.protocol import OpenAIBaseModel
+from server.openai.base import OpenAIBaseModel
 
 logger = logging.getLogger("server.responses.protocol")
 

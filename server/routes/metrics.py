@@ -16,8 +16,7 @@ router = APIRouter(tags=["service"])
 async def metrics(request: Request) -> Response:
     state = get_state(request)
     m = state.metrics
-    stats = {}
-    embedding = 0
+    stats, embedding = {}, {}
     for entry in state.registry.entries:  # every loaded model: its engine's snapshot under its name
         m.model_loaded.labels(entry.name).set(1 if entry.status == "ready" else 0)
         if entry.load_time_s is not None:
@@ -25,6 +24,6 @@ async def metrics(request: Request) -> Response:
         if entry.engine is not None:
             stats[entry.name] = entry.engine.stats()
         if entry.embedder is not None:
-            embedding += entry.embedder.stats().num_requests
+            embedding[entry.name] = entry.embedder.stats().num_requests
     body = m.render(stats, prefix_caching=state.settings.prefix_caching, num_embedding_requests=embedding)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

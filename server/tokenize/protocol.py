@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from engine.types import InvalidRequestError
-from server.openai.protocol import ChatCompletionRequest, OpenAIBaseModel, chat_request_from
+from server.openai.base import OpenAIBaseModel
+from server.openai.protocol import ChatCompletionRequest, chat_request_from
 
 _CHAT_FIELDS = ("model", "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
                 "add_generation_prompt", "continue_final_message", "reasoning_effort")

@@ -1,5 +1,6 @@
-// The page's wiring: the model's name and context length, the settings panel (kept in localStorage), the
-// API-key dialog, the chat/status tabs and the keyboard.
+// The page's wiring: the model's name and context length (a picker of the chat models, loaded ones marked, where
+// the server serves several), the settings panel (kept in localStorage), the API-key dialog, the chat/status tabs
+// and the keyboard.
 
 import { apiKey, ApiError, getJson } from "./api.js";
 import { Chat } from "./chat.js";
@@ -49,18 +50,69 @@ function askForKey(message) {
   });
 }
 
-let modelName = "";
+const MODEL_STORAGE = "ortserve.model";
+const MODELS_POLL_MS = 3000; // how often the picker re-reads which models are loaded
 
-/** /v1/models: the served name and context length; asks for the key while the server refuses it. */
+let modelName = "";
+let shownModels = ""; // the picker's contents as last drawn (ids and loaded marks)
+let shownMaxModelLen;
+let lastModels = []; // /v1/models' data as last read
+
+/**
+ * Show /v1/models: the chat models (embedding models cannot chat) in the picker, loaded ones marked, the chosen one
+ * selected (the last one picked in this browser, else the server's default, its first); a one-model server shows
+ * its name alone. The context length is the chosen model's (unknown until it is loaded).
+ */
+function showModels(chat, data) {
+  lastModels = data;
+  let cards = data.filter((card) => card.kind !== "embedding");
+  if (!cards.length) cards = data.slice(0, 1);
+  if (!cards.some((card) => card.id === modelName)) {
+    const saved = localStorage.getItem(MODEL_STORAGE);
+    modelName = (cards.find((card) => card.id === saved) ?? cards[0]).id;
+  }
+  const picker = $("model-picker");
+  const drawn = JSON.stringify(cards.map((card) => [card.id, Boolean(card.loaded)]));
+  if (drawn !== shownModels) { // NOTE(ui): redrawn only on a change, so an open drop-down is not reset
+    picker.replaceChildren(...cards.map((card) => {
+      const option = document.createElement("option");
+      option.value = card.id;
+      option.textContent = card.loaded ? `${card.id} (loaded)` : card.id;
+      option.dataset.loaded = String(Boolean(card.loaded));
+      return option;
+    }));
+    shownModels = drawn;
+  }
+  picker.value = modelName;
+  picker.hidden = cards.length < 2;
+  $("model-name").hidden = !picker.hidden;
+  $("model-name").textContent = modelName;
+  const maxModelLen = cards.find((card) => card.id === modelName)?.max_model_len ?? null;
+  if (maxModelLen !== shownMaxModelLen) {
+    shownMaxModelLen = maxModelLen;
+    chat.setMaxModelLen(maxModelLen);
+  }
+}
+
+/** Re-read /v1/models every MODELS_POLL_MS (the loaded marks change as models load and idle out). */
+function pollModels(chat) {
+  setInterval(async () => {
+    try {
+      showModels(chat, (await getJson("/v1/models")).data);
+    } catch {
+      // the status view and the next request say what is wrong
+    }
+  }, MODELS_POLL_MS);
+}
+
+/** /v1/models: the served names and context length; asks for the key while the server refuses it. */
 async function loadModel(chat) {
   for (;;) {
     try {
       const models = await getJson("/v1/models");
-      const card = models.data[0];
-      modelName = card.id;
-      $("model-name").textContent = card.id;
-      chat.setMaxModelLen(card.max_model_len ?? null);
+      showModels(chat, models.data);
       $("forget-key").hidden = !apiKey.get();
+      pollModels(chat);
       return;
     } catch (err) {
       if (err instanceof ApiError && err.status === 401) {
@@ -110,6 +162,11 @@ function main() {
     }
   });
   $("stop").addEventListener("click", () => chat.stop());
+  $("model-picker").addEventListener("change", (event) => {
+    modelName = event.target.value;
+    localStorage.setItem(MODEL_STORAGE, modelName);
+    showModels(chat, lastModels);
+  });
   $("new-chat").addEventListener("click", () => chat.newChat());
   $("tab-chat").addEventListener("click", () => showView("chat", status));
   $("tab-status").addEventListener("click", () => showView("status", status));

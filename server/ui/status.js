@@ -38,7 +38,10 @@ function first(values, names) {
 
 /** One reading: running, waiting, KV use in % (null when unknown), generated tokens so far. */
 export function reading(values) {
-  let kv = first(values, KV_FRACTION);
+  // NOTE(ui): every series carries model_name (one per loaded model of a hub); parseMetrics sums them, so the KV
+  // fraction is the summed tokens over the summed capacity, not a sum of per-model fractions.
+  let kv = values.ortserve_kv_cache_capacity_tokens > 0
+    ? values.ortserve_kv_cache_used_tokens / values.ortserve_kv_cache_capacity_tokens : first(values, KV_FRACTION);
   let kvLabel = "KV cache (tokens)";
   if (kv === null && "ortserve_kv_slots_free" in values && values.ortserve_kv_slots_total > 0) {
     kv = 1 - values.ortserve_kv_slots_free / values.ortserve_kv_slots_total;

@@ -51,6 +51,9 @@ def test_the_bench_gguf_has_the_vocabulary_and_every_llama_tensor(tmp_path: Path
     up = tensors["blk.1.ffn_up.weight"]
     assert up.tensor_type == gguf.GGMLQuantizationType.Q4_0 and list(up.shape) == [64, 128]
     assert tensors["output_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    untied = write_bench_gguf(tmp_path / "vocab.gguf", tmp_path / "untied.gguf", shape, untied=True)
+    head = next(t for t in gguf.GGUFReader(str(untied)).tensors if t.name == "output.weight")
+    assert head.tensor_type == gguf.GGMLQuantizationType.Q4_0 and list(head.shape) == [64, 96]
     with pytest.raises(ValueError, match="holds 96 tokens"):
         write_bench_gguf(tmp_path / "vocab.gguf", tmp_path / "bad.gguf", dict(shape, vocab_size=128))
 
@@ -59,3 +62,13 @@ def test_the_plot_reads_each_reports_first_run():
     report = {"ours-c1": {"runs": [{"summary": {"output_tokens_per_s": 700.0, "ttft": {"p50_ms": 9.0, "p99_ms": 12}}}]},
               "peer-c1": {"runs": []}}
     assert figure(report) == {"ours-c1": {"tok_s": 700.0, "ttft_p50_ms": 9.0, "ttft_p99_ms": 12}}
+    grouped = {"peer_and_arrivals": {"ours-c1": {"tok_s": 700.0}}, "spec_centred_codes": {"spec-gguf-default-greedy": {}}}
+    assert set(figure(grouped)) == {"ours-c1", "centred-spec-gguf-default-greedy"}
+
+
+def test_offset_codes_have_the_mean_that_makes_a_random_model_repeat():
+    rng = np.random.default_rng(1)
+    centred = gguf.quants.dequantize(q4_0_blocks(rng, 64, 512, std=0.02), gguf.GGMLQuantizationType.Q4_0)
+    offset = gguf.quants.dequantize(q4_0_blocks(rng, 64, 512, std=0.02, offset=True), gguf.GGMLQuantizationType.Q4_0)
+    assert abs(centred.mean()) < 6e-4 and offset.mean() < -1.5e-3  # -d/2 with d = 0.02 / 4.61
+    assert offset.std() == pytest.approx(0.02, rel=0.05)

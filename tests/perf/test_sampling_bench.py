@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import engine.sampler
-import engine.sampling
+import engine.sampling_fast
 from perf import sampler as bench
 
 
@@ -16,8 +16,8 @@ def test_another_checkout_loads_beside_this_one():
     root = Path(__file__).resolve().parents[2]
     other = bench.load_sampler(root)
     assert other is not engine.sampler and other.RequestSampler is not engine.sampler.RequestSampler
-    assert other.draw_tokens is not engine.sampler.draw_tokens  # its own engine.sampling
-    assert sys.modules["engine.sampling"] is engine.sampling and sys.modules["engine.sampler"] is engine.sampler
+    assert other.draw_tokens is not engine.sampler.draw_tokens  # its own engine.sampling_fast
+    assert sys.modules["engine.sampling_fast"] is engine.sampling_fast and sys.modules["engine.sampler"] is engine.sampler
 
 
 def test_a_revision_loads_without_a_checkout(tmp_path):

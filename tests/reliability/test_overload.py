@@ -54,11 +54,11 @@ def overload_round(url: str) -> list[tuple[int, str, dict[str, str], int]]:
 
 
 def rejected_total(base: str) -> float:
-    for family in text_string_to_metric_families(httpx.get(f"{base}/metrics", timeout=10).text):
-        for s in family.samples:
-            if s.name == "ortserve_requests_total" and s.labels.get("status") == "rejected":
-                return s.value
-    raise AssertionError("no ortserve_requests_total{status=rejected}")
+    """sum without (model_name) (ortserve_requests_total{status="rejected"})."""
+    values = [s.value for family in text_string_to_metric_families(httpx.get(f"{base}/metrics", timeout=10).text)
+              for s in family.samples if s.name == "ortserve_requests_total" and s.labels.get("status") == "rejected"]
+    assert values, "no ortserve_requests_total{status=rejected}"
+    return sum(values)
 
 
 def test_overload_rejects_the_excess_with_429_and_serves_the_rest(

@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.types import SamplingParams
 from server.app import create_app
 from tests.conftest import DecodeGate
-from tests.integration.server.conftest import serve_app
+from tests.integration.server.conftest import metrics_samples, serve_app
 from tests.reliability.conftest import fault_loader, rel_settings
 
 LONG = SamplingParams(max_tokens=150, temperature=0.0, ignore_eos=True)
@@ -54,11 +54,11 @@ def test_the_queue_time_metric_counts_the_wait_not_the_run(tiny_model: Path) -> 
                 # at least: the wait the metric must show is the test's doing, not the machine's speed.
                 gate.shut()
                 first = asyncio.ensure_future(http.post("/v1/chat/completions", json=body))
-                while "ortserve_requests_running 1.0" not in (await http.get("/metrics")).text:
+                while metrics_samples((await http.get("/metrics")).text)["ortserve_requests_running"] != 1:
                     await asyncio.sleep(0.001)  # until the first one holds the only slot
                 t_sent = time.perf_counter()
                 second = asyncio.ensure_future(http.post("/v1/chat/completions", json=body))
-                while "ortserve_requests_waiting 1.0" not in (await http.get("/metrics")).text:
+                while metrics_samples((await http.get("/metrics")).text)["ortserve_requests_waiting"] != 1:
                     await asyncio.sleep(0.001)  # until the second one waits for it
                 await asyncio.sleep(0.3)
                 gate.open()

@@ -90,6 +90,39 @@ def test_no_import_cycle_among_the_project_modules() -> None:
         " <-> ".join(component) for component in found)
 
 
+# The layers, lowest first: a module imports only from its own layer or lower ones (STYLE.md "Keep the arrows pointing
+# down": server -> engine -> ep; bench is a client of the server, and its engine-direct mode uses the engine).
+LAYERS = {"ep": 0, "engine": 1, "server": 2, "bench": 3}
+# NOTE(test): the `ortserve` command's entry point dispatches its `bench` subcommand: the top of every layer.
+ENTRY_POINTS = {"server.__main__"}
+
+
+def upward_arrows(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs where a module imports from a higher layer (entry points aside)."""
+    return sorted((a, b) for a, targets in graph.items() if a not in ENTRY_POINTS for b in targets
+                  if LAYERS[b.split(".")[0]] > LAYERS[a.split(".")[0]])
+
+
+def test_no_upward_arrow_among_the_project_modules() -> None:
+    found = upward_arrows(import_graph(module_files(ROOT, PACKAGES)))
+    assert not found, "imports that point up a layer:\n" + "\n".join(f"{a} -> {b}" for a, b in found)
+
+
+def test_the_product_imports_nothing_from_the_lab() -> None:
+    """perf/ (investigations, outside the installed packages) is never imported by the product."""
+    modules = module_files(ROOT, (*PACKAGES, "perf"))
+    graph = import_graph(modules)
+    found = sorted((a, b) for a, targets in graph.items() if not a.startswith("perf") for b in targets
+                   if b.split(".")[0] == "perf")
+    assert not found, f"product modules importing perf/: {found}"
+
+
+def test_an_upward_arrow_is_seen() -> None:
+    graph = {"ep.x": {"engine.y"}, "engine.y": {"ep.x"}, "server.__main__": {"bench.cli"}, "bench.cli": set(),
+             "server.z": {"engine.y", "bench.cli"}}
+    assert upward_arrows(graph) == [("ep.x", "engine.y"), ("server.z", "bench.cli")]
+
+
 @pytest.mark.parametrize("a_imports", [
     "from pkg import b",  # absolute
     "from . import b",  # relative

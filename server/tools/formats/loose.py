@@ -93,6 +93,8 @@ def _decide(text: str, start: int, final: bool, names: Collection[str]) -> _Deci
 
 def _bare(text: str, start: int, final: bool, names: Collection[str]) -> _Decision:
     """A JSON object or array of calls at ``text[start]``."""
+    if text[start] == "{" and (inner := skip_ws(text, start + 1)) < len(text) and text[inner] == "{":
+        return _wrapped(text, start, inner, final, names)
     if text[start] == "{":
         call, end, state = _object_call(text, start, final, names)
         if state == "call":
@@ -115,6 +117,21 @@ def _bare(text: str, start: int, final: bool, names: Collection[str]) -> _Decisi
     if not calls:
         return _Decision(end=array_end)
     return _Decision(tuple(calls), array_end)
+
+
+def _wrapped(text: str, start: int, inner: int, final: bool, names: Collection[str]) -> _Decision:
+    """A call inside one more pair of braces, ``{{"name": ..., "arguments": {...}}}``: models whose template shows
+    its example call with doubled braces (Qwen2.5's Hermes template) write it so, often without the last brace.
+    The wrapper is no content: the call ends after the wrapper's ``}`` when one follows, else after the call."""
+    decision = _bare(text, inner, final, names)
+    if decision.undecided or not decision.calls or decision.end is None:
+        return decision if decision.undecided or decision.calls else _Decision(end=start + 1)
+    after = skip_ws(text, decision.end)
+    if after < len(text) and text[after] == "}":
+        return _Decision(decision.calls, after + 1)
+    if after >= len(text) and not final:
+        return _Decision(decision.calls, None)  # the wrapper's closing brace may be coming: hold it back
+    return decision
 
 
 def _object_call(text: str, start: int, final: bool, names: Collection[str]) -> tuple[ParsedCall | None, int | None,

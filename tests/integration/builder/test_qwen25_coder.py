@@ -9,7 +9,6 @@ against llama.cpp itself are in test_llamacpp_parity.py, where its dev-only buil
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -119,7 +118,3 @@ def test_a_chat_answer_ends_with_stop(client: openai.OpenAI):
         {"role": "user", "content": "Answer with one word: what is the capital of France?"}])
     assert done.choices[0].finish_reason == "stop" and "Paris" in done.choices[0].message.content
 
-
-@pytest.mark.skipif(os.environ.get("ORTSERVE_QWEN_TIMING") != "1", reason="a measurement, not a check")
-def test_print_load_figures(qwen_server):  # pragma: no cover - a measurement
-    print(qwen_server.stderr()[-3000:])

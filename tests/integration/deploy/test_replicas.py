@@ -54,7 +54,8 @@ def _ttft_count(base_url: str) -> float:
 
 
 def _gauge(base_url: str, name: str) -> float:
-    return _families(base_url)[name].samples[0].value
+    """The replica's total: sum without (model_name)."""
+    return sum(s.value for s in _families(base_url)[name].samples)
 
 
 def _model_id(base_url: str) -> str:
@@ -130,9 +131,11 @@ def test_metrics_serve_what_the_hpa_and_adapter_use(
         assert families[series].type == "gauge", replica.name
         assert families[pods_metric].type == "gauge", replica.name
         # Idle replica: nothing queued, nothing running, every KV slot free.
-        assert families["ortserve_requests_waiting"].samples[0].value == 0
-        assert families["ortserve_requests_running"].samples[0].value == 0
-        assert families["ortserve_kv_slots_free"].samples[0].value >= 1
+        total = {name: sum(s.value for s in families[name].samples)  # sum without (model_name)
+                 for name in ("ortserve_requests_waiting", "ortserve_requests_running", "ortserve_kv_slots_free")}
+        assert total["ortserve_requests_waiting"] == 0
+        assert total["ortserve_requests_running"] == 0
+        assert total["ortserve_kv_slots_free"] >= 1
         assert families[TTFT].type == "histogram"
 
 

@@ -27,10 +27,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from deploy_tools import DEPLOY, ROOT
 from replica_tools import free_port, free_port_run
+from tests.integration.server.conftest import metrics_samples
 
 SCRIPT = DEPLOY / "router" / "ortserve-router.sh"
 LITELLM_CONFIG = DEPLOY / "router" / "litellm.yaml"
@@ -91,12 +91,7 @@ def _wait_workers_healthy(router: str, n: int, logs, timeout_s: float = 60.0) ->
 
 
 def _metrics(base: str) -> dict[str, float]:
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{base}/metrics", timeout=10).text):
-        for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return samples
+    return metrics_samples(httpx.get(f"{base}/metrics", timeout=10).text)  # ortserve_*: sum without (model_name)
 
 
 def _requests_done(base: str) -> float:

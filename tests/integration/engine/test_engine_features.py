@@ -35,6 +35,9 @@ def make_engine(model: Path, **kw) -> AsyncEngine:
 def engines(tiny_model: Path):
     """warm: prefix caching and speculation on (the defaults); cold: both off."""
     warm = make_engine(tiny_model)
+    # NOTE(tests): drafts are priced by measured time; the tests that count drafts must not depend on how loaded the
+    # machine is, so the warm engine keeps the prior law (the core thread reads the flag before its first step).
+    warm._core.scheduler.check_cost.freeze()
     cold = make_engine(tiny_model, prefix_caching=False, speculative_tokens=0)
     yield warm, cold
     warm.shutdown()

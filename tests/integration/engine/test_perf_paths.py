@@ -1,5 +1,6 @@
 """The CPU fast paths change no result: prefill logits of the last position only (the graph's optional
-logits_to_keep input) and decode masks cut to the longest row (GQA's total_sequence_length)."""
+logits_to_keep input) and masks cut to the positions in use (GQA's total_sequence_length), so that a step's cost
+follows the tokens in use, not max_model_len."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from engine.config import EngineConfig
 from engine.kv_cache import HostKVAllocator, KVCache, KVShape
 from engine.model_loader import check_graph, create_session, read_model_folder
-from engine.runner import LOGITS_TO_KEEP, Runner
+from engine.row_chunks import LOGITS_TO_KEEP
+from engine.runner import Runner
 
 LENGTH = 128
 
@@ -22,11 +24,11 @@ def model(tiny_model):
     return folder, session, check_graph(folder, session)
 
 
-def make_runner(model, slots=4):
+def make_runner(model, slots=4, length=LENGTH):
     folder, session, io = model
-    kv = KVCache(KVShape(folder.num_layers, slots, folder.num_kv_heads, LENGTH, folder.head_size, io.kv_dtype),
+    kv = KVCache(KVShape(folder.num_layers, slots, folder.num_kv_heads, length, folder.head_size, io.kv_dtype),
                  HostKVAllocator())
-    return Runner(session, io, kv, prefill_chunk=32, max_position=LENGTH)
+    return Runner(session, io, kv, prefill_chunk=32, max_position=length)
 
 
 def _plain_run(session, ids, keep=None):
@@ -100,3 +102,47 @@ def test_narrow_mask_binding_has_the_rows_ones_and_the_longest_rows_width(model)
     assert mask.sum(axis=1).tolist() == [4, 9, 2]
     assert mask[0].tolist() == [1, 1, 1, 1, 0, 0, 0, 0, 0]
     assert isinstance(binding, ort.IOBinding)
+
+
+def _mask_bytes_per_run(runner, prompt):
+    """mask_bytes after each kind of run: a first chunk, a chunk after a past, a one-row decode, a two-row decode
+    and a draft check, on one runner."""
+    seen = []
+    logits = runner.prefill(0, prompt[:20], 0)
+    seen.append(runner.mask_bytes)
+    logits = runner.prefill(0, prompt[20:], 20)
+    seen.append(runner.mask_bytes)
+    token, pos = int(np.argmax(logits)), len(prompt)
+    token = int(np.argmax(runner.decode([0], [token], [pos])[0]))
+    seen.append(runner.mask_bytes)
+    runner.prefill(1, prompt[:5], 0)
+    runner.decode([0, 1], [token, 7], [pos + 1, 5])
+    seen.append(runner.mask_bytes)
+    runner.verify(0, [token, 8, 9], pos + 2)
+    seen.append(runner.mask_bytes)
+    return seen
+
+
+def test_every_run_reads_a_mask_as_wide_as_the_tokens_in_use_whatever_max_model_len(model):
+    # counted, not timed: a run's mask (and GQA's total_sequence_length) must not grow with the KV buffers' length
+    prompt = np.random.default_rng(4).integers(3, 500, 30).tolist()
+    short, long = make_runner(model, length=LENGTH), make_runner(model, length=16 * LENGTH)
+    assert short._narrow_mask and long._narrow_mask
+    assert _mask_bytes_per_run(long, prompt) == _mask_bytes_per_run(short, prompt) == [
+        8 * 20, 8 * 30, 8 * 31, 8 * 2 * 32, 8 * 35]
+
+
+def test_narrow_chunk_and_draft_check_masks_give_the_same_tokens_as_full_width_ones(model):
+    # prefill chunks (the first and one after a past) and a draft check of 4 tokens: narrow vs full-width mask
+    prompt = np.random.default_rng(5).integers(3, 500, 45).tolist()
+    results = []
+    for narrow in (True, False):
+        runner = make_runner(model)
+        runner._narrow_mask = narrow
+        first = runner.prefill(0, prompt[:32], 0).copy()
+        last = runner.prefill(0, prompt[32:], 32).copy()
+        check = runner.verify(0, [int(np.argmax(last)), 11, 12, 13], len(prompt)).copy()
+        results.append((first, last, check))
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        assert np.argmax(a, axis=-1).tolist() == np.argmax(b, axis=-1).tolist()

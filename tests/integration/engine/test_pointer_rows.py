@@ -22,7 +22,8 @@ from engine.config import EngineConfig
 from engine.device_kv import AddressRowCopier, address_copy_graph_bytes
 from engine.kv_cache import POINTER, HostKVAllocator, KVCache, KVShape
 from engine.model_loader import check_graph, create_session, read_model_folder
-from engine.runner import Runner, chunk_pieces, chunk_shapes
+from engine.row_chunks import chunk_pieces, chunk_shapes
+from engine.runner import Runner
 from engine.types import SamplingParams
 
 from tests.integration.engine.test_device_kv import GREEDY, _collect, _prompts, _tokens

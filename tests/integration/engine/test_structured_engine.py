@@ -17,7 +17,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.core import StepInfo
+from engine.types import StepInfo
 from engine.types import FinishReason, InvalidRequestError, SamplingParams, StructuredOutput
 
 SCHEMAS = [

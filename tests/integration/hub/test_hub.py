@@ -89,7 +89,9 @@ def test_first_request_loads_each_model(hub: ServeProcess, record_property) -> N
         record_property(f"load_s_{model}", round(load_s, 2))
     loaded = _health(hub.base)
     assert set(loaded) == {SMOL, GEMMA, MINILM}
-    assert loaded[SMOL]["pid"] != loaded[GEMMA]["pid"]  # each chat model in its own engine process
+    # each model in its own engine process, the embedding model's too
+    pids = {loaded[m]["pid"] for m in (SMOL, GEMMA, MINILM)}
+    assert len(pids) == 3 and None not in pids and hub.proc.pid not in pids
     assert all(m["loaded"] for m in httpx.get(f"{hub.base}/v1/models", timeout=10).json()["data"])
     # an unknown model: 404 model_not_found; an embedding model asked to chat: 400
     r = _chat(hub.base, "no-such-model")
@@ -130,7 +132,8 @@ def test_ollama_client(hub: ServeProcess) -> None:
     ollama = pytest.importorskip("ollama")
     client = ollama.Client(host=hub.base)
     names = {m.model for m in client.list().models}
-    assert {SMOL, GEMMA, MINILM} <= names
+    assert {f"{SMOL}:latest", f"{GEMMA}:latest", f"{MINILM}:latest"} <= names  # Ollama's names carry a tag
+    assert client.chat(model=f"{SMOL}:latest", messages=HI, options={"num_predict": 2}).done  # and route
     assert client.ps().models  # loaded ones
     reply = client.chat(model=SMOL, messages=HI, options={"temperature": 0, "num_predict": 12, "seed": 1})
     assert reply.message.role == "assistant" and reply.message.content and reply.done
@@ -156,6 +159,33 @@ def test_ollama_client(hub: ServeProcess) -> None:
     assert client.show(SMOL).modelinfo is not None
     with pytest.raises(ollama.ResponseError):
         client.chat(model="no-such-model", messages=HI)
+
+
+def test_ttl_sets_the_idle_unload_and_metrics_are_per_model(hub: ServeProcess) -> None:
+    """LM Studio's per-request ttl on the OpenAI routes; every series under its model's model_name."""
+    from tests.integration.server.conftest import metrics_samples
+
+    def requests_done(model: str) -> float:
+        m = metrics_samples(httpx.get(f"{hub.base}/metrics", timeout=10).text, model)
+        return sum(v for k, v in m.items() if k.startswith("ortserve_requests_total{"))
+
+    def ttl_s(model: str) -> float | None:
+        return {m["id"]: m for m in httpx.get(f"{hub.base}/models", timeout=10).json()["data"]}[model]["ttl_s"]
+
+    before = {m: requests_done(m) for m in (SMOL, GEMMA)}
+    assert _chat(hub.base, GEMMA, 2, ttl=900).status_code == 200
+    assert ttl_s(GEMMA) == 900
+    r = httpx.post(f"{hub.base}/v1/embeddings", json={"model": MINILM, "input": "x", "ttl": 700}, timeout=300)
+    assert r.status_code == 200 and ttl_s(MINILM) == 700
+    r = httpx.post(f"{hub.base}/v1/completions", json={"model": GEMMA, "prompt": "Hi", "max_tokens": 2, "ttl": 800},
+                   timeout=300)
+    assert r.status_code == 200 and ttl_s(GEMMA) == 800
+    bad = _chat(hub.base, GEMMA, 2, ttl=-5)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "ttl"
+    assert requests_done(GEMMA) == before[GEMMA] + 2  # the chat and the completion
+    assert requests_done(SMOL) == before[SMOL] + 1  # refused before it was routed: counted under the default
+    text = httpx.get(f"{hub.base}/metrics", timeout=10).text
+    assert f'ortserve_embedding_requests_total{{model_name="{MINILM}",status="ok"}}' in text
 
 
 def test_killed_engine_process_leaves_others_and_reloads(hub: ServeProcess) -> None:

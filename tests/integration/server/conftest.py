@@ -32,6 +32,27 @@ from server.app import create_app, engine_config_from
 from server.settings import Settings
 
 
+def metrics_samples(text: str, model: str | None = None) -> dict[str, float]:
+    """Every sample of a /metrics text as {'name{label="v"}': value} (labels sorted).
+
+    The ortserve_* series carry vLLM's model_name label; here they are summed over it (PromQL's
+    ``sum without (model_name)``: the server's total, a one-model server's one series), or with ``model`` only
+    that model's are kept, its label dropped. The vllm:* series keep their labels.
+    """
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = dict(s.labels)
+            if s.name.startswith("ortserve_"):
+                assert "model_name" in labels, f"{s.name} has no model_name label"
+                if labels.pop("model_name") != model and model is not None:
+                    continue
+            key = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+            key = f"{s.name}{{{key}}}" if key else s.name
+            samples[key] = samples.get(key, 0.0) + s.value if s.name.startswith("ortserve_") else s.value
+    return samples
+
+
 @dataclass
 class RunningServer:
     base: str  # http://127.0.0.1:PORT
@@ -61,15 +82,9 @@ class RunningServer:
         kwargs.setdefault("timeout", 60)
         return openai.AsyncOpenAI(base_url=self.url, **kwargs)
 
-    def metrics(self) -> dict[str, float]:
-        """Every sample of /metrics as {'name{label="v"}': value} (labels sorted)."""
-        text = httpx.get(f"{self.base}/metrics", timeout=10).text
-        samples: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-                samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return samples
+    def metrics(self, model: str | None = None) -> dict[str, float]:
+        """``metrics_samples`` of this server's /metrics (``model``: that model's ortserve_* series alone)."""
+        return metrics_samples(httpx.get(f"{self.base}/metrics", timeout=10).text, model)
 
     def wait_idle(self, timeout_s: float = 1.0) -> dict[str, float]:
         """Poll /metrics until nothing runs or waits; returns the last sample (asserted by callers)."""

@@ -117,28 +117,50 @@ def test_parallel_calls(client: openai.OpenAI) -> None:
 
 
 def test_a_tool_result_is_answered(client: openai.OpenAI) -> None:
+    """The model's call and its result sent back, then the answer: the second request as OpenAI's own function-
+    calling example sends it, with the conversation and without ``tools``.
+
+    NOTE(tools): with the tools offered again, this model calls get_weather a second time instead of answering,
+    and so does llama.cpp on the same file: ortserve's prompt for this conversation equals the GGUF template's
+    (jinja2, arguments as an object, as llama.cpp's server renders them) text for text and id for id, and
+    llama.cpp's greedy answer is ``{{"name": "get_weather", "arguments": {"location": "Paris, France"}}``
+    (about two thirds of the first token's probability on the openings of a call, across the system prompts,
+    questions and result shapes tried). Without tools both answer from the result. A wrong rendering of the call
+    or of the result (arguments as a JSON string, a tool turn the template does not know) still fails here.
+    """
     messages = [{"role": "user", "content": "What's the weather in Paris?"},
                 {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
                     "name": "get_weather", "arguments": json.dumps({"location": "Paris, France"})}}]},
                 {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"temperature_c": 21, "sky": "sunny"})}]
-    content, calls, reason = _chat(client, False, messages=messages)
-    assert reason == "stop" and not calls, (reason, calls)
-    assert "21" in content and "sunny" in content.lower()
+    done = client.chat.completions.create(model="qwen", temperature=0, max_tokens=160, messages=messages)
+    message, reason = done.choices[0].message, done.choices[0].finish_reason
+    assert reason == "stop" and not message.tool_calls, (reason, message)
+    assert "21" in message.content and "sunny" in message.content.lower(), message.content
 
 
 def test_json_schema_answer_keys_are_unique(client: openai.OpenAI) -> None:
+    """An open object (extra keys allowed) that the model ends itself: valid JSON, no key twice.
+
+    NOTE(tools): asked for "any other facts you like", this model writes one long prose value (or, given more
+    tokens, keys that restate earlier ones: "climate", then "climate_type"...) until max_tokens; a cut answer is
+    finish_reason length and never valid JSON, so the request names its fields and bounds the extras.
+    """
     schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
               "required": ["city", "population"], "additionalProperties": True}
     done = client.chat.completions.create(
-        model="qwen", temperature=0, max_tokens=120,
-        messages=[{"role": "user", "content": "Give the capital of Italy and its population as JSON, with any "
-                                              "other facts you like."}],
+        model="qwen", temperature=0, max_tokens=200,
+        messages=[{"role": "user", "content": 'Answer in JSON: "city" is the capital of Italy, "population" its '
+                                              'population as an integer, and add two or three other short facts '
+                                              'as extra keys.'}],
         response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
-    text = done.choices[0].message.content
+    text, reason = done.choices[0].message.content, done.choices[0].finish_reason
+    assert reason == "stop", (reason, text)  # "length": cut by max_tokens, not JSON yet
 
     def no_repeats(pairs):
         keys = [k for k, _ in pairs]
         assert len(keys) == len(set(keys)), keys
         return dict(pairs)
 
-    jsonschema.validate(json.loads(text, object_pairs_hook=no_repeats), schema)
+    answer = json.loads(text, object_pairs_hook=no_repeats)
+    jsonschema.validate(answer, schema)
+    assert set(answer) - {"city", "population"}, answer  # the open object was used

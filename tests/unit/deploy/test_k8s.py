@@ -197,6 +197,9 @@ def test_adapter_rule_serves_the_hpa_metric(rendered: dict[str, list[dict[str, A
         assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
         assert rule["resources"]["overrides"]["namespace"] == {"resource": "namespace"}
         assert "<<.Series>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
+        # every ortserve_* series carries model_name: the rule sums it away, one value per pod (the HPA's)
+        query = rule["metricsQuery"].replace(" ", "")
+        assert query.startswith("sum(") and query.endswith("by(<<.GroupBy>>)"), rule["metricsQuery"]
     assert rules[0] == rules[1], "adapter-config.yaml and values.yaml disagree"
 
 

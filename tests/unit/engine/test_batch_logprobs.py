@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import sampler
+from engine import sampler, sampling_law
 from engine.sampler import RequestSampler, batch_logprobs, sample_batch
 from engine.types import SamplingParams
 
@@ -40,7 +40,7 @@ def test_greedy_batch_with_logprobs_matches_each_rows_sampler_masks_included():
     def fresh():
         return [RequestSampler(p, [], 300) for p in params]
 
-    per_row = [s.sample(sampler.apply_token_bitmask(logits[i], bitmask[i]) if i == 2 else logits[i])
+    per_row = [s.sample(sampling_law.apply_token_bitmask(logits[i], bitmask[i]) if i == 2 else logits[i])
                for i, s in enumerate(fresh())]
     got = sample_batch(logits, fresh(), bitmask, [2])
     assert [r.token_id for r in got] == [r.token_id for r in per_row]

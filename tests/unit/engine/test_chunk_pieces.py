@@ -1,10 +1,10 @@
-"""Fixed chunk shapes (engine.runner.chunk_pieces): every chunk length is a sum of warmed run lengths."""
+"""Fixed chunk shapes (engine.row_chunks.chunk_pieces): every chunk length is a sum of warmed run lengths."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.runner import chunk_pieces, chunk_shapes
+from engine.row_chunks import chunk_pieces, chunk_shapes
 
 
 def test_shapes_up_to_256_are_the_base_16_digits() -> None:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import multiprocessing
 import threading
 
-from engine.core import CoreOutput
-from engine.core_wire import FrameReader, decode_exception, decode_outputs, dumps, encode_exception, encode_outputs, loads
+from engine.types import CoreOutput
+from engine.core_wire import (
+    AbortRequests, AddRequest, FrameReader, StepOutputs, decode_exception, decode_outputs, dumps, encode_exception,
+    encode_outputs, loads,
+)
 from engine.types import (
-    EngineError, EngineOverloadedError, FinishReason, InvalidRequestError, PromptTooLongError, TokenLogprob,
+    EngineError, EngineOverloadedError, FinishReason, InvalidRequestError, PromptTooLongError, SamplingParams,
+    TokenLogprob,
 )
 
 
@@ -20,7 +24,7 @@ def test_outputs_cross_as_they_were() -> None:
         CoreOutput("c", (), FinishReason.ERROR, error="boom", seq=3,
                    exception=EngineOverloadedError("full", retry_after_s=2.0)),
     ]
-    back = decode_outputs(loads(dumps(("out", encode_outputs(outputs))))[1])
+    back = decode_outputs(loads(dumps(StepOutputs(encode_outputs(outputs), None, None))).rows)
     assert [type(o) for o in back] == [CoreOutput] * 3
     assert back[:2] == outputs[:2] and back[1].finish_reason is FinishReason.STOP
     assert back[1].logprobs[0] == TokenLogprob(6, -0.1, ((9, -2.0),))
@@ -54,3 +58,21 @@ def test_the_frame_reader_splits_what_one_read_brings() -> None:
         pass
     writer.join()
     assert got == messages
+
+
+def test_messages_are_named_records_that_survive_the_pipe() -> None:
+    add = AddRequest("r1", [1, 2, 3], SamplingParams(max_tokens=4, n=3), seq=7, arrival_s=12.5)
+    back = loads(dumps(add))
+    assert type(back) is AddRequest and back == add and back.params.n == 3
+    abort = loads(dumps(AbortRequests(["r1"], 2)))
+    assert type(abort) is AbortRequests and abort.request_ids == ["r1"] and abort.index == 2
+
+
+def test_a_request_is_built_with_its_choices_and_their_grammars() -> None:
+    add = AddRequest("r1", [1, 2, 3], SamplingParams(max_tokens=4, n=3), seq=7, arrival_s=12.5)
+    request = add.to_request(frozenset({0}), 64, ["g0", "g1", "g2"])
+    choices = (request, *request.forks)
+    assert [c.index for c in choices] == [0, 1, 2] and [c.constraint for c in choices] == ["g0", "g1", "g2"]
+    assert all(c.seq == 7 and c.arrival_s == 12.5 and c.request_id == "r1" for c in choices)
+    plain = AddRequest("r2", [5], SamplingParams(), seq=8, arrival_s=1.0).to_request(frozenset({0}), 64)
+    assert plain.constraint is None and not plain.forks and plain.max_model_len == 64

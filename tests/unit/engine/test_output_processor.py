@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.core import CoreOutput
+from engine.types import CoreOutput
 from engine.detokenizer import IncrementalDetokenizer
 from engine.output_processor import OutputProcessor, RequestState, merge_outputs
 from engine.types import FinishReason, SamplingParams

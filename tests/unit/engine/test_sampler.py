@@ -8,9 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from engine.sampler import (
-    RequestSampler, apply_logit_bias, apply_min_p, apply_penalties, apply_temperature, apply_top_k,
-    apply_top_p, log_softmax, sample_batch, sample_from, top_logprobs,
+from engine.sampler import RequestSampler, sample_batch, sample_from
+from engine.sampling_law import (
+    apply_logit_bias, apply_min_p, apply_penalties, apply_temperature, apply_top_k, apply_top_p, log_softmax,
+    top_logprobs,
 )
 from engine.types import SamplingParams
 

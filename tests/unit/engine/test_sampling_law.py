@@ -1,4 +1,4 @@
-"""The vectorized sampled path (engine.sampling.draw_tokens via sample_batch) against the reference law
+"""The vectorized sampled path (engine.sampling_fast.draw_tokens via sample_batch) against the reference law
 (RequestSampler.process, then softmax): the same token for the same uniform draw, and the law itself checked
 by Pearson's chi-square at batch 8, every row with its own params."""
 
@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import sampling
-from engine.sampler import RequestSampler, _edits, _sample_rows, apply_token_bitmask, sample_batch
-from engine.sampling import draw_tokens
+from engine import sampling_fast
+from engine.sampler import RequestSampler, _edits, _sample_rows, sample_batch
+from engine.sampling_fast import draw_tokens
+from engine.sampling_law import apply_token_bitmask
 from engine.types import SamplingParams
 from tests.chi_square import chi_square_p_value, upper_gamma_regularized
 
@@ -254,7 +255,7 @@ def test_later_floors_hold_the_result(monkeypatch):
     top-p so close to 1 that no floor is proven (every token with weight), a top-k beyond vocab // 64 (18
     nats, then every token). Those floors really run, row by row, and every draw is the reference's."""
     floors_used: list[list[float]] = [[] for _ in range(5)]
-    above = sampling._above
+    above = sampling_fast._above
 
     def spy(w, sums, floor):
         for i, f in enumerate(floor.tolist()):
@@ -262,7 +263,7 @@ def test_later_floors_hold_the_result(monkeypatch):
                 floors_used[i].append(round(float(np.log(f)), 3))
         return above(w, sums, floor)
 
-    monkeypatch.setattr(sampling, "_above", spy)
+    monkeypatch.setattr(sampling_fast, "_above", spy)
     rng = np.random.default_rng(13)
     vocab = 4096
     logits = rng.normal(size=(5, vocab)).astype(np.float32) * 0.01

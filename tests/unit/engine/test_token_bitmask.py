@@ -7,7 +7,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from engine.sampler import RequestSampler, apply_token_bitmask, log_softmax, sample_batch, token_allowed
+from engine.sampler import RequestSampler, sample_batch
+from engine.sampling_law import apply_token_bitmask, log_softmax, token_allowed
 from engine.types import SamplingParams
 
 

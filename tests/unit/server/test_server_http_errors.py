@@ -222,10 +222,25 @@ def test_rejections_are_counted(client: TestClient) -> None:
     client.post(CHAT, json={})
     client.post(CHAT, content=b"{bad")
     text = client.get("/metrics").text
-    assert 'ortserve_requests_total{status="rejected"} 2.0' in text
+    # refused before they were routed: counted under the default model (the only one here)
+    assert 'ortserve_requests_total{model_name="smollm2-135m-instruct",status="rejected"} 2.0' in text
 
 
 def test_openapi_docs_served(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     assert "/v1/chat/completions" in spec["paths"] and "/v1/completions" in spec["paths"]
     assert client.get("/docs").status_code == 200
+
+
+@pytest.mark.parametrize("path, body", [
+    (CHAT, {"messages": [{"role": "user", "content": "x"}]}),
+    ("/v1/completions", {"prompt": "x"}),
+    ("/v1/responses", {"input": "x"}),
+    ("/v1/embeddings", {"input": "x"}),
+])
+def test_lm_studios_ttl_is_seconds_at_least_zero(client: TestClient, path: str, body: dict) -> None:
+    """LM Studio's per-request ttl on the OpenAI routes: a bad one is a 400 naming it, before any model runs."""
+    for ttl, why in ((-5, ">= 0"), ("soon", "number")):
+        r = client.post(path, json={**body, "ttl": ttl})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "ttl", r.text
+        assert why in r.json()["error"]["message"]

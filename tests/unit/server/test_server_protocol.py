@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from engine.types import InvalidRequestError, SamplingParams
-from server.openai.protocol import BEAM_SEARCH_MESSAGE, ChatCompletionRequest, CompletionRequest
+from server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.openai.sampling_fields import BEAM_SEARCH_MESSAGE
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -110,7 +111,7 @@ def test_strict_types() -> None:
 
 
 def test_unknown_fields_are_ignored_and_logged(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="server.openai.protocol"):
+    with caplog.at_level(logging.DEBUG, logger="server.openai.base"):
         req = chat(frobnicate=True, guided_decoding_backend="xgrammar")
     assert req.to_sampling_params(3, 64).max_tokens == 3
     assert "frobnicate" in caplog.text and "guided_decoding_backend" in caplog.text

@@ -38,6 +38,11 @@ REAL = [
     (f"```json\n{R}\n```\nThis reads the file.", "This reads the file.", [("read_file", '{"path": "hello.py"}')]),
     # Hermes's tags (the native format of Qwen; other families write them too)
     (f"<tool_call>\n{W}\n</tool_call>", None, [("get_weather", W_ARGS)]),
+    # the doubled braces of its template's example call, as Qwen2.5-Coder writes them after a tool result (the
+    # wrapper's last brace is often missing), and closed
+    ('{{"name": "get_weather", "arguments": {"location": "Paris, France"}}', None,
+     [("get_weather", '{"location": "Paris, France"}')]),
+    (f"{{{W}}}", None, [("get_weather", W_ARGS)]),
 ]
 
 NOT_CALLS = [
@@ -48,6 +53,7 @@ NOT_CALLS = [
     "```python\ndef f():\n    return {\"name\": 1}\n```",              # code
     "Use [1, 2] and {a: b} here.",
     "The answer is `x` and ``y``.",
+    '{ {"a": 1} }',                                                      # nested JSON, not a call
 ]
 
 

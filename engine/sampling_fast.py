@@ -1,11 +1,11 @@
-"""Vectorized draws for a batch of rows: temperature, top-k, top-p and min-p for every row at once, and one
-inverse-CDF draw per row from a uniform the caller gives. Pure numpy (no onnxruntime import).
+"""The fast path of sampling: vectorized draws for a batch of rows: temperature, top-k, top-p and min-p for every
+row at once, and one inverse-CDF draw per row from a uniform the caller gives. Pure numpy (no onnxruntime import).
 
-The law is ``engine.sampler``'s reference transforms applied in its order (sparse edits such as logit_bias and
-the penalties, temperature, top-k, top-p over the top-k survivors, min-p) followed by a draw from the softmax
-of what is left: ``draw_tokens`` picks the token where that distribution's CDF, in token-id order, passes ``u``;
-only the route differs (float32 weights, block sums, candidates near the best token instead of sorts of the
-whole vocabulary).
+The law is ``engine.sampling_law``'s reference transforms applied in ``engine.sampler.RequestSampler.process``'s
+order (sparse edits such as logit_bias and the penalties, temperature, top-k, top-p over the top-k survivors, min-p)
+followed by a draw from the softmax of what is left: ``draw_tokens`` picks the token where that distribution's CDF,
+in token-id order, passes ``u``; only the route differs (float32 weights, block sums, candidates near the best token
+instead of sorts of the whole vocabulary).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def draw_tokens(logits: np.ndarray, u: np.ndarray, *, temperature: np.ndarray | 
             survivors) first reaches p.
         min_p: float ``[n]`` in [0, 1], 0 = off: tokens below min_p times the best token's probability go.
         edits: ``(rows, cols, values)``: float32 values that replace ``logits[rows, cols]`` before the
-            temperature (logit_bias and the penalties, see ``engine.sampler``); ``rows`` ascending, no
+            temperature (logit_bias and the penalties, see ``engine.sampling_law``); ``rows`` ascending, no
             ``(row, col)`` twice.
     Returns:
         int64 ``[n]`` token ids.

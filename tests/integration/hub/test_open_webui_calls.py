@@ -1,0 +1,113 @@
+"""Open WebUI's Ollama connection, replayed: the calls its backend makes to an Ollama server and the response fields
+it reads, against a model hub. Open WebUI itself is not run here (it is heavy to install); this test follows its
+code (open-webui/open-webui, backend/open_webui/routers/ollama.py and utils/models.py):
+
+- adding a connection, ``verify_connection``: GET {url}/api/version with the key as a Bearer token; its ``version``
+  is compared as integers (``re.sub(r"^v|-.*", "", version).split(".")``, in ``get_ollama_versions``);
+- listing, ``get_all_models``: GET {url}/api/tags, each model keyed by ``model`` (merged across connections), then
+  GET {url}/api/ps, whose ``name`` and ``expires_at`` (``datetime.fromisoformat``) mark the loaded ones; the model
+  list (``get_all_base_models``) shows ``id = model["model"]`` and ``name = model["name"]``;
+- chatting, ``generate_chat_completion``: ":latest" appended to a name without a tag, the name looked up among the
+  listed ones (``get_ollama_url``: 400 MODEL_NOT_FOUND otherwise), then POST {url}/api/chat streamed as NDJSON;
+- unloading, ``unload_model``: POST {url}/api/generate {"model", "keep_alive": 0, "prompt": ""}.
+
+Real parts: a real server (two chat models, each in its engine process: the tiny synthetic one twice, no
+download) behind an API key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server.app import create_app
+from server.settings import ModelSpec
+from tests.integration.server.conftest import api_settings, serve_app
+
+KEY = "owui-key-0123"
+
+
+class OpenWebUIConnection:
+    """The calls Open WebUI's backend makes to one Ollama connection, with the fields it reads."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.url, self.key = url, key
+        self.models: dict[str, dict] = {}  # request.app.state.OLLAMA_MODELS: model["model"] -> model
+
+    def _get(self, path: str) -> dict:
+        r = httpx.get(f"{self.url}{path}", timeout=30, headers={
+            "Content-Type": "application/json", "Authorization": f"Bearer {self.key}"})
+        assert r.status_code == 200, (path, r.status_code, r.text)
+        return r.json()
+
+    def verify(self) -> tuple[int, ...]:
+        data = self._get("/api/version")
+        return tuple(map(int, re.sub(r"^v|-.*", "", data["version"]).split(".")))
+
+    def get_all_models(self) -> list[dict]:
+        response = self._get("/api/tags")
+        merged: dict[str, dict] = {}
+        for model in response.get("models", []):
+            model["urls"] = [0]
+            merged.setdefault(model["model"], model)
+        loaded = self._get("/api/ps")
+        expires = {m["name"]: m["expires_at"] for m in loaded["models"] if "expires_at" in m}
+        for m in merged.values():
+            if m["name"] in expires:
+                m["expires_at"] = int(datetime.fromisoformat(expires[m["name"]]).timestamp())
+        self.models = merged
+        return [{"id": m["model"], "name": m["name"], "object": "model", "owned_by": "ollama", "ollama": m}
+                for m in merged.values()]
+
+    def chat(self, model: str, content: str) -> list[dict]:
+        if ":" not in model:
+            model = f"{model}:latest"
+        assert model in self.models, f"Open WebUI: model {model!r} not found (get_ollama_url)"
+        payload = {"model": model, "messages": [{"role": "user", "content": content}], "stream": True,
+                   "options": {"temperature": 0, "num_predict": 6}}
+        with httpx.stream("POST", f"{self.url}/api/chat", content=json.dumps(payload), timeout=120,
+                          headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"}) as r:
+            assert r.status_code == 200, r.read()
+            return [json.loads(line) for line in r.iter_lines() if line.strip()]
+
+    def unload(self, model: str) -> dict:
+        if ":" not in model:
+            model = f"{model}:latest"
+        assert model in self.models, f"Open WebUI: model {model!r} not found (unload_model)"
+        r = httpx.post(f"{self.url}/api/generate", timeout=60, headers={"Authorization": f"Bearer {self.key}"},
+                       content=json.dumps({"model": model, "keep_alive": 0, "prompt": ""}))
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+def test_open_webui_lists_loads_chats_and_unloads(tiny_model: Path) -> None:
+    settings = api_settings(tiny_model, served_model_name="tiny-a", api_key=KEY, max_batch=2,
+                            models=[ModelSpec(model=str(tiny_model), name="tiny-b")])
+    with serve_app(create_app(settings)) as running:
+        owui = OpenWebUIConnection(running.base, KEY)
+        assert owui.verify() >= (0, 1, 0)
+        with pytest.raises(AssertionError, match="401"):
+            OpenWebUIConnection(running.base, "wrong").verify()  # a wrong key: the connection is refused
+
+        listed = owui.get_all_models()
+        assert [(m["id"], m["name"]) for m in listed] == [("tiny-a:latest", "tiny-a:latest"),
+                                                            ("tiny-b:latest", "tiny-b:latest")]
+        assert not any("expires_at" in m["ollama"] for m in listed)  # nothing loaded yet
+
+        # the model id Open WebUI's list shows, as its chat sends it
+        lines = owui.chat("tiny-b:latest", "hi")
+        assert lines[-1]["done"] and not any(line["done"] for line in lines[:-1])
+        assert all("content" in line["message"] for line in lines)
+        assert lines[-1]["eval_count"] >= 1
+        listed = {m["id"]: m for m in owui.get_all_models()}
+        expires = listed["tiny-b:latest"]["ollama"].get("expires_at")
+        assert isinstance(expires, int) and expires > datetime.now().timestamp()  # loaded, until its keep-alive
+        assert "expires_at" not in listed["tiny-a:latest"]["ollama"]
+
+        owui.unload("tiny-b")  # Open WebUI's own canonical name: "tiny-b:latest"
+        assert all("expires_at" not in m["ollama"] for m in owui.get_all_models())
