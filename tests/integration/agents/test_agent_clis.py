@@ -39,8 +39,8 @@ RUN_TIMEOUT_S = 2400  # a bound for a hung client only; nothing here is timed
 WATCHDOG_MS = 1_800_000  # the CLIs' stream watchdogs, raised to their maximum (Claude Code clamps to 30 min)
 pytestmark = [pytest.mark.agents, pytest.mark.timeout(2 * RUN_TIMEOUT_S)]
 
-HELLO_PY = "total = sum(range(1, 8))\nprint(total * 6)\n"
-ANSWER = "168"  # what hello.py prints: nothing in the prompt says it, the model has to read the file
+HELLO_PY = 'print("hello from ortserve, 7316")\n'
+ANSWER = "7316"  # what hello.py prints: nothing in the prompt says it, the model has to read the file
 TASK = "Read hello.py and tell me what it prints."
 
 _FINISHED = re.compile(r"request (\S+) finished \((\w+)\): (\d+) prompt tokens, (\d+) cached, (\d+) generated")
@@ -123,29 +123,42 @@ def _answer_or_xfail(answer: str, what: str) -> None:
         pytest.xfail(f"{what}: the model's answer lacks {ANSWER}: {answer[-300:]!r}")
 
 
-def test_claude_code_reads_a_file(qwen: ServeProcess, tmp_path: Path) -> None:
-    """Claude Code, its whole request (~12k tokens of system prompt and tools, thinking, context_management,
-    max_tokens 32000, streamed), its small/fast model pointed at the same served model: it calls Read on
-    hello.py, gets the file back, and answers with the number; exit 0."""
+def _claude(server: ServeProcess, tmp_path: Path, *args: str) -> tuple[dict, str]:
+    """Claude Code -p TASK in a scratch folder with hello.py; returns (its JSON result, the server's log of it)."""
     scratch, (home,) = _scratch(tmp_path), _dirs(tmp_path, "home")
-    env = _env(home, ANTHROPIC_BASE_URL=qwen.base, ANTHROPIC_API_KEY=KEY,
+    env = _env(home, ANTHROPIC_BASE_URL=server.base, ANTHROPIC_API_KEY=KEY,
                ANTHROPIC_DEFAULT_HAIKU_MODEL=MODEL, ANTHROPIC_SMALL_FAST_MODEL=MODEL,
                DISABLE_TELEMETRY="1", DISABLE_ERROR_REPORTING="1", DISABLE_AUTOUPDATER="1",
                CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", API_TIMEOUT_MS=str(WATCHDOG_MS),
                CLAUDE_STREAM_IDLE_TIMEOUT_MS=str(WATCHDOG_MS), CLAUDE_STREAM_FIRST_BYTE_TIMEOUT_MS=str(WATCHDOG_MS))
-    before, start = len(qwen.stderr()), time.monotonic()
+    before, start = len(server.stderr()), time.monotonic()
     # dontAsk: a tool that would ask is denied (Read inside the working folder does not ask)
     run = subprocess.run(["node", str(CLAUDE), "-p", TASK, "--model", MODEL, "--max-turns", "4",
-                          "--output-format", "json", "--permission-mode", "dontAsk"],
+                          "--output-format", "json", "--permission-mode", "dontAsk", *args],
                          cwd=scratch, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                          timeout=RUN_TIMEOUT_S)
-    log = qwen.stderr()[before:]
-    _report("claude code", log, time.monotonic() - start)
+    log = server.stderr()[before:]
+    _report(f"claude code {' '.join(args)}", log, time.monotonic() - start)
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-3000:])
     result = json.loads(run.stdout)
     assert result["subtype"] == "success" and not result["is_error"], result
     _check_server_side(log, "/v1/messages", "hello.py", tools=("Read",))
-    _answer_or_xfail(result["result"], "claude code")
+    return result, log
+
+
+def test_claude_code_reads_a_file(qwen: ServeProcess, tmp_path: Path) -> None:
+    """Claude Code as a read-only agent (`--tools Read`: its ~2.4k-token prompt; thinking, context_management,
+    max_tokens 32000, streamed): it calls Read on hello.py, gets the file back, answers with what it prints;
+    exit 0."""
+    result, _ = _claude(qwen, tmp_path, "--tools", "Read")
+    assert ANSWER in result["result"], result
+
+
+def test_claude_code_with_its_default_tools(qwen: ServeProcess, tmp_path: Path) -> None:
+    """Claude Code's whole default request (~12k tokens of system prompt and 12 tools): the call, the result, the
+    exit and the prefix reuse across its turns hold; the 1.5B model's answer is not yet the right one."""
+    result, _ = _claude(qwen, tmp_path)
+    _answer_or_xfail(result["result"], "claude code, default tools")
 
 
 def test_codex_reads_a_file(qwen: ServeProcess, tmp_path: Path) -> None:

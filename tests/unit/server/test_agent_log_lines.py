@@ -12,8 +12,8 @@ from server.tools.formats import make_format
 from server.tools.stream import ToolCallStream
 
 CLAUDE_CODE_TOOLS = ("Agent", "Bash", "Edit", "Read", "Skill", "ToolSearch", "Write")
-# Qwen2.5-Coder-1.5B-Instruct's answer to Claude Code's first request ("Read hello.py and tell me what it prints."),
-# greedy and sampled alike: a Hermes call to Read (the arguments as Claude Code's stream received them).
+# Qwen2.5-Coder-1.5B-Instruct's answer to Claude Code's first request ("Read hello.py and tell me what it prints."):
+# a call to Read, in its template's Hermes tags; the arguments as Claude Code received them (sampled at temperature 1).
 QWEN_READ_CALL = ('<tool_call>\n{"name": "Read", "arguments": {"file_path": "/tmp/agents/cc2/scratch/hello.py", '
                   '"offset": 0}}\n</tool_call>')
 
