@@ -231,6 +231,10 @@ class Settings(BaseSettings):
     default_max_tokens: int | None = Field(
         None, ge=1, description="max_tokens when a request gives none (default: the rest of the context)."
     )
+    default_temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description="Sampling temperature when a request gives none (default: 1, the APIs' "
+        "own; 0 is greedy). Agent CLIs send none: a small model follows their long prompts better greedy.",
+    )
     grammar_compile_timeout_s: float = Field(
         10.0, gt=0.0, le=3600.0,
         description="Seconds a structured-output schema or grammar may take to compile; longer is a 400.",

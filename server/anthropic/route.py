@@ -36,6 +36,9 @@ async def _events(run: EngineRun, ctx: StreamContext, assembler: MessageAssemble
                   deltas: DeltaSource) -> AsyncIterator[list[Event]]:
     """The events of each engine output: message_start with the first (the prompt's usage is known then)."""
     started = False
+    if run.pending:  # NOTE(messages): the prompt is still being computed: the message starts now, as Anthropic's does
+        yield assembler.start(_usage(ctx))
+        started = True
     async for out in run.outputs():
         ctx.account(out)
         events: list[Event] = []
@@ -73,7 +76,8 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     with as_messages_errors():
         prepared = await prepare_chat(engine, settings, body.to_chat())
         run, ctx = await start_run(request, state, engine, tracker, "msg", prepared.prompt_ids, prepared.params,
-                                   include_usage=True, request_id=message_id)
+                                   include_usage=True, request_id=message_id,
+                                   accept_s=(settings.sse_ping_s or None) if body.stream else None)
     assembler = MessageAssembler(message_id, ctx.model)
     deltas = prepared.delta_source()
     if body.stream:

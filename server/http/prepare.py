@@ -6,6 +6,7 @@ No onnxruntime import; tokenizing and templating run in a worker thread, never o
 from __future__ import annotations
 
 import json
+import logging
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -27,6 +28,8 @@ from server.tools.grammar import Trigger, json_answer_grammar, with_thinking
 from server.tools.formats import make_format
 from server.tools.plan import ToolPlan, ToolRequest, plan_tools
 from server.tools.stream import ToolCallStream
+
+logger = logging.getLogger(__name__)
 
 # Completions give 16 tokens by default (OpenAI's documented default); chat runs to the context end.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -222,11 +225,26 @@ def _allow_thinking(structured: StructuredOutput, fmt: ReasoningFormat,
     return replace(structured, kind="lark", spec=spec)
 
 
+def _log_tool_results(messages: Sequence[dict[str, Any]]) -> None:
+    """Log the tool results that end the conversation (what the client ran since the model's last calls)."""
+    results = []
+    for message in reversed(messages):
+        if message.get("role") != "tool":
+            break
+        results.append(message)
+    if results:
+        logger.info("tool results received: %s", "; ".join(
+            f"{m.get('tool_call_id') or '?'} ({len(m.get('content') or '')} chars)" for m in reversed(results)))
+
+
 async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.ChatCompletionRequest) -> PreparedChat:
     """Tool plan, template + tokenize (in a thread) and the checked SamplingParams; shared by chat, Responses and
     Messages."""
     messages = (await anyio.to_thread.run_sync(body.template_messages) if len(body.messages) > THREADED_MESSAGES
                 else body.template_messages())
+    _log_tool_results(messages)
+    if settings.default_temperature is not None and body.temperature is None:
+        body = body.model_copy(update={"temperature": settings.default_temperature})
     plan, rendered, prompt_ids = await chat_prompt(engine, messages, body.tool_request(), body.template_options(),
                                                    settings.tool_call_parser)
     default_max_tokens = settings.default_max_tokens or remaining_context(engine, len(prompt_ids))
@@ -245,14 +263,16 @@ async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.
 
 async def start_run(request: Request, state: ServerState, engine: EngineClient, tracker: RequestTracker,
                     id_prefix: str, prompt_ids: list[int], params: SamplingParams,
-                    include_usage: bool, request_id: str | None = None) -> tuple[EngineRun, StreamContext]:
+                    include_usage: bool, request_id: str | None = None,
+                    accept_s: float | None = None) -> tuple[EngineRun, StreamContext]:
     """Hand the request to the engine (429/503 still become HTTP statuses here) and build its response
-    context; the caller streams it or collects it. `request_id` defaults to a new `<id_prefix>-<hex>`."""
+    context; the caller streams it or collects it. `request_id` defaults to a new `<id_prefix>-<hex>`;
+    `accept_s`: EngineRun.start's (a stream may start before the first output)."""
     request_id = request_id or protocol.new_id(id_prefix)
     model = getattr(request.state, "ortserve_model", None) or state.served_model_name
     tracker.model_name = model
     run = EngineRun(engine, request_id, prompt_ids, params, tracker)
-    await run.start(request)
+    await run.start(request, accept_s)
     ctx = StreamContext(
         request_id=request_id,
         created=protocol.now_s(),
@@ -261,5 +281,6 @@ async def start_run(request: Request, state: ServerState, engine: EngineClient, 
         token_text=lambda token_id: engine.tokenizer.decode([token_id]),
         want_logprobs=params.logprobs,
         n=params.n,
+        num_prompt_tokens=len(prompt_ids),
     )
     return run, ctx

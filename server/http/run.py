@@ -104,13 +104,41 @@ class EngineRun:
         self._closed = False
         self._agen = engine.generate(prompt_ids, params, request_id)
         self._first: RequestOutput | None = None
+        self._next: asyncio.Future[RequestOutput] | None = None  # the first output, still on its way (accept_s)
         self._cut: ServerError | None = None
         tracker.submitted()
 
-    async def start(self, request: Request) -> None:
-        """Wait for the first output so that 400/429/503 can still be HTTP statuses."""
+    async def start(self, request: Request, accept_s: float | None = None) -> None:
+        """Wait for the first output so that 400/429/503 can still be HTTP statuses.
+
+        Args:
+            accept_s: wait at most this long (None: until the first output). A prompt still being computed
+                then (minutes, for an agent's 12k-token prompt on a CPU) lets the response start before its
+                first output: a streamed answer sends its headers and first events, and its keep-alives, while
+                the engine works, instead of nothing that a client's first-byte watchdog gives up on. The engine
+                refuses a request (400/429/503) before it computes anything, so those stay HTTP statuses.
+        """
+        self._next = asyncio.ensure_future(self._agen.__anext__())
         try:
-            self._first = await _race_disconnect(request, self._agen.__anext__())
+            await _race_disconnect(request, asyncio.wait({self._next}, timeout=accept_s))
+        except BaseException as exc:
+            await self.fail(exc)
+            raise
+        if self._next.done():
+            self._first = await self._take_next()
+            self._observe(self._first)
+
+    @property
+    def pending(self) -> bool:
+        """The response started before the engine's first output (see ``start``'s accept_s)."""
+        return self._next is not None
+
+    async def _take_next(self) -> RequestOutput:
+        """The first output; a failure closes the run (an error event or status follows)."""
+        assert self._next is not None
+        task, self._next = self._next, None
+        try:
+            return await task
         except StopAsyncIteration:
             exc = EngineRequestError("the engine ended the request without output")
             await self.fail(exc)
@@ -118,7 +146,6 @@ class EngineRun:
         except BaseException as exc:
             await self.fail(exc)
             raise
-        self._observe(self._first)
 
     async def fail(self, exc: BaseException) -> None:
         """Record the outcome `exc` stands for, then abort and close."""
@@ -130,9 +157,16 @@ class EngineRun:
         if out.finished:
             self.finished = True
             self.tracker.finish(_final_status(out))
+            # NOTE(server): one line per request: how much of its prompt came from the prefix cache (an agent's
+            # turns resend the whole conversation; tests/integration/agents reads these lines).
+            logger.info("request %s finished (%s): %d prompt tokens, %d cached, %d generated", self.request_id,
+                        _final_status(out), out.num_prompt_tokens, out.num_cached_tokens, out.num_generated_tokens)
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:
         """The peeked first output, then the rest, up to and including the finished one."""
+        if self._next is not None:
+            self._first = await self._take_next()
+            self._observe(self._first)
         if self._first is not None:
             first, self._first = self._first, None
             yield first
@@ -168,6 +202,10 @@ class EngineRun:
         # NOTE(server): shielded, because this runs while the stream's task group is being cancelled
         # (client disconnect or shutdown); without the shield the abort would never be sent.
         with anyio.CancelScope(shield=True):
+            if self._next is not None:  # the first output never came: cancelling it aborts the request
+                self._next.cancel()
+                await asyncio.wait({self._next})
+                self._next = None
             if not self.finished:
                 self.tracker.finish(str(FinishReason.ABORT))
                 try:

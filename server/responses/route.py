@@ -48,7 +48,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         chat = body.to_chat_request(history)
         prepared = await prepare_chat(engine, settings, chat)
         run, ctx = await start_run(request, state, engine, tracker, "resp", prepared.prompt_ids, prepared.params,
-                                   include_usage=True, request_id=response_id)
+                                   include_usage=True, request_id=response_id,
+                                   accept_s=(settings.sse_ping_s or None) if body.stream else None)
     assembler = ResponseAssembler(wire.response_skeleton(response_id, ctx.created, ctx.model, body), body.tool_names)
     input_items = body.input_items()
 

@@ -84,6 +84,10 @@ class ToolCallStream:
             sent, unsent = calls[:len(self._calls)], calls[len(self._calls):]  # a sent call's name was whole
             calls = (*sent, *(c for call in unsent if (c := self._completed(call)) is not None))
         self._parsed = ParsedMessage(parsed.content, calls)
+        if final and calls:
+            logger.info("tool calls parsed (%s format): %s", self._parser.name,
+                        "; ".join(f"{c.name} {c.arguments}" for c in calls))
+            logger.debug("the output they were parsed from: %r", self._text)
         deltas: list[dict[str, Any]] = []
         new_content = self._grown(self._content, parsed.content, "content")
         if new_content:
