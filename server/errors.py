@@ -211,13 +211,19 @@ def json_error(exc: BaseException, path: str = "") -> JSONResponse:
     return _response(status, body, headers, path, exc)
 
 
+def shaped_error(status: int, body: dict[str, Any], path: str, exc: BaseException | None = None) -> dict[str, Any]:
+    """An OpenAI error ``body`` in the shape of ``path``'s API: Anthropic's on the Messages routes, Ollama's
+    (``{"error": "message"}``, which its clients raise as ResponseError) on its native /api/ routes."""
+    if is_anthropic_path(path):
+        return anthropic_error(status, body, exc)
+    if path.startswith("/api/"):
+        return {"error": body["error"]["message"]}
+    return body
+
+
 def _response(status: int, body: dict[str, Any], headers: dict[str, str], path: str,
               exc: BaseException | None = None) -> JSONResponse:
-    if is_anthropic_path(path):
-        body = anthropic_error(status, body, exc)
-    elif path.startswith("/api/"):  # Ollama's native API: {"error": "message"} (its clients raise ResponseError)
-        body = {"error": body["error"]["message"]}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(shaped_error(status, body, path, exc), status_code=status, headers=headers)
 
 
 async def _handle_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -16,13 +16,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.http.memory import MemoryReclaim
 from server.openai.protocol import error_body
-from server.anthropic.protocol import from_openai_error, is_anthropic_path
+from server.errors import shaped_error
 
 
 async def _send_json(send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] | None = None,
                      path: str = "") -> None:
-    if is_anthropic_path(path):
-        body = from_openai_error(status, body)
+    body = shaped_error(status, body, path)
     payload = json.dumps(body).encode("utf-8")
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers + (headers or [])})

@@ -108,7 +108,7 @@ async def pull(request: Request) -> JSONResponse:
     return JSONResponse({"error": f"ortserve does not pull from Ollama's registry (nor create, copy or delete "
                                   f"models over its API): run `ortserve pull NAME` on the server, or serve a GGUF "
                                   f"file or model folder with --model, --models-dir or --config "
-                                  f"(asked: {request.url.path})"}, status_code=501)
+                                  f"(asked: {request.url.path})"}, status_code=400)
 
 
 # --- generation -----------------------------------------------------------------------------------------------

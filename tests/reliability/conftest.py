@@ -134,8 +134,15 @@ def assert_openai_error(status: int, body: bytes | str, *, expect_status: int | 
 
 
 def assert_api_error(path: str, status: int, body: bytes | str) -> dict:
-    """The error shape of ``path``'s API: Anthropic's on the Messages routes, OpenAI's elsewhere; returns
-    `error`."""
+    """The error shape of ``path``'s API: Anthropic's on the Messages routes, Ollama's (``{"error": "..."}``) on
+    its native /api/ routes, OpenAI's elsewhere; returns `error`."""
+    if path.startswith("/api/"):
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        assert status >= 400, (status, text[:300])
+        assert_no_internals(text)
+        data = json.loads(text)
+        assert set(data) == {"error"} and isinstance(data["error"], str) and data["error"], text[:300]
+        return {"message": data["error"]}
     if not (path == "/v1/messages" or path.startswith("/v1/messages/")):
         return assert_openai_error(status, body)
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
