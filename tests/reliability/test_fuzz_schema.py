@@ -37,8 +37,7 @@ def keyed_server(tiny_model: Path) -> Iterator[RunningServer]:
 
 def check(response, path: str) -> None:
     """No 5xx; an error has its API's shape (OpenAI's, Anthropic's on /v1/messages, Ollama's on /api/); nothing leaks
-    Python
-    internals."""
+    Python internals."""
     text = response.text
     assert response.status_code < 500, (path, response.status_code, text[:500])
     assert_no_internals(text)
