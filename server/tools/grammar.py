@@ -173,6 +173,12 @@ def bare_call_rules(tools: Sequence[dict[str, Any]], rule: str = "bare") -> list
     return lines
 
 
+def per_tool_rules(rule: str, tools: Sequence[dict[str, Any]], body: Any) -> list[str]:
+    """``rule: rule0 | rule1 | ...``, one alternative per tool, each ``ruleN: body(tool)`` (after them)."""
+    lines = [f"{rule}{index}: {body(tool)}" for index, tool in enumerate(tools)]
+    return lines + [f"{rule}: " + " | ".join(f"{rule}{index}" for index in range(len(tools)))]
+
+
 def regex_escape(text: str) -> str:
     """``text`` as a Rust-regex literal inside Lark's ``/.../`` (slashes escaped too)."""
     out = []

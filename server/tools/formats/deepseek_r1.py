@@ -14,7 +14,7 @@ from typing import Any
 
 from server.tools.formats.base import ToolFormat, content_before_calls
 from server.tools.formats.calls import ParsedCall, ParsedMessage
-from server.tools.grammar import Trigger, function_of, json_rule, parameters_of, tagged_start
+from server.tools.grammar import Trigger, function_of, json_rule, parameters_of, per_tool_rules, tagged_start
 from server.tools.json_scan import skip_ws, value_end
 
 
@@ -63,10 +63,7 @@ class DeepSeekR1Format(ToolFormat):
         repeat = "*" if parallel else ""
         lines.append(f"calls: one (one){repeat} {trigger(self.CALLS_END).lark()}" if parallel
                      else f"calls: one {trigger(self.CALLS_END).lark()}")
-        names = []
-        for index, tool in enumerate(tools):
-            names.append(f"one{index}")
-            lines.append(f'one{index}: {begin} "function" {sep} {json.dumps(function_of(tool)["name"])} '
-                         f'"\\n```json\\n" {json_rule(parameters_of(tool))} "\\n```" {end}')
-        lines.append("one: " + " | ".join(names))
+        lines += per_tool_rules("one", tools, lambda tool: f'{begin} "function" {sep} '
+                                f'{json.dumps(function_of(tool)["name"])} '
+                                f'"\\n```json\\n" {json_rule(parameters_of(tool))} "\\n```" {end}')
         return "\n".join(lines) + "\n"

@@ -8,7 +8,8 @@ from typing import Any
 
 from server.tools.formats.base import ToolFormat, content_before_calls
 from server.tools.formats.calls import ParsedCall, ParsedMessage, call_from_object
-from server.tools.grammar import Trigger, call_schema, function_of, hoist_defs, json_rule, parameters_of, tagged_start
+from server.tools.grammar import (Trigger, call_schema, function_of, hoist_defs, json_rule, parameters_of,
+                                  per_tool_rules, tagged_start)
 from server.tools.json_scan import scan_array_items, skip_ws, value_end
 
 
@@ -84,11 +85,7 @@ def mistral_grammar(tools: Sequence[dict[str, Any]], *, trigger: Trigger, args_t
         lines = tagged_start(trigger, "calls", required=required, repeat=False, separator="", response=response)
         return "\n".join(lines + [f"calls: {json_rule(array)}"]) + "\n"
     lines = tagged_start(trigger, "call", required=required, repeat=parallel, separator="", response=response)
-    names = []
-    for index, tool in enumerate(tools):
-        names.append(f"call{index}")
-        # The parameters schema is a document of its own here, so its local refs resolve as written.
-        lines.append(f"call{index}: {json.dumps(function_of(tool)['name'])} {args_token.lark()} "
-                     f"{json_rule(parameters_of(tool))}")
-    lines.append("call: " + " | ".join(names))
+    # The parameters schema is a document of its own here, so its local refs resolve as written.
+    lines += per_tool_rules("call", tools, lambda tool: f"{json.dumps(function_of(tool)['name'])} "
+                                                          f"{args_token.lark()} {json_rule(parameters_of(tool))}")
     return "\n".join(lines) + "\n"
