@@ -19,7 +19,7 @@ from server.decisions.questions import (
     Option,
     Question,
 )
-from server.openai.protocol import OpenAIBaseModel
+from server.openai.base import OpenAIBaseModel
 
 MAX_QUESTIONS = 400  # OpenAI's bound; System One's too
 

@@ -18,8 +18,6 @@ from pydantic import Field, ValidationError, model_validator
 
 from engine.types import FinishReason, InvalidRequestError, SamplingParams, TokenLogprob
 from server.prompt import TemplateOptions
-# NOTE(server): OpenAIBaseModel is re-exported: other protocols' models have imported it from here.
-from server.openai.base import OpenAIBaseModel as OpenAIBaseModel
 from server.openai.base import _unsupported
 from server.openai.messages import ChatMessage, NamedToolChoice, ToolDefinition
 from server.openai.sampling_fields import _resolve_max_tokens, _SamplingFields

@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import Field, PrivateAttr, model_validator
 
 from engine.types import InvalidRequestError
-from server.openai.protocol import OpenAIBaseModel, new_id, now_s
+from server.openai.base import OpenAIBaseModel
+from server.openai.protocol import new_id, now_s
 
 MAX_DOCUMENTS = 1000  # Cohere's bound on documents per request
 
