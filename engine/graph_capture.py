@@ -18,7 +18,7 @@ import onnxruntime as ort
 from engine.config import EngineConfig
 from engine.model_loader import ModelFolder, create_session, select_profile
 from engine.types import ModelLoadError
-from ep.profiles import MATMUL_GROUP_ROWS, default_row_groups  # noqa: F401 - the WebGPU profile's measured split
+from ep.profiles import MATMUL_GROUP_ROWS  # the WebGPU profile's measured split
 
 log = logging.getLogger(__name__)
 

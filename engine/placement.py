@@ -41,7 +41,6 @@ from engine.model_loader import ModelFolder, check_graph, choose_max_model_len, 
 from engine.model_runner import ModelRunner
 from engine.runner import Runner, make_input_allocator
 from engine.types import DevicePlacement, ModelLoadError
-from ep.profiles import PROMPT_SDPA_KERNEL  # noqa: F401 - the CUDA profile's, named here for its tests
 
 log = logging.getLogger(__name__)
 

@@ -141,7 +141,7 @@ def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu
             ", one row on its own session)" if one_row else ")") and runner.buckets == (1, 2, 4, 8)
         assert set(runner.bucket_sessions) == ({1} if one_row else set())
         # prompt chunks on flash attention, not cuDNN's SDPA (a plan per new chunk and past length)
-        from engine.placement import PROMPT_SDPA_KERNEL
+        from ep.profiles import PROMPT_SDPA_KERNEL
 
         options = runner.prefill_session.get_provider_options().get("CUDAExecutionProvider", {})
         findings["prefill_session_cuda_options"] = options
