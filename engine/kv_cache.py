@@ -51,7 +51,9 @@ class HostKVAllocator:
         self.device = ort.OrtDevice.make("cpu", 0)
 
     def allocate(self, shape: tuple[int, ...], dtype: Any) -> tuple[ort.OrtValue, np.ndarray | None]:
-        array = np.zeros(shape, dtype=dtype)
+        from ep.host_memory import host_zeros
+
+        array = host_zeros(shape, dtype)  # small pages: a fresh row's first positions cost what they hold
         return ort.OrtValue.ortvalue_from_numpy(array), array
 
 

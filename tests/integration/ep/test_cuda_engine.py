@@ -155,7 +155,12 @@ def test_cuda_engine_rows_by_address_match_cpu(cuda_device, int4_fp16_model, cpu
     assert not _short_near(comparisons["short"]), comparisons["short"]
     assert not _near(comparisons["long"] + [comparisons["follow"]], LONG_NEAR_TIE), comparisons
     assert copied >= 1 and stats.extra.get("prefix_cache_hits_total", 1) > 0
-    assert all(c == follow[0] for c in n3), "n > 1 choices of a greedy request differ"
+    # n > 1 choices of one greedy request run in rows of different buckets (a one-row step, a 4-row bucket), whose
+    # kernels round differently on a GPU: each choice must equal the CPU EP's greedy tokens up to a near-tie, the
+    # rule every comparison here follows (vLLM's check_logprobs_close is the same rule for batch-variant kernels)
+    choices = [_compare(cpu_reference["follow"], (c, [])) for c in n3]
+    findings[f"n3_vs_cpu_capture_{graph_capture}_batched_{batched_prompts}_fixed_{fixed_shapes}"] = choices
+    assert not _near(choices, LONG_NEAR_TIE), choices
 
 
 def test_cuda_row_2_of_a_shared_buffer_equals_a_buffer_of_its_own(cuda_device, int4_fp16_model, findings) -> None:
