@@ -113,6 +113,11 @@ class AsyncEngine:
         return self.folder.generation_config
 
     @property
+    def sampling_defaults(self) -> dict[str, float | int]:
+        """The sampling defaults its generation_config.json recommends (engine.model_loader.generation_defaults)."""
+        return self.folder.sampling_defaults
+
+    @property
     def runner(self) -> ModelRunner:
         """The model runner (in-process engines only: with ``engine_process`` it lives in the engine process)."""
         if self._runner is None:

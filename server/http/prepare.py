@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from engine.types import InvalidRequestError, PromptTooLongError, SamplingParams, StructuredOutput
 from server.openai import protocol
+from server.openai.sampling_fields import SamplingFieldsT, with_defaults
 from server.engine_client import EngineClient
 from server.metrics import RequestTracker
 from server.prompt import RenderedPrompt, TemplateOptions, render_prompt
@@ -150,6 +151,13 @@ async def completion_prompt_ids(engine: EngineClient, prompt: str | list[int]) -
     return list(prompt)
 
 
+def sampling_defaults(body: SamplingFieldsT, settings: Settings, engine: EngineClient) -> SamplingFieldsT:
+    """``body`` with the sampling fields it leaves unset filled in: --default-temperature, then the model's
+    generation_config.json (--generation-config auto), then the APIs' defaults."""
+    return with_defaults(body, engine.sampling_defaults if settings.generation_config == "auto" else {},
+                         settings.default_temperature)
+
+
 def checked_params(engine: EngineClient, prompt_ids: Sequence[int], params: SamplingParams,
                    prompt_param: str) -> SamplingParams:
     """Raise PromptTooLongError (400, naming both numbers) instead of ever truncating the prompt.
@@ -243,8 +251,7 @@ async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.
     messages = (await anyio.to_thread.run_sync(body.template_messages) if len(body.messages) > THREADED_MESSAGES
                 else body.template_messages())
     _log_tool_results(messages)
-    if settings.default_temperature is not None and body.temperature is None:
-        body = body.model_copy(update={"temperature": settings.default_temperature})
+    body = sampling_defaults(body, settings, engine)
     plan, rendered, prompt_ids = await chat_prompt(engine, messages, body.tool_request(), body.template_options(),
                                                    settings.tool_call_parser)
     default_max_tokens = settings.default_max_tokens or remaining_context(engine, len(prompt_ids))

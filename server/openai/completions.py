@@ -13,6 +13,7 @@ from server.http.prepare import (
     checked_params,
     completion_prompt_ids,
     engine_for,
+    sampling_defaults,
     start_run,
     start_tracking,
 )
@@ -27,8 +28,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     settings = state.settings
     tracker = start_tracking(request, state)
     prompt_ids = await completion_prompt_ids(engine, body.prompt_text_or_ids())
-    if settings.default_temperature is not None and body.temperature is None:
-        body = body.model_copy(update={"temperature": settings.default_temperature})
+    body = sampling_defaults(body, settings, engine)
     default_max_tokens = settings.default_max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
     params = checked_params(engine, prompt_ids,
                             body.to_sampling_params(default_max_tokens, engine.max_model_len), "prompt")

@@ -3,6 +3,9 @@ checked once, there)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 from pydantic import Field, model_validator
 
 from engine.types import InvalidRequestError, SamplingParams
@@ -105,6 +108,9 @@ class _SamplingFields(IdleTTLField, StructuredOutputFields):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
+SamplingFieldsT = TypeVar("SamplingFieldsT", bound=_SamplingFields)
+
+
 def _resolve_max_tokens(requested: int | None, param: str, default_max_tokens: int, max_model_len: int) -> int:
     """Requested or default max_tokens, clamped to the context (the engine then ends with 'length')."""
     if requested is None:
@@ -112,3 +118,16 @@ def _resolve_max_tokens(requested: int | None, param: str, default_max_tokens: i
     if requested < 1:
         raise InvalidRequestError(f"{param} must be >= 1, got {requested}", param=param, code="invalid_value")
     return min(requested, max_model_len)
+
+
+# --- the model's own sampling defaults ------------------------------------------------------------------
+
+def with_defaults(body: SamplingFieldsT, model_defaults: Mapping[str, float | int],
+                  default_temperature: float | None = None) -> SamplingFieldsT:
+    """``body`` with the sampling fields it leaves unset filled in: its own values first, then the server's
+    ``--default-temperature``, then the model's defaults (its generation_config.json's, engine.model_loader
+    .generation_defaults), then the APIs' (temperature 1, no truncation, no penalty)."""
+    unset = {name: value for name, value in model_defaults.items() if getattr(body, name) is None}
+    if default_temperature is not None and body.temperature is None:
+        unset["temperature"] = default_temperature
+    return body.model_copy(update=unset) if unset else body

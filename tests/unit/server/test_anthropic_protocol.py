@@ -177,3 +177,21 @@ def test_an_empty_answer_still_has_its_text_block() -> None:
     events = asm.feed({"content": "  "}) + asm.finish("length", None, {})
     assert asm.message()["content"] == [{"type": "text", "text": "  "}] and asm.message()["stop_reason"] == "max_tokens"
     assert [e["type"] for e in events][:3] == ["content_block_start", "content_block_delta", "content_block_stop"]
+
+
+def test_claude_codes_billing_header_is_not_part_of_the_system_prompt() -> None:
+    c = chat(system=[{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.425; cc_entrypoint=cli;"},
+                     {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}},
+                     {"type": "text", "text": "\nBe brief."}])
+    assert c.template_messages()[0] == {"role": "system", "content": "You are a Claude agent.\n\n\nBe brief."}
+    mentioned = chat(system="See the x-anthropic-billing-header: it is a header.")  # not at the start: kept
+    assert mentioned.template_messages()[0]["content"].startswith("See the")
+
+
+def test_a_deferred_tool_is_not_shown_to_the_model_unless_forced() -> None:
+    deferred = {"name": "DeferredToolPlaceholder", "description": "never call this tool", "defer_loading": True,
+                "input_schema": {"type": "object", "properties": {}}}
+    assert [t.function.name for t in chat(tools=[TOOL, deferred]).tools] == ["get_weather"]
+    forced = chat(tools=[TOOL, deferred], tool_choice={"type": "tool", "name": "DeferredToolPlaceholder"})
+    assert [t.function.name for t in forced.tools] == ["get_weather", "DeferredToolPlaceholder"]
+    assert chat(tools=[deferred]).tools is None or not chat(tools=[deferred]).tools
