@@ -118,3 +118,24 @@ def test_a_chat_answer_ends_with_stop(client: openai.OpenAI):
         {"role": "user", "content": "Answer with one word: what is the capital of France?"}])
     assert done.choices[0].finish_reason == "stop" and "Paris" in done.choices[0].message.content
 
+
+
+QWEN_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.1}
+
+
+def test_the_folder_holds_the_models_own_sampling_defaults_and_the_server_applies_them(qwen_model: Path,
+                                                                                        client: openai.OpenAI):
+    """`ortserve pull` writes Qwen's generation_config.json sampling (a GGUF carries none); a request that sets
+    none of it samples exactly as one that sends those values (same seed), not as the APIs' defaults would."""
+    generation = json.loads((qwen_model / "generation_config.json").read_text())
+    assert {k: generation.get(k) for k in QWEN_SAMPLING} == QWEN_SAMPLING and generation["do_sample"] is True
+    assert read_model_folder(qwen_model).sampling_defaults == QWEN_SAMPLING
+
+    def poem(**sampling) -> str:
+        done = client.chat.completions.create(model="qwen", max_tokens=48, seed=7, messages=[
+            {"role": "user", "content": "Write a short poem about the sea."}], extra_body=sampling)
+        return done.choices[0].message.content
+
+    unset = poem()
+    assert unset == poem(**QWEN_SAMPLING)
+    assert unset != poem(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0)
