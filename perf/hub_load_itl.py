@@ -102,8 +102,8 @@ async def one_round(base: str, *, stream_model: str, load_model: str, max_tokens
     if arrivals[-1] < t1:
         raise RuntimeError(f"the stream ended before the load did ({len(arrivals)} tokens; the load took "
                            f"{t1 - t0:.1f} s): raise --max-tokens ({max_tokens})")
-    return {"load_window_s": t1 - t0, "load_s": load_s, "idle_s": idle, "during_s": during,
-            "arrivals_s": [a - t0 for a in arrivals]}
+    return {"load_window_s": t1 - t0, "load_s": load_s, "idle_s": [round(g, 4) for g in idle],
+            "during_s": [round(g, 4) for g in during], "arrivals_s": [round(a - t0, 4) for a in arrivals]}
 
 
 def _ms(values: list[float], q: float) -> str:

@@ -129,7 +129,7 @@ class Settings(BaseSettings):
         8192, ge=16, le=1_048_576, description="Most padded tokens (texts x longest text) in one embedding run.",
     )
     load_nice: int = Field(
-        10, ge=0, le=19, description="How much lower a hub model's CPU priority is while its engine process loads it "
+        5, ge=0, le=19, description="How much lower a hub model's CPU priority is while its engine process loads it "
         "(Linux nice steps; 0: the same), so a load yields the cores to other models' running streams. A one-model "
         "server loads at normal priority.",
     )

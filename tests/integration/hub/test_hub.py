@@ -286,7 +286,7 @@ def _nice_values(pid: int) -> dict[int, int]:
 
 def test_a_load_does_not_stall_another_models_stream(tmp_path: Path, record_property) -> None:
     """While gemma loads, a running smollm stream goes on: tokens keep arriving during the load and after it, and
-    every thread of gemma's engine process ends at the server's CPU priority (the load ran at --load-nice 10).
+    every thread of gemma's engine process ends at the server's CPU priority (the load ran at --load-nice 5).
 
     NOTE: counted, not timed (no test depends on machine speed). Issue 37's bound (the stream's ITL p99 during the
     load at most twice its idle p99) is recorded with the largest gap (p99_ratio_during_load, max_gap_ratio), not
