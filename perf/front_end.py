@@ -48,8 +48,15 @@ def _process_cpu_s(pid: int) -> float:
     return total
 
 
+def _loop_sys_s(pid: int) -> float:
+    """The loop thread's system (kernel) CPU seconds (/proc stat's stime, in clock ticks): a socket write on
+    loopback runs the receiver's side of TCP in the sender's system time too."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu(pid: int) -> dict[str, float]:
-    return {"loop": _thread_cpu_s(pid, pid), "process": _process_cpu_s(pid)}
+    return {"loop": _thread_cpu_s(pid, pid), "loop_sys": _loop_sys_s(pid), "process": _process_cpu_s(pid)}
 
 
 async def _one(client: httpx.AsyncClient, url: str, body: dict, t0: float) -> dict:
@@ -122,9 +129,11 @@ def _report(label: str, rows: dict[int, list[dict]], n: int, output_tokens: int)
         "ttft_p50_ms": many["ttft_p50_ms"], "ttft_p99_ms": many["ttft_p99_ms"],
     }
     print(f"[{label}]")
-    print(f"{'tokens out':>10} {'events':>7} {'loop ms':>8} {'process ms':>10} {'TTFT p50':>9} {'p99':>7}")
+    print(f"{'tokens out':>10} {'events':>7} {'loop ms':>8} {'of it sys':>9} {'process ms':>10} {'TTFT p50':>9} "
+          f"{'p99':>7}")
     for k, m in med.items():
-        print(f"{k:>10} {m['events']:7.0f} {m['loop_cpu_s'] * 1e3:8.1f} {m['process_cpu_s'] * 1e3:10.1f} "
+        print(f"{k:>10} {m['events']:7.0f} {m['loop_cpu_s'] * 1e3:8.1f} {m['loop_sys_s'] * 1e3:9.0f} "
+              f"{m['process_cpu_s'] * 1e3:10.1f} "
               f"{m['ttft_p50_ms']:9.1f} {m['ttft_p99_ms']:7.1f}")
     print(f"per request: loop {figures['loop_ms_per_request']:.3f} ms, process "
           f"{figures['process_ms_per_request']:.3f} ms; per token event: loop {figures['loop_ms_per_event']:.4f} "
@@ -211,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 events = sum(r["events"] for r in results)
                 ttfts = [r["ttft_s"] * 1e3 for r in results if r["ttft_s"] is not None]
                 rows[label][out_tokens].append({"loop_cpu_s": c1["loop"] - c0["loop"],
+                                                "loop_sys_s": c1["loop_sys"] - c0["loop_sys"],
                                                 "process_cpu_s": c1["process"] - c0["process"], "events": events,
                                                 "ttft_p50_ms": _pct(ttfts, 0.5), "ttft_p99_ms": _pct(ttfts, 0.99)})
         out: dict = {"args": vars(args), "rows": rows, "servers": {}}
