@@ -34,7 +34,8 @@ class EngineConfig:
         kv_cache_memory_gib: the KV memory budget that bounds the default max_model_len; None -> half the host
             memory available at load (device memory is not asked of the EP).
         prefill_chunk: token budget per step (decode tokens + prefill chunks; new requests' whole prompts run
-            together have ``batched_prompt_tokens`` beside it).
+            together have ``batched_prompt_tokens`` beside it); None -> the device's (``ep.profiles``: 256, and 512
+            on WebGPU, whose staged prompt runs cost about the same up to 512 tokens), at least max_batch + 1.
         intra_op_threads: ORT intra-op threads; None -> number of physical cores.
         allow_spinning: let ORT's intra-op threads spin between ops (lower latency, burns CPU).
         kv_rows: how KV rows are bound, overriding what the device's memory allows (``engine.placement``):
@@ -113,7 +114,7 @@ class EngineConfig:
     max_queue: int = 64
     max_model_len: int | None = None
     kv_cache_memory_gib: float | None = None
-    prefill_chunk: int = 256
+    prefill_chunk: int | None = None
     intra_op_threads: int | None = None
     allow_spinning: bool = True
     kv_rows: str | None = None
@@ -148,7 +149,7 @@ class EngineConfig:
                self.max_model_len)
         _check(self.kv_cache_memory_gib is None or self.kv_cache_memory_gib > 0, "kv_cache_memory_gib", "must be > 0",
                self.kv_cache_memory_gib)
-        _check(self.prefill_chunk >= self.max_batch + 1, "prefill_chunk",
+        _check(self.prefill_chunk is None or self.prefill_chunk >= self.max_batch + 1, "prefill_chunk",
                f"must be > max_batch ({self.max_batch}) so a prefill chunk fits beside a full decode batch",
                self.prefill_chunk)
         _check(self.grammar_compile_timeout_s > 0, "grammar_compile_timeout_s", "must be > 0",

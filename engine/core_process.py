@@ -93,7 +93,7 @@ def build_core(folder: ModelFolder, config: EngineConfig, sink: Sink,
     # NOTE(engine): a draft check is a run of S > 1 tokens in one row; whole-buffer mode runs every row at
     # S = 1 (GroupQueryAttention refuses S > 1 with a past at batch > 1), so no speculation there.
     speculative_tokens = config.speculative_tokens if runner.can_verify else 0
-    scheduler = Scheduler(config.max_batch, config.max_queue + config.max_batch, config.prefill_chunk,
+    scheduler = Scheduler(config.max_batch, config.max_queue + config.max_batch, runner.prefill_chunk,
                           prefix_caching=config.prefix_caching, can_copy=runner.can_copy,
                           speculative_tokens=speculative_tokens,
                           speculative_max_batch=config.speculative_max_batch,
