@@ -34,7 +34,8 @@ class EngineConfig:
         kv_cache_memory_gib: the KV memory budget that bounds the default max_model_len; None -> half the host
             memory available at load (device memory is not asked of the EP).
         prefill_chunk: token budget per step (decode tokens + prefill chunks; new requests' whole prompts run
-            together have ``batched_prompt_tokens`` beside it).
+            together have ``batched_prompt_tokens`` beside it); None -> the device's (``ep.profiles``: 256, and 512
+            on WebGPU, whose staged prompt runs cost about the same up to 512 tokens), at least max_batch + 1.
         intra_op_threads: ORT intra-op threads; None -> number of physical cores.
         allow_spinning: let ORT's intra-op threads spin between ops (lower latency, burns CPU).
         kv_rows: how KV rows are bound, overriding what the device's memory allows (``engine.placement``):
@@ -95,6 +96,8 @@ class EngineConfig:
             (``engine.core_process``), so that it never waits for the interpreter lock held by the event loop;
             tokenizing, detokenizing and stop strings stay in the caller's process. None -> on where the model runs
             on a device, off on the host CPU (``engine.core_client.use_engine_process``).
+        load_nice: how many Linux nice steps lower the CPU priority of loading runs than serving, in an engine
+            process (``engine.load_priority``): a hub loads models beside other models' running streams. 0: the same.
         step_trace: a file the core appends a JSON line to per step and per garbage collection
             (``engine.step_trace``: when, how long, each phase, what it ran), to find where streams stall; None: off.
         fault_injector: TEST-ONLY hook, called on the core thread with a ``StepInfo`` just before each model
@@ -111,7 +114,7 @@ class EngineConfig:
     max_queue: int = 64
     max_model_len: int | None = None
     kv_cache_memory_gib: float | None = None
-    prefill_chunk: int = 256
+    prefill_chunk: int | None = None
     intra_op_threads: int | None = None
     allow_spinning: bool = True
     kv_rows: str | None = None
@@ -132,6 +135,7 @@ class EngineConfig:
     max_prefills_per_step: int | None = None
     min_prefix_reuse: int | None = None
     engine_process: bool | None = None
+    load_nice: int = 0
     step_trace: str | None = None
     fault_injector: Callable[[StepInfo], None] | None = field(default=None, compare=False, repr=False)
 
@@ -140,11 +144,12 @@ class EngineConfig:
                self.kv_rows)
         _check(1 <= self.max_batch <= 256, "max_batch", "must be in [1, 256]", self.max_batch)
         _check(0 <= self.max_queue, "max_queue", "must be >= 0", self.max_queue)
+        _check(0 <= self.load_nice <= 19, "load_nice", "must be in [0, 19]", self.load_nice)
         _check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2",
                self.max_model_len)
         _check(self.kv_cache_memory_gib is None or self.kv_cache_memory_gib > 0, "kv_cache_memory_gib", "must be > 0",
                self.kv_cache_memory_gib)
-        _check(self.prefill_chunk >= self.max_batch + 1, "prefill_chunk",
+        _check(self.prefill_chunk is None or self.prefill_chunk >= self.max_batch + 1, "prefill_chunk",
                f"must be > max_batch ({self.max_batch}) so a prefill chunk fits beside a full decode batch",
                self.prefill_chunk)
         _check(self.grammar_compile_timeout_s > 0, "grammar_compile_timeout_s", "must be > 0",

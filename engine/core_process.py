@@ -29,6 +29,7 @@ from engine.core_wire import (
     AbortRequests, AddRequest, CoreDied, CoreFacts, FromCore, LoadFailed, PrepareGrammar, Ready, Shutdown,
     SnapshotUpdate, StepOutputs, ToCore, dumps, encode_exception, encode_outputs, loads,
 )
+from engine.load_priority import LoadPriority
 from engine.model_loader import ModelFolder, read_model_folder
 from engine.prefix_cache import MIN_REUSE_BATCHED_PROMPTS
 from engine.scheduler import Scheduler
@@ -92,7 +93,7 @@ def build_core(folder: ModelFolder, config: EngineConfig, sink: Sink,
     # NOTE(engine): a draft check is a run of S > 1 tokens in one row; whole-buffer mode runs every row at
     # S = 1 (GroupQueryAttention refuses S > 1 with a past at batch > 1), so no speculation there.
     speculative_tokens = config.speculative_tokens if runner.can_verify else 0
-    scheduler = Scheduler(config.max_batch, config.max_queue + config.max_batch, config.prefill_chunk,
+    scheduler = Scheduler(config.max_batch, config.max_queue + config.max_batch, runner.prefill_chunk,
                           prefix_caching=config.prefix_caching, can_copy=runner.can_copy,
                           speculative_tokens=speculative_tokens,
                           speculative_max_batch=config.speculative_max_batch,
@@ -149,14 +150,21 @@ class EngineProcess:
         # at once (EOF) instead of leaving it to finish loading for nobody.
         reader = threading.Thread(target=self._read, name="ortserve-engine-reader", daemon=True)
         reader.start()
+        # NOTE(engine): a hub loads beside other models' streams: the load runs at a lower CPU priority
+        # (config.load_nice), and every thread that serves afterwards runs at the process's own (LoadPriority)
+        priority = LoadPriority(config.load_nice)
         try:
-            folder = read_model_folder(Path(folder_path), config.chat_template)
-            built = build_core(folder, config, self.outbox, between_steps=self.outbox.between_steps)
+            folder = priority.call(lambda: read_model_folder(Path(folder_path), config.chat_template),
+                                   starts_threads=False)
+            built = priority.call(lambda: build_core(folder, config, self.outbox,
+                                                     between_steps=self.outbox.between_steps), starts_threads=True)
         except BaseException as exc:  # noqa: BLE001 - every load failure goes to the parent, as it was raised
             import traceback
 
             self.outbox.send(LoadFailed(encode_exception(exc), traceback.format_exc()))
             return
+        finally:
+            priority.restore()
         core = self.core = self.outbox.core = built.core
         facts = built.facts()
         self.feed = _OrderedFeed(core, built.structured, folder.eos_token_ids, facts.max_model_len, self.outbox)

@@ -17,6 +17,7 @@ class ModelRunner(Protocol):
     """What a step runs through. Slots are KV rows; every method's arrays are valid until its next call."""
 
     num_slots: int
+    prefill_chunk: int  # the most tokens of one prompt run, the scheduler's step budget
     vocab_size: int
     buckets: tuple[int, ...]  # the decode widths it runs (several: requests should take the lowest free slots)
     whole_buffer: bool  # every decode run covers a prefix of the rows, not just the running ones

@@ -26,9 +26,8 @@ class Tokenizer:
 
     def __init__(self, hf: HFTokenizer) -> None:
         self.hf = hf
-        # token text -> id, added tokens included: read once (a large vocabulary's copy holds the GIL for a while,
-        # and a model hub loads tokenizers beside running streams)
-        self.vocab: dict[str, int] = hf.get_vocab(with_added_tokens=True)
+        # token text -> id, added tokens included: read once (a model hub loads tokenizers beside running streams)
+        self.vocab: dict[str, int] = read_vocab(hf)
         # L and the characters that can vanish (see token_bound); None: no bound for this tokenizer.
         self.max_chars_per_token, self._vanishing = token_bound(hf, self.vocab) or (None, "")
 
@@ -88,6 +87,25 @@ class Tokenizer:
         if added is None:
             return None
         return token_id if added.special or (token.startswith("<") and token.endswith(">")) else None
+
+
+def read_vocab(hf: HFTokenizer) -> dict[str, int]:
+    """``hf.get_vocab(with_added_tokens=True)``, read one token at a time.
+
+    NOTE(engine): get_vocab builds the whole dict in one call that holds the interpreter lock (260 ms for Gemma 3's
+    262k tokens on a loaded 2-core machine), stalling every stream the server process is sending meanwhile; this
+    loop costs the same but lets other threads run between its steps. Added tokens win over the model's own entry
+    of the same text, as in get_vocab.
+    """
+    vocab: dict[str, int] = {}
+    id_to_token = hf.id_to_token
+    for token_id in range(hf.get_vocab_size(with_added_tokens=True)):
+        token = id_to_token(token_id)
+        if token is not None:
+            vocab.setdefault(token, token_id)
+    for token_id, added in hf.get_added_tokens_decoder().items():
+        vocab[added.content] = token_id
+    return vocab
 
 
 # --- how many characters one token can cover -----------------------------------------------------------

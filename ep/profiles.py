@@ -31,6 +31,7 @@ PREFIX_VIEW_MEMORY = frozenset({"webgpu_buf", "webgpu_buffer"})
 # SSE events) can take longer. With Python's 5 ms switch interval the engine thread, back from a step, waited up to
 # 5 ms for the loop to yield before it could sample and launch the next step; at 0.5 ms it waits less than that.
 DEVICE_SWITCH_INTERVAL_MS = 0.5
+DEFAULT_PREFILL_BUDGET = 256  # tokens an engine step runs (decode + prompt chunks) unless the device says otherwise
 # Backend env flags (ep.flags declares and applies them) that a family's backend reads.
 MIGRAPHX_INT4_GEMV_FLAG = "MIGRAPHX_ENABLE_INT4_GEMV"
 CUDA_INT4_GEMM_FLAG = "ORT_FPA_INTB_GEMM"
@@ -206,6 +207,11 @@ class DeviceProfile:
         return False
 
     @property
+    def prefill_budget(self) -> int:
+        """The engine step's token budget (decode tokens + prompt chunks) when none is asked for."""
+        return DEFAULT_PREFILL_BUDGET
+
+    @property
     def one_row_session(self) -> bool:
         """Captured one-row decode steps get a session of their own without the fused INT4 kernels."""
         return False
@@ -242,6 +248,7 @@ class DeviceProfile:
                                    default_row_groups(config.max_batch) if self.split_matmul_rows else 0),
             device_row_summary=_pick(config.device_row_summary, self.row_summary),
             fixed_chunk_shapes=_pick(config.fixed_chunk_shapes, self.fixed_chunk_shapes),
+            prefill_chunk=_pick(config.prefill_chunk, max(self.prefill_budget, config.max_batch + 1)),
             batched_prompts=_pick(config.batched_prompts, self.batched_prompts),
             # NOTE(engine): True does not force it: it applies only where the fused kernels are on
             one_row_session=config.one_row_session is not False and self.one_row_session)
@@ -345,6 +352,10 @@ class WebGpuProfile(DeviceProfile):
 
     family = "webgpu"
     engine_capture = True
+    # NOTE(engine): a staged prompt run costs 17-18 ms whatever its length up to 256 tokens, so a ~900-token prompt
+    # beside 7 streams took 4 runs and 148 ms; at 512, 2 runs and 90 ms, the streams' ITL p99 35 -> 40 ms
+    # (docs/perf/GPU.md, issue 38)
+    prefill_budget = 512
     # NOTE(engine): measured on WebGPU's MatMulNBits; CUDA's small-M kernel has no such cliff
     split_matmul_rows = True
 

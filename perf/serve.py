@@ -18,18 +18,19 @@ def free_port() -> int:
 
 
 def start_server(model: str, port: int, threads: int | None, *extra: str, ready_timeout_s: float = 120.0,
-                 log: Path | None = None, cwd: Path | None = None, provider: str = "cpu") -> subprocess.Popen:
+                 log: Path | None = None, cwd: Path | None = None, provider: str = "cpu",
+                 env: dict[str, str] | None = None) -> subprocess.Popen:
     """``ortserve serve --model model --provider provider --intra-op-threads threads *extra`` on 127.0.0.1:port,
     once /health answers 200 (RuntimeError when it exits first or is not ready within ``ready_timeout_s``).
 
     ``threads`` None leaves the thread count to the server; ``log``: its stderr goes there (and its tail into the
-    error), else to this process's stderr; ``cwd``: where it runs.
+    error), else to this process's stderr; ``cwd``: where it runs; ``env``: its environment (default: this one's).
     """
     cmd = [sys.executable, "-m", "server", "serve", "--model", model, "--provider", provider,
            *(["--intra-op-threads", str(threads)] if threads is not None else []), *extra,
            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     stderr = log.open("w") if log is not None else sys.stderr
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr)
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -25,7 +25,7 @@ from server.http.security import AuthMiddleware, BodyLimitMiddleware
 from server.settings import Settings
 from server.hub.catalog import format_bytes
 from server.hub.registry import READY, LeaseMiddleware
-from server.state import ServerState
+from server.state import ServerState, serves_one_model
 
 logger = logging.getLogger("ortserve")
 
@@ -57,6 +57,8 @@ def engine_config_from(settings: Settings) -> Any:
         "prefix_caching": settings.prefix_caching,
         "max_prefills_per_step": settings.max_prefills_per_step,
         "engine_process": settings.engine_process,
+        # NOTE(hub): a hub loads models beside running streams; a one-model server's load is the server's start
+        "load_nice": 0 if serves_one_model(settings) else settings.load_nice,
         "step_trace": settings.step_trace,
     }
     if settings.prefill_chunk is not None:

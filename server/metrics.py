@@ -8,6 +8,7 @@ want the server's total sum it away (``sum without (model_name)``). No onnxrunti
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -284,6 +285,7 @@ class RequestTracker:
         self._num_generated = 0
         self._num_prompt = 0
         self._done = False
+        self._itl: tuple[str, Any, Any] | None = None  # (model name, its two inter-token histograms)
         # the served model (every series' model_name): the default until the request is routed (start_tracking)
         self.model_name = metrics.default_model
 
@@ -312,7 +314,10 @@ class RequestTracker:
         if new_tokens > 0 and self._last_token_s is not None:
             # NOTE(server): one output may carry several tokens (held-back text); spread the gap evenly.
             gap = (now - self._last_token_s) / new_tokens
-            ours, vllms = m.inter_token_latency.labels(name), m.vllm_itl.labels(name)
+            # NOTE(server): the labelled histograms are looked up once per request, not once per token
+            if self._itl is None or self._itl[0] != name:
+                self._itl = (name, m.inter_token_latency.labels(name), m.vllm_itl.labels(name))
+            _, ours, vllms = self._itl
             for _ in range(new_tokens):
                 ours.observe(gap)
                 vllms.observe(gap)

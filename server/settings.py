@@ -128,6 +128,11 @@ class Settings(BaseSettings):
     embedding_batch_tokens: int = Field(
         8192, ge=16, le=1_048_576, description="Most padded tokens (texts x longest text) in one embedding run.",
     )
+    load_nice: int = Field(
+        5, ge=0, le=19, description="How much lower a hub model's CPU priority is while its engine process loads it "
+        "(Linux nice steps; 0: the same), so a load yields the cores to other models' running streams. A one-model "
+        "server loads at normal priority.",
+    )
     embedding_nice: int = Field(
         10, ge=0, le=19, description="How much lower the embedding threads' CPU priority is than the chat "
         "engine's (Linux nice steps; 0: the same), so embedding work yields the cores to running chat streams.",

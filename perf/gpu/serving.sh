@@ -2,7 +2,7 @@
 # Issue 13's and 22's figures on the GPU machine: the synthetic Llama-3.2-1B shape (INT4, float16, KV length 1,024) served
 # over HTTP on the WebGPU plugin EP and measured with `ortserve bench` (the official openai client's wire format,
 # /v1/completions, streaming), beside engine-direct runs of the same harness. One call of the device tool:
-#   bash perf/gpu/serving.sh [tests] [probe] [http] [engine]     (default: http engine)
+#   bash perf/gpu/serving.sh [tests] [probe] [http] [ttft7] [engine]     (default: http engine)
 # PROVIDER=cuda (after `source .device/setup-cuda.sh`) serves on the CUDA EP instead of WebGPU; tests then runs
 # tests/integration/ep/test_cuda_engine.py (TESTS= picks others). SERVE_ARGS adds server flags (--no-graph-capture).
 # TRACE=1: the --max-batch 8 server writes a --step-trace, and the largest token gaps of its runs are shown beside
@@ -107,6 +107,27 @@ if [[ " $steps " == *" http "* ]]; then
   serve 1 && { bench b1-c1 $SHORT --concurrency 1 --num-requests ${C1_REQUESTS:-24} --warmup 1; stop; }
   log "http: --max-batch 64"
   serve 64 && { bench b64-c64 $SHORT --concurrency 64 --num-requests ${C64_REQUESTS:-512} --warmup 1 --client-processes ${C64_PROCS:-4}; stop; }
+fi
+
+# ttft7: only the ~900-token TTFT at idle and beside 7 streams (with their ITL), once per token budget in
+# PREFILL_CHUNKS (default: the engine's own), each on a fresh --max-batch 8 server: which budget the profile should
+# have. Reports serving-ttft7-<budget>-*.json.
+if [[ " $steps " == *" ttft7 "* ]]; then
+  for budget in ${PREFILL_CHUNKS:-default}; do
+    log "ttft7: --max-batch 8, prefill budget $budget"
+    extra=$SERVE_ARGS; [ "$budget" != default ] && SERVE_ARGS="$SERVE_ARGS --prefill-chunk $budget"
+    if serve 8; then
+      bench ttft7-$budget-prompt1000 --prompt-tokens $LONG --output-tokens 8 --concurrency 1 --num-requests 4 --warmup 1
+      bench ttft7-$budget-c7-idle --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
+      (sleep 1; bench ttft7-$budget-prompt1000-beside7 --prompt-tokens $LONG --output-tokens 8 --concurrency 1 \
+        --num-requests 6 --warmup 0) &
+      BESIDE=$!
+      bench ttft7-$budget-c7-busy --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
+      wait $BESIDE
+      stop
+    fi
+    SERVE_ARGS=$extra
+  done
 fi
 
 if [[ " $steps " == *" engine "* ]]; then

@@ -8,6 +8,7 @@ clients. Load times are reported (printed and in the test's record), never asser
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -99,7 +100,10 @@ def test_first_request_loads_each_model(hub: ServeProcess, record_property) -> N
     assert _chat(hub.base, MINILM).status_code == 400
 
 
-def _stream_times(base: str, model: str, max_tokens: int, out: dict, key: str) -> None:
+def _stream_times(base: str, model: str, max_tokens: int, out: dict, key: str,
+                  stop: threading.Event | None = None) -> None:
+    """Stream a greedy chat, appending each content chunk's arrival time to ``out[key]`` (and its usage's token count
+    to ``out[key + ":tokens"]``); ``stop`` set: the client goes away after the next chunk."""
     body = {"model": model, "messages": HI, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     stamps: list[float] = []
@@ -107,6 +111,8 @@ def _stream_times(base: str, model: str, max_tokens: int, out: dict, key: str) -
     with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=300) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
+            if stop is not None and stop.is_set():
+                return
             if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
                 stamps.append(time.monotonic())
             if line.startswith("data: {") and '"usage":{' in line:
@@ -266,36 +272,71 @@ def test_memory_budget_evicts_the_least_recently_used_idle_model(tmp_path: Path)
         assert out[GEMMA + ":tokens"] == 200 and out["smol-b:tokens"] == 200  # the running streams ran to the end
 
 
-def test_a_load_does_not_stall_another_models_stream(tmp_path: Path, record_property) -> None:
-    """While gemma loads, a running smollm stream goes on: tokens keep arriving during the load, and both answer.
+def _p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
 
-    NOTE: counted, not timed (no test depends on machine speed). The load's session building runs in gemma's engine
-    process and its folder parsing in a worker thread, never on the event loop; one step still holds the GIL in the
-    server process (tokenizers' Tokenizer.from_file, about 1 s for Gemma's 262k vocabulary), so the largest-gap ratio
-    is recorded (largest_gap_ratio_during_load), not asserted.
+
+def _nice_values(pid: int) -> dict[int, int]:
+    """Each thread's nice value (/proc/PID/task/TID/stat field 19)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        out[int(task.name)] = int(fields[16])
+    return out
+
+
+def test_a_load_does_not_stall_another_models_stream(tmp_path: Path, record_property) -> None:
+    """While gemma loads, a running smollm stream goes on: tokens keep arriving during the load and after it, and
+    every thread of gemma's engine process ends at the server's CPU priority (the load ran at --load-nice 5).
+
+    NOTE: counted, not timed (no test depends on machine speed). Issue 37's bound (the stream's ITL p99 during the
+    load at most twice its idle p99, before and after the load) is recorded with the largest gap
+    (p99_ratio_during_load, max_gap_ratio_during_load), not asserted: on the shared 2-core machine it came out 1.11 to
+    1.68 in five runs and 2.2 in a sixth; and the server still parses gemma's tokenizer itself (tokenizers'
+    Tokenizer.from_file holds the GIL for about 1 s of CPU for its 262k vocabulary, seconds on a loaded machine), a
+    gap that p99 leaves out only where the load spans 100 gaps or more. docs/perf/hub-load.md has the figures.
     """
     config = _config(tmp_path, [GEMMA_SPEC])
-    with serve_process(SMOL, "--config", config, "--idle-unload-s", "600", *COMMON) as server:
+    # NOTE: a KV length that lets the stream outlast a load at the lower priority; no speculative decoding, whose
+    # chunk gaps grow with a long greedy story's length by themselves (docs/perf/hub-load.md)
+    with serve_process(SMOL, "--config", config, "--idle-unload-s", "600", "--load-timeout-s", "900",
+                       "--max-batch", "2", "--max-model-len", "4096", "--speculative-tokens", "0",
+                       "--log-level", "info") as server:
         assert _chat(server.base, SMOL, 2).status_code == 200
         out: dict = {}
-        stream = threading.Thread(target=_stream_times, args=(server.base, SMOL, 400, out, "s"))
+        stop = threading.Event()
+        stream = threading.Thread(target=_stream_times, args=(server.base, SMOL, 4000, out, "s"),
+                                  kwargs={"stop": stop})
         stream.start()
-        while len(out.get("s", ())) < 10:  # the stream runs before the load starts
+        while len(out.get("s", ())) < 100:  # the stream's idle gaps before the load
             assert stream.is_alive(), "the stream ended before the load"
             time.sleep(0.05)
         load_start = time.monotonic()
         assert _chat(server.base, GEMMA, 1).status_code == 200
         load_end = time.monotonic()
+        num_before = sum(t < load_end for t in out["s"])
+        while len(out["s"]) < num_before + 60 and stream.is_alive():  # and after it
+            time.sleep(0.05)
+        stop.set()
         stream.join(300)
         stamps = out["s"]
         during = [t for t in stamps if load_start < t < load_end]
+        after = [t for t in stamps if t > load_end]
         assert during, (len(stamps), round(load_end - load_start, 1))  # tokens kept coming while gemma loaded
-        assert out["s:tokens"] == 400  # and the stream was not cut by the load
-        gaps = [(b, b - a) for a, b in zip(stamps, stamps[1:])]
-        idle = [g for t, g in gaps if t < load_start]
-        busy = [g for t, g in gaps if load_start <= t <= load_end]
-        if len(idle) >= 2 and len(busy) >= 2:
-            ratio = max(busy) / max(idle)
-            print(f"largest gap idle {max(idle) * 1e3:.0f} ms, during the load {max(busy) * 1e3:.0f} ms "
-                  f"(load {load_end - load_start:.1f} s, {len(during)} tokens during it)")
-            record_property("largest_gap_ratio_during_load", round(ratio, 2))
+        assert len(after) >= 60, (len(stamps), round(load_end - load_start, 1))  # and the load did not cut it
+        pid = _health(server.base)[GEMMA]["pid"]
+        server_nice = os.getpriority(os.PRIO_PROCESS, server.proc.pid)
+        nices = _nice_values(pid)
+        assert nices and set(nices.values()) == {server_nice}, nices  # no thread of gemma's kept the load's nice
+        gaps = [(b, b - a) for a, b in itertools.pairwise(stamps[5:])]  # the first few: the stream's own start
+        idle = [g for t, g in gaps if t <= load_start or t - g >= load_end]
+        busy = [g for t, g in gaps if load_start < t < load_end]
+        assert len(idle) >= 100, len(idle)
+        if len(busy) >= 2:
+            p99_ratio, max_ratio = _p99(busy) / _p99(idle), max(busy) / max(idle)
+            print(f"ITL p99 idle {_p99(idle) * 1e3:.0f} ms, during the load {_p99(busy) * 1e3:.0f} ms (ratio "
+                  f"{p99_ratio:.2f}); largest gap idle {max(idle) * 1e3:.0f} ms, during {max(busy) * 1e3:.0f} ms "
+                  f"(ratio {max_ratio:.2f}); load {load_end - load_start:.1f} s, {len(busy)} gaps during it")
+            record_property("p99_ratio_during_load", round(p99_ratio, 2))
+            record_property("max_gap_ratio_during_load", round(max_ratio, 2))
+            record_property("num_gaps_during_load", len(busy))

@@ -183,3 +183,16 @@ def test_auto_is_decided_once_a_device_is_chosen() -> None:
     assert profiles.may_read_flag("auto", profiles.CUDA_INT4_GEMM_FLAG)
     assert not profiles.reads_flag("auto", profiles.CUDA_INT4_GEMM_FLAG)
     assert not profiles.may_read_flag("cpu", profiles.MIGRAPHX_INT4_GEMV_FLAG)
+
+
+def test_step_budget_is_the_devices_unless_asked() -> None:
+    """The engine step's token budget: 256 tokens, 512 on WebGPU (its staged prompt runs cost about the same up to
+    512 tokens), never under max_batch + 1 (a prompt chunk beside a full decode batch); a set one stays."""
+    webgpu = profiles.make_profile(_device("webgpu", "WebGPU_Buf", Addressing.OPAQUE, device_id=3))
+    cpu = profiles.make_profile(None)
+    assert webgpu.resolve(EngineConfig(max_batch=8)).prefill_chunk == 512
+    assert cpu.resolve(EngineConfig(max_batch=8)).prefill_chunk == profiles.DEFAULT_PREFILL_BUDGET == 256
+    assert cpu.resolve(EngineConfig(max_batch=256)).prefill_chunk == 257
+    assert webgpu.resolve(EngineConfig(max_batch=8, prefill_chunk=64)).prefill_chunk == 64
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        EngineConfig(max_batch=8, prefill_chunk=8)
