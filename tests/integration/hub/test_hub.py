@@ -226,6 +226,11 @@ def test_idle_unload_frees_the_process_and_reload_answers_the_same(tmp_path: Pat
         while GEMMA in _health(server.base) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert GEMMA not in _health(server.base)
+        # NOTE: /health drops the model when its unload starts (no request routes to it from then on); its engine
+        # process then stops and is reaped (EngineProcessClient.shutdown: up to its 30 s grace)
+        deadline = time.monotonic() + 35
+        while Path(f"/proc/{gemma_pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert not Path(f"/proc/{gemma_pid}").exists()  # its process is gone
         assert SMOL in _health(server.base)  # keep_alive -1
         time.sleep(1.0)
