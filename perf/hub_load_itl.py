@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 
 from perf.serve import free_port, start_server
@@ -40,13 +41,7 @@ PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse kee
 
 def percentile(values: list[float], q: float) -> float | None:
     """The q-quantile, linearly interpolated (numpy's default); None for no values."""
-    if not values:
-        return None
-    values = sorted(values)
-    pos = q * (len(values) - 1)
-    low = int(pos)
-    high = min(low + 1, len(values) - 1)
-    return values[low] + (values[high] - values[low]) * (pos - low)
+    return float(np.percentile(values, 100 * q)) if values else None
 
 
 async def one_round(base: str, *, stream_model: str, load_model: str, max_tokens: int, lead_in_s: float,
