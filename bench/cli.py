@@ -256,8 +256,8 @@ async def _run(args: argparse.Namespace) -> dict:
         from engine.config import EngineConfig
 
         max_batch = args.engine_max_batch or min(256, max([8, *args.concurrency]))
-        config = EngineConfig(provider=args.engine_provider, max_batch=max_batch,
-                              max_queue=max(64, args.num_requests), prefill_chunk=max(256, max_batch + 1))
+        # (the step budget is the device profile's, as in a server: 256, 512 on WebGPU, at least max_batch + 1)
+        config = EngineConfig(provider=args.engine_provider, max_batch=max_batch, max_queue=max(64, args.num_requests))
         backend = EngineBackend(args.engine, endpoint=args.endpoint, temperature=args.temperature,
                                 ignore_eos=args.ignore_eos, engine_config=config)
         server_pid: int | None = os.getpid()
