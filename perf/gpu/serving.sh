@@ -80,19 +80,23 @@ SHORT="--prompt-tokens 25 --output-tokens 128"
 # (the reports hold each prompt's token count)
 # (the Llama 3 vocabulary of the bench GGUF: about one token a word)
 LONG=${LONG_PROMPT_WORDS:-$([ "$MODEL" = $BENCH_GGUF_DIR ] && echo 900 || echo 440)}
+
+long_prompt_runs() {  # long_prompt_runs PREFIX: the ~900-token TTFT idle, then 7 streams' inter-token latency idle and
+  # while those prompts arrive one after another (reports PREFIX-prompt1000, -c7-idle, -prompt1000-beside7, -c7-busy)
+  bench $1-prompt1000 --prompt-tokens $LONG --output-tokens 8 --concurrency 1 --num-requests 4 --warmup 1
+  bench $1-c7-idle --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
+  (sleep 1; bench $1-prompt1000-beside7 --prompt-tokens $LONG --output-tokens 8 --concurrency 1 --num-requests 6 \
+    --warmup 0) &
+  local beside=$!
+  bench $1-c7-busy --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
+  wait $beside
+}
 if [[ " $steps " == *" http "* ]]; then
   log "http: --max-batch 8 (the default)"
   if serve 8; then
     bench b8-c1 $SHORT --concurrency 1 --num-requests ${C1_REQUESTS:-24} --warmup 1
     bench b8-c8 $SHORT --concurrency 8 --num-requests ${C8_REQUESTS:-128} --warmup 1 --client-processes ${C8_PROCS:-4}
-    bench b8-prompt1000 --prompt-tokens $LONG --output-tokens 8 --concurrency 1 --num-requests 4 --warmup 1
-    # inter-token latency of 7 streams, idle and while 1,000-token prompts arrive one after another
-    bench b8-c7-idle --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
-    (sleep 1; bench b8-prompt1000-beside7 --prompt-tokens $LONG --output-tokens 8 --concurrency 1 --num-requests 6 \
-      --warmup 0) &
-    BESIDE=$!
-    bench b8-c7-busy --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
-    wait $BESIDE
+    long_prompt_runs b8
     stop
     if [ -n "${TRACE:-}" ]; then  # the largest token gaps beside the engine's steps (perf/gpu/gaps.py)
       for name in b8-c7-busy b8-c7-idle b8-c8; do
@@ -117,13 +121,7 @@ if [[ " $steps " == *" ttft7 "* ]]; then
     log "ttft7: --max-batch 8, prefill budget $budget"
     extra=$SERVE_ARGS; [ "$budget" != default ] && SERVE_ARGS="$SERVE_ARGS --prefill-chunk $budget"
     if serve 8; then
-      bench ttft7-$budget-prompt1000 --prompt-tokens $LONG --output-tokens 8 --concurrency 1 --num-requests 4 --warmup 1
-      bench ttft7-$budget-c7-idle --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
-      (sleep 1; bench ttft7-$budget-prompt1000-beside7 --prompt-tokens $LONG --output-tokens 8 --concurrency 1 \
-        --num-requests 6 --warmup 0) &
-      BESIDE=$!
-      bench ttft7-$budget-c7-busy --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
-      wait $BESIDE
+      long_prompt_runs ttft7-$budget
       stop
     fi
     SERVE_ARGS=$extra
