@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import HELD_TOKENIZERS, Tokenizer
 from engine.types import EngineDeadError, EngineError, EngineOverloadedError, InvalidRequestError, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def read_embedding_folder(path: str | Path) -> EmbeddingFolder:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
         folder = EmbeddingFolder(
             path=path, model_file=path / cfg.get("filename", "model.onnx"), kind=str(cfg["kind"]),
-            tokenizer=Tokenizer.from_file(path / "tokenizer.json"), dimension=int(cfg["dimension"]),
+            tokenizer=HELD_TOKENIZERS.load(path / "tokenizer.json"), dimension=int(cfg["dimension"]),
             max_seq_length=int(cfg["max_seq_length"]), pooling=str(cfg.get("pooling", "mean")),
             normalize=bool(cfg.get("normalize", True)), add_special_tokens=bool(cfg.get("add_special_tokens", True)),
             vocab_size=int(cfg["vocab_size"]), inputs=dict(cfg.get("inputs") or {}),

@@ -22,7 +22,7 @@ from engine.chat_template import ChatTemplate, chat_template_source
 from engine.config import EngineConfig
 from engine.context_length import GIB, ContextChoice, choose_context, kv_bytes_per_token
 from engine.end_of_generation import eog_token_ids
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import HELD_TOKENIZERS, Tokenizer
 from engine.types import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ def read_model_folder(path: str | Path, chat_template: str | None = None) -> Mod
         raise ModelLoadError(f"model folder {path} has no {model_file.name} (genai_config decoder.filename)")
     if not (path / "tokenizer.json").is_file():
         raise ModelLoadError(f"model folder {path} has no tokenizer.json")
-    tokenizer = Tokenizer.from_file(path / "tokenizer.json")
+    tokenizer = HELD_TOKENIZERS.load(path / "tokenizer.json")
     tok_config = _read_json(path / "tokenizer_config.json", required=False)
     gen_config = _read_json(path / "generation_config.json", required=False)
     override = chat_template

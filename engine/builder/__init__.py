@@ -16,7 +16,9 @@ from engine.builder.errors import (
     UnsupportedTokenizerError,
 )
 from engine.builder.convert import convert_gguf
-from engine.builder.pull import DEFAULT_MODEL, KNOWN_MODELS, fetch_gguf, model_cache_dir, pull_model, resolve_model
+from engine.builder.pull import (
+    DEFAULT_MODEL, KNOWN_MODELS, fetch_gguf, local_model_folder, model_cache_dir, pull_model, resolve_model,
+)
 from engine.builder.synthetic import SyntheticSpec, build_synthetic
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "build_synthetic",
     "convert_gguf",
     "fetch_gguf",
+    "local_model_folder",
     "model_cache_dir",
     "pull_model",
     "resolve_model",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ from tqdm.auto import tqdm
 from engine.builder.convert import convert_gguf
 from engine.builder.encoder import convert_sentence_transformer
 from engine.builder.errors import ChecksumError, DownloadError, UnknownModelError
-from engine.builder.folder import has_generation_defaults, marker_matches, write_generation_defaults
+from engine.builder.folder import MARKER_FILE, has_generation_defaults, marker_matches, write_generation_defaults
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 BUILDER_VERSION = 4  # bump when the graph changes so cached folders are rebuilt (4: embedding.onnx)
@@ -240,6 +241,41 @@ def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None,
     raise UnknownModelError(
         f"{name_or_path!r} is not a model folder, a .gguf file or a known model name "
         f"(known: {', '.join(KNOWN_MODELS)})")
+
+
+
+def local_model_folder(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path | None:
+    """The folder ``resolve_model`` would return when that needs no download or conversion, else None.
+
+    Cheap (no hashing): a converted GGUF is found by its marker's source path and builder version, and one older
+    than its GGUF file is not taken. For work done ahead of a load (a model hub's tokenizers); the load itself still
+    goes through ``resolve_model``.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if (path / "genai_config.json").is_file() or (path / "embedding_config.json").is_file():
+            return path.resolve()
+        return None
+    cache = Path(cache_dir) if cache_dir is not None else model_cache_dir()
+    if path.is_file() and path.suffix == ".gguf":
+        source = str(path.resolve())
+        for folder in sorted((cache / "gguf").glob(f"{path.stem}-*")):
+            try:
+                marker = json.loads((folder / MARKER_FILE).read_text())
+                fresh = (folder / MARKER_FILE).stat().st_mtime >= path.stat().st_mtime
+            except (OSError, ValueError):
+                continue
+            if isinstance(marker, dict) and marker.get("source") == source and fresh \
+                    and marker.get("builder_version") == BUILDER_VERSION:
+                return folder
+        return None
+    source = KNOWN_MODELS.get(str(name_or_path))
+    if source is None:
+        return None
+    target = cache / str(name_or_path)
+    marker = {"source": source.requirement, "sha256": source.sha256, "builder_version": BUILDER_VERSION,
+              "dtype": "float32", "accuracy_level": 4}
+    return target.resolve() if marker_matches(target, marker) else None
 
 
 def _converted_st_folder(path: Path, cache_dir: str | Path | None) -> Path:

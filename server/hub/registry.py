@@ -26,6 +26,7 @@ import anyio
 from server.errors import EngineNotReadyError, ModelCannotError, ModelNotFoundError
 from server.hub.catalog import CatalogModel, default_memory_budget, estimate_bytes, format_bytes, kind_of_folder, \
     parse_bytes, resolve_kind
+from server.hub.tokenizers import hold_listed, hold_loaded
 from server.settings import Settings
 
 logger = logging.getLogger("ortserve.hub")
@@ -140,6 +141,7 @@ class ModelRegistry:
                 self._by_name.setdefault(alias, entry)
         self._room: asyncio.Lock | None = None
         self._reaper: asyncio.Task | None = None
+        self._held: asyncio.Task | None = None
         self.on_unload: list[Callable[[ModelEntry], None]] = []
 
     # -- names --------------------------------------------------------------------------------------------------
@@ -313,6 +315,8 @@ class ModelRegistry:
             logger.error("loading the model failed (%s): %s", entry.name, entry.load_error,
                          exc_info=None if isinstance(exc, EngineError) else exc)
             return
+        if not self.one_model:
+            hold_loaded(entry.model, entry.engine if entry.engine is not None else entry.embedder)
         entry.status, entry.num_loads = READY, entry.num_loads + 1
         entry.load_time_s, entry.loaded_at = time.monotonic() - started, time.time()
         entry.last_used_s = time.monotonic()
@@ -366,12 +370,17 @@ class ModelRegistry:
             await self._find_budget()
         if self._reaper is None and any(not e.model.pinned for e in self.entries):
             self._reaper = asyncio.create_task(self._reap(), name="hub reaper")
+        if not self.one_model and self._held is None:
+            self._held = asyncio.create_task(anyio.to_thread.run_sync(hold_listed, [e.model for e in self.entries]),
+                                             name="hub tokenizers")
 
     async def stop(self) -> None:
         """Stop the reaper, wait for loads, and shut every owned model down."""
         if self._reaper is not None:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
+        if self._held is not None:
+            await asyncio.gather(self._held, return_exceptions=True)  # a parse in its thread cannot be cancelled
         loads = [e.task for e in self.entries if e.task is not None and not e.task.done()]
         if loads:
             await asyncio.wait(loads)  # a half-loaded session cannot be cancelled
