@@ -162,6 +162,36 @@ PY
   fi
 fi
 
+if has arrivals-spy; then  # who holds the engine process's and the server's interpreter during 64-request bursts
+  # needs py-spy (prepare.sh --cuda py-spy==0.4.1 puts its wheel in .device/whl); SPY_BURSTS bursts of 64
+  if ours 8300 $GGUF_DIR 64; then
+    bench "spy-warm" 8300 --prompt-tokens 25 --output-tokens 32 --concurrency 64 --num-requests 64 --warmup 0 \
+      --client-processes 4 --seed 400
+    ENGINE=$(pgrep -P $SERVER -f "spawn_main" | head -n 1)
+    log "spy: server $SERVER, engine process $ENGINE"
+    dur=$(( ${SPY_BURSTS:-8} * 2 + 4 ))
+    ${PYSPY:-/tmp/site/bin/py-spy} record --pid "$ENGINE" --rate 2000 --duration $dur --nonblocking --gil --threads --format raw \
+      --output "$OUT/spy-engine-gil.txt" > "$OUT/spy-engine-gil.log" 2>&1 &
+    S1=$!
+    ${PYSPY:-/tmp/site/bin/py-spy} record --pid "$ENGINE" --rate 2000 --duration $dur --nonblocking --idle --threads --format raw \
+      --output "$OUT/spy-engine-all.txt" > "$OUT/spy-engine-all.log" 2>&1 &
+    S2=$!
+    ${PYSPY:-/tmp/site/bin/py-spy} record --pid "$SERVER" --rate 2000 --duration $dur --nonblocking --gil --threads --format raw \
+      --output "$OUT/spy-server-gil.txt" > "$OUT/spy-server-gil.log" 2>&1 &
+    S3=$!
+    sleep 2
+    for i in $(seq ${SPY_BURSTS:-8}); do
+      bench "spy-arrivals$i" 8300 --prompt-tokens 25 --output-tokens 32 --concurrency 64 --num-requests 64 \
+        --warmup 0 --client-processes 4 --seed $((400 + i))
+      sleep 0.5
+    done
+    wait $S1 $S2 $S3
+    tail -n 2 "$OUT"/spy-*.log | tee -a "$LOG"
+    stop $SERVER
+    gzip -f "$OUT"/spy-*.txt
+  fi
+fi
+
 log "done"
 python3 - "$OUT" <<'PY'
 import json, sys
