@@ -4,7 +4,7 @@ it through an ``AttachedCoreClient`` on its own pipe.
 
 The engine process's side is engine.core_fanout (requests from every pipe into one core, outputs split per client
 by ``seq % num_clients``). The API processes never start or stop the engine process: the parent does, after they
-have all ended. No onnxruntime import here (the engine process loads it).
+have all ended. Sessions are created only in the engine process.
 """
 
 from __future__ import annotations
