@@ -261,6 +261,8 @@ class AsyncEngine:
         """Abort what is in flight and join the engine thread, or stop and reap the engine process (idempotent)."""
         if not self._closed:
             self._closed = True
+            if self._core.num_clients > 1:  # NOTE(engine): a shared engine goes on: free this process's rows there
+                self._core.abort(list(self._processor.states))
             self._core.shutdown(timeout_s)
             self.structured.shutdown()
 

@@ -17,12 +17,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.core_client import _LIVE, _REAP_S, EngineCoreClient, _log_setup, wait_ready
+from engine.core_client import _REAP_S, EngineCoreClient, _log_setup, wait_ready
 from engine.core_process import run_engine_process
 from engine.core_wire import CoreFacts, Shutdown, dumps
 from engine.model_loader import ModelFolder
-from engine.structured_output import StructuredOutputBackend
-from engine.types import CoreSnapshot, EngineDeadError, Sink
+from engine.types import EngineDeadError, Sink
 
 log = logging.getLogger(__name__)
 
@@ -109,23 +108,13 @@ class AttachedCoreClient(EngineCoreClient):
 
     def __init__(self, folder: ModelFolder, config: EngineConfig, sink: Sink, *, conn: Connection,
                  client_index: int, num_clients: int) -> None:
-        self._sink = sink
+        self._init_pipe_state(config, sink)
         self.client_index, self.num_clients = client_index, num_clients
-        self.snapshot = CoreSnapshot(num_slots_free=config.max_batch)
-        self.process_cpu_s = 0.0
-        self.dead: BaseException | None = None
-        self._lock = threading.Lock()
-        self._ended = False
-        self._closing = False
-        self._reader: threading.Thread | None = None
         self._conn = conn
         self._proc = None
         # NOTE(engine): the engine process sent Ready to every client before the parent started this process
         self.facts = wait_ready(conn, _NoProcess())
-        _LIVE.add(self)
-        self.structured = StructuredOutputBackend(
-            folder.tokenizer.hf, self.facts.vocab_size, folder.eos_token_ids,
-            compile_timeout_s=config.grammar_compile_timeout_s, cache_size=config.grammar_cache_size)
+        self._ready(folder, config)
 
     @property
     def pid(self) -> int | None:

@@ -180,14 +180,7 @@ class EngineCoreClient(CoreClient):
     """
 
     def __init__(self, folder: ModelFolder, config: EngineConfig, sink: Sink) -> None:
-        self._sink = sink
-        self.snapshot = CoreSnapshot(num_slots_free=config.max_batch)
-        self.process_cpu_s = 0.0  # the engine process's CPU seconds (all its threads), with each snapshot
-        self.dead: BaseException | None = None
-        self._lock = threading.Lock()  # one writer at a time on the pipe; `_ended` and `dead` change under it
-        self._ended = False  # the reader saw EOF: the process is gone
-        self._closing = False  # shutdown was asked for
-        self._reader: threading.Thread | None = None
+        self._init_pipe_state(config, sink)
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
         self._proc = ctx.Process(target=run_engine_process, name="ortserve-engine", daemon=True,
@@ -204,6 +197,21 @@ class EngineCoreClient(CoreClient):
         finally:
             child_conn.close()  # NOTE(engine): only the child holds its end now, so its exit is EOF here
         self.facts = wait_ready(self._conn, self._proc)
+        self._ready(folder, config)
+
+    def _init_pipe_state(self, config: EngineConfig, sink: Sink) -> None:
+        """What the pipe's two ends (``_send``, ``_read``) keep, before the pipe exists."""
+        self._sink = sink
+        self.snapshot = CoreSnapshot(num_slots_free=config.max_batch)
+        self.process_cpu_s = 0.0  # the engine process's CPU seconds (all its threads), with each snapshot
+        self.dead: BaseException | None = None
+        self._lock = threading.Lock()  # one writer at a time on the pipe; `_ended` and `dead` change under it
+        self._ended = False  # the reader saw EOF: the process is gone
+        self._closing = False  # shutdown was asked for
+        self._reader: threading.Thread | None = None
+
+    def _ready(self, folder: ModelFolder, config: EngineConfig) -> None:
+        """Once ``facts`` are known: stopped at exit if nobody did, and this process's grammar backend."""
         _LIVE.add(self)
         # NOTE(engine): this process's backend only validates specs (a bad one is a 400 before any output); the
         # engine process compiles each spec again for its matchers.

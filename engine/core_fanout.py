@@ -111,9 +111,8 @@ def serve_client(conn: Connection, index: int, feed: Any, outbox: FanOutbox) -> 
     """Reader thread of client ``index``: its adds, aborts and grammar hints go to the shared feed in the order it
     sent them; its ``Shutdown`` or EOF detaches it (the engine goes on: only the parent's pipe stops it).
 
-    NOTE(engine): a client that detaches with requests still running leaves them to run out (their outputs are
-    dropped): an API process detaches only after its streams were drained or cut (each cut stream aborts its
-    request), and the parent shuts the engine down once any API process has ended.
+    NOTE(engine): an API process aborts its requests still in flight before it detaches (AsyncEngine.shutdown); one
+    that dies leaves them to run out (their outputs are dropped) until the parent, which saw it die, stops the engine.
     """
     while True:
         try:
