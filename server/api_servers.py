@@ -210,6 +210,9 @@ def run_api_server(settings: Settings, sock: socket.socket, conn: Connection, in
         deadline = time.monotonic() + _ALL_SERVING_TIMEOUT_S
         while serving.value < count and time.monotonic() < deadline:
             time.sleep(0.01)
+        if serving.value < count:
+            logger.warning("API process %d: only %d of %d API processes serve after %.0f s; ready anyway", index,
+                           serving.value, count, _ALL_SERVING_TIMEOUT_S)
         return engine
 
     app = create_app(settings, loader=load)
