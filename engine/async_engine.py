@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from engine.types import (
     PromptTooLongError,
     RequestOutput,
     SamplingParams,
+    Sink,
 )
 
 log = logging.getLogger(__name__)
@@ -52,15 +53,18 @@ class AsyncEngine:
         engine.shutdown()
     """
 
-    def __init__(self, folder: ModelFolder, config: EngineConfig) -> None:
+    def __init__(self, folder: ModelFolder, config: EngineConfig,
+                 core_factory: Callable[[ModelFolder, EngineConfig, Sink], CoreClient] = make_core_client) -> None:
         self.config = config
         self.folder = folder
         self._processor = OutputProcessor()
-        self._seq = 0
         self._closed = False
         # NOTE(engine): with an engine process the session, KV cache, scheduler and samplers live there
-        # (engine.core_process); this one keeps tokenizing, detokenizing, stop strings and HTTP.
-        self._core: CoreClient = make_core_client(folder, config, self._dispatch)
+        # (engine.core_process); this one keeps tokenizing, detokenizing, stop strings and HTTP. ``core_factory``:
+        # make_core_client, or an attachment to an engine process shared with other API processes (core_attach).
+        self._core: CoreClient = core_factory(folder, config, self._dispatch)
+        # seq = client_index (mod num_clients): how a shared engine process routes outputs (CoreClient)
+        self._seq, self._seq_step = self._core.client_index, self._core.num_clients
         self.engine_process = self._core.pid is not None
         facts = self._core.facts
         self._runner: ModelRunner | None = self._core.runner
@@ -74,14 +78,16 @@ class AsyncEngine:
                  f", engine process {self._core.pid}" if self._core.pid is not None else "")
 
     @classmethod
-    def from_model_dir(cls, path: str | Path, config: EngineConfig | None = None) -> AsyncEngine:
+    def from_model_dir(cls, path: str | Path, config: EngineConfig | None = None,
+                       core_factory: Callable[[ModelFolder, EngineConfig, Sink], CoreClient] = make_core_client,
+                       ) -> AsyncEngine:
         """Load a model folder (blocking: call it from a thread when a loop is running).
 
         Raises:
             ModelLoadError: the folder cannot be served.
         """
         config = config or EngineConfig()
-        return cls(read_model_folder(path, config.chat_template), config)
+        return cls(read_model_folder(path, config.chat_template), config, core_factory)
 
     # -- model facts -----------------------------------------------------------------------------------
 
@@ -185,7 +191,7 @@ class AsyncEngine:
                                          include_stop_str_in_output=params.include_stop_str_in_output,
                                          preserved_token_ids=preserved)
                   for _ in range(params.n)]
-        self._seq += 1
+        self._seq += self._seq_step
         state = RequestState(request_id, len(prompt_ids), params, detoks[0], loop=asyncio.get_running_loop(),
                              seq=self._seq, more_detokenizers=detoks[1:])
         self._processor.add(state)
@@ -255,6 +261,8 @@ class AsyncEngine:
         """Abort what is in flight and join the engine thread, or stop and reap the engine process (idempotent)."""
         if not self._closed:
             self._closed = True
+            if self._core.num_clients > 1:  # NOTE(engine): a shared engine goes on: free this process's rows there
+                self._core.abort(list(self._processor.states))
             self._core.shutdown(timeout_s)
             self.structured.shutdown()
 

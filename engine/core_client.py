@@ -21,6 +21,7 @@ import time
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from multiprocessing.connection import Connection
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
@@ -57,6 +58,10 @@ class CoreClient(ABC):
     dead: BaseException | None
     process_cpu_s: float | None = None
     runner: ModelRunner | None = None
+    # NOTE(engine): an engine process shared by several API processes (engine.core_attach) sends each one the outputs
+    # of the requests whose seq is its client_index modulo num_clients; AsyncEngine numbers its requests that way
+    client_index: int = 0
+    num_clients: int = 1
 
     @property
     def pid(self) -> int | None:
@@ -175,14 +180,7 @@ class EngineCoreClient(CoreClient):
     """
 
     def __init__(self, folder: ModelFolder, config: EngineConfig, sink: Sink) -> None:
-        self._sink = sink
-        self.snapshot = CoreSnapshot(num_slots_free=config.max_batch)
-        self.process_cpu_s = 0.0  # the engine process's CPU seconds (all its threads), with each snapshot
-        self.dead: BaseException | None = None
-        self._lock = threading.Lock()  # one writer at a time on the pipe; `_ended` and `dead` change under it
-        self._ended = False  # the reader saw EOF: the process is gone
-        self._closing = False  # shutdown was asked for
-        self._reader: threading.Thread | None = None
+        self._init_pipe_state(config, sink)
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
         self._proc = ctx.Process(target=run_engine_process, name="ortserve-engine", daemon=True,
@@ -198,29 +196,28 @@ class EngineCoreClient(CoreClient):
                             f"{exc}") from exc
         finally:
             child_conn.close()  # NOTE(engine): only the child holds its end now, so its exit is EOF here
-        self.facts = self._wait_ready()
+        self.facts = wait_ready(self._conn, self._proc)
+        self._ready(folder, config)
+
+    def _init_pipe_state(self, config: EngineConfig, sink: Sink) -> None:
+        """What the pipe's two ends (``_send``, ``_read``) keep, before the pipe exists."""
+        self._sink = sink
+        self.snapshot = CoreSnapshot(num_slots_free=config.max_batch)
+        self.process_cpu_s = 0.0  # the engine process's CPU seconds (all its threads), with each snapshot
+        self.dead: BaseException | None = None
+        self._lock = threading.Lock()  # one writer at a time on the pipe; `_ended` and `dead` change under it
+        self._ended = False  # the reader saw EOF: the process is gone
+        self._closing = False  # shutdown was asked for
+        self._reader: threading.Thread | None = None
+
+    def _ready(self, folder: ModelFolder, config: EngineConfig) -> None:
+        """Once ``facts`` are known: stopped at exit if nobody did, and this process's grammar backend."""
         _LIVE.add(self)
         # NOTE(engine): this process's backend only validates specs (a bad one is a 400 before any output); the
         # engine process compiles each spec again for its matchers.
         self.structured = StructuredOutputBackend(
             folder.tokenizer.hf, self.facts.vocab_size, folder.eos_token_ids,
             compile_timeout_s=config.grammar_compile_timeout_s, cache_size=config.grammar_cache_size)
-
-    def _wait_ready(self) -> CoreFacts:
-        try:
-            message = loads(self._conn.recv_bytes())
-        except (EOFError, OSError):
-            message = None
-        if isinstance(message, Ready):
-            return message.facts
-        self._proc.join(10)
-        self._conn.close()
-        if not isinstance(message, LoadFailed):
-            raise ModelLoadError(f"the engine process exited while loading the model ({_exit_text(self._proc)})")
-        exc = decode_exception(message.exception)
-        if not isinstance(exc, EngineError):  # a bug or a library's error: keep where it came from
-            exc.add_note(f"raised in the engine process:\n{message.traceback}")
-        raise exc
 
     @property
     def pid(self) -> int | None:
@@ -295,6 +292,21 @@ class EngineCoreClient(CoreClient):
             except OSError as exc:
                 raise EngineDeadError(f"the engine process has stopped: {exc!r}") from None
 
+    def _reap(self) -> None:
+        """At EOF: reap the process (no zombie, and its exit code is known)."""
+        self._proc.join(_REAP_S)
+        if self._proc.is_alive():  # the pipe broke but the process lives on (a reader bug): end it
+            self._proc.kill()
+            self._proc.join(_REAP_S)
+
+    def _eof_reason(self) -> EngineDeadError:
+        """Why the engine is gone, when it did not say."""
+        if self._closing:
+            return EngineDeadError("the engine process has stopped")
+        reason = EngineDeadError(f"the engine process has exited ({_exit_text(self._proc)})")
+        log.error("%s", reason)
+        return reason
+
     def _read(self) -> None:
         """Reader thread: outputs to the sink, snapshots to ``snapshot``; at EOF, reap the process and fail what is
         left (``dead`` first, then one more call of the sink)."""
@@ -320,21 +332,36 @@ class EngineCoreClient(CoreClient):
         except BaseException as exc:  # a bug here: the engine cannot be reached any more
             log.exception("the engine client's reader failed")
             reason = EngineDeadError(f"the engine client's reader failed: {exc!r}")
-        self._proc.join(_REAP_S)  # reaped now: no zombie, and its exit code is known
-        if self._proc.is_alive():  # the pipe broke but the process lives on (a reader bug): end it
-            self._proc.kill()
-            self._proc.join(_REAP_S)
+        self._reap()
         if reason is None:
-            if self._closing:
-                reason = EngineDeadError("the engine process has stopped")
-            else:
-                reason = EngineDeadError(f"the engine process has exited ({_exit_text(self._proc)})")
-                log.error("%s", reason)
+            reason = self._eof_reason()
         with self._lock:
             self._ended = True
             self.dead = reason
             self._conn.close()
         self._sink([])
+
+
+def wait_ready(conn: Connection, proc: multiprocessing.process.BaseProcess) -> CoreFacts:
+    """The engine process's first message on ``conn``: its facts once the model is loaded.
+
+    Raises:
+        The child's load error as it was raised there; ModelLoadError when it ended without saying why.
+    """
+    try:
+        message = loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        message = None
+    if isinstance(message, Ready):
+        return message.facts
+    proc.join(10)
+    conn.close()
+    if not isinstance(message, LoadFailed):
+        raise ModelLoadError(f"the engine process exited while loading the model ({_exit_text(proc)})")
+    exc = decode_exception(message.exception)
+    if not isinstance(exc, EngineError):  # a bug or a library's error: keep where it came from
+        exc.add_note(f"raised in the engine process:\n{message.traceback}")
+    raise exc
 
 
 def use_engine_process(config: EngineConfig) -> bool:

@@ -25,6 +25,7 @@ from typing import Any
 from engine import placement
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.core_fanout import FanOutbox, start_client_readers
 from engine.core_wire import (
     AbortRequests, AddRequest, CoreDied, CoreFacts, FromCore, LoadFailed, PrepareGrammar, Ready, Shutdown,
     SnapshotUpdate, StepOutputs, ToCore, dumps, encode_exception, encode_outputs, loads,
@@ -122,8 +123,11 @@ def backend_flags() -> dict[str, str | None]:
 
 
 def run_engine_process(conn: Connection, folder_path: str, config: EngineConfig,
-                       log_setup: tuple[int, str | None]) -> None:
+                       log_setup: tuple[int, str | None], clients: list[Connection] | None = None) -> None:
     """The engine process's main (a multiprocessing target): load, report, serve the pipe until shutdown or EOF.
+
+    ``clients``: one pipe per API process of a server with several (engine.core_attach, engine.core_fanout); then
+    ``conn`` is the parent's control pipe (``Ready``, ``Shutdown``) and requests come over the client pipes.
 
     NOTE(engine): SIGINT and SIGTERM are ignored here: Ctrl-C reaches the whole process group and a service
     manager may signal every process of the service, but only the parent decides when the engine stops (it drains
@@ -133,15 +137,17 @@ def run_engine_process(conn: Connection, folder_path: str, config: EngineConfig,
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     level, fmt = log_setup
     logging.basicConfig(level=level, **({"format": fmt} if fmt else {}))
-    EngineProcess(conn).main(folder_path, config)
+    EngineProcess(conn, clients).main(folder_path, config)
 
 
 class EngineProcess:
-    """The child's side of the pipe: the reader thread feeds the core's inbox, the core's sink sends outputs."""
+    """The child's side of the pipe: the reader thread feeds the core's inbox, the core's sink sends outputs (with
+    ``clients``, a FanOutbox splits them per client and one reader per client feeds the core)."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, clients: list[Connection] | None = None) -> None:
         self.conn = conn
-        self.outbox = _Outbox(conn)
+        self.clients = clients
+        self.outbox: Any = _Outbox(conn) if clients is None else FanOutbox(conn, clients, SNAPSHOT_INTERVAL_S)
         self.feed: _OrderedFeed | None = None
         self.core: EngineCore | None = None
 
@@ -173,6 +179,8 @@ class EngineProcess:
         gc.collect()
         gc.freeze()
         self.outbox.send(Ready(facts))  # before the core can send anything
+        if self.clients is not None:
+            start_client_readers(self.clients, self.feed, self.outbox)
         core.start()
         core.join()
         if core.dead is not None:

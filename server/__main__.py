@@ -93,6 +93,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ortserve serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     _configure_logging(settings.log_level)
+    from server.api_servers import refusal
+
+    if (refused := refusal(settings)) is not None:  # before any load: a combination that cannot work
+        print(f"ortserve serve: {refused}", file=sys.stderr)
+        return 2
     # 0. One malloc arena for the whole process, before any thread starts, so memory can be given back.
     from server.http.memory import use_one_arena
 
@@ -140,6 +145,11 @@ def _serve(args: argparse.Namespace) -> int:
             None if _looks_like_path(settings.embedding_model) else settings.embedding_model)
         settings = settings.model_copy(update={"embedding_model": str(embedding_dir),
                                                "served_embedding_model_name": served})
+
+    if settings.api_server_count > 1:  # 3'. N API processes over one engine process (server.api_servers)
+        from server.api_servers import serve_api_servers
+
+        return serve_api_servers(settings, settings.shutdown_grace_s + _UVICORN_SHUTDOWN_SLACK_S)
 
     # 3. The app loads the engine in its lifespan (/health is 503 until then); 4. listen.
     import uvicorn

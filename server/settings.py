@@ -286,6 +286,11 @@ class Settings(BaseSettings):
         "it never waits for the interpreter lock while the server streams (default: on when the model runs on a "
         "device, off on the CPU; --no-engine-process keeps it in the server's process)."
     )
+    api_server_count: int = Field(
+        1, ge=1, le=64, description="API processes (HTTP, validation, chat template, tokenizing) in front of one "
+        "engine process, sharing the listening socket (vLLM's flag); more than 1 spreads request admission over "
+        "several processes. Needs one chat model in an engine process (no hub, no embeddings).",
+    )
     shutdown_grace_s: float = Field(
         10.0, ge=0.0, le=3600.0, description="On SIGTERM, seconds running requests get to finish before abort."
     )

@@ -9,7 +9,8 @@
 # logits), the bench GGUF (drafts miss) and its offset-code variant (its output repeats: drafts hit; SPEC_T1=1 adds
 # the bench GGUF at temperature 1);
 # peer: llama-server (CUDA) and ortserve (--max-batch 64) on the same GGUF: 1, 8 and 64 streams, a ~900-token TTFT
-# idle and beside 7 streams; arrivals: 64 requests at once, three times, on both.
+# idle and beside 7 streams; arrivals: 64 requests at once, three times, on both (OURS_ARGS="--api-server-count 4":
+# also on a second ortserve with those args, interleaved: ours-args-arrivals*).
 set -o pipefail
 steps=${*:-model tests spec peer arrivals}  # 'summarize' alone: only the summary of what $OUT holds
 OUT=${OUT:-/tmp/issue38_out}; mkdir -p "$OUT"
@@ -102,10 +103,13 @@ peer_runs() {  # peer_runs NAME PORT: the same client against one server
   bench "$n-c7-busy" $port --prompt-tokens 25 --output-tokens 256 --concurrency 7 --num-requests 14 --warmup 0
   wait $beside
 }
-arrivals() {  # arrivals NAME PORT: 64 requests sent at once, three times (distinct prompts each time)
+arrivals() {  # arrivals NAME PORT [NAME2 PORT2]: 64 requests sent at once, three times (distinct prompts each time);
+  # with a second server, its runs interleave with the first's (the same prompts)
   for i in 1 2 3; do
     bench "$1-arrivals$i" $2 --prompt-tokens 25 --output-tokens 32 --concurrency 64 --num-requests 64 --warmup 0 \
       --client-processes 4 --seed $((100 + i))
+    [ -n "$3" ] && bench "$3-arrivals$i" $4 --prompt-tokens 25 --output-tokens 32 --concurrency 64 --num-requests 64 \
+      --warmup 0 --client-processes 4 --seed $((100 + i))
   done
 }
 if has peer || has arrivals; then
@@ -124,9 +128,19 @@ if has peer || has arrivals; then
     log "llama-server not built: $(cat $P/build.done 2>/dev/null || echo running); $(tail -n 3 $P/build.log 2>/dev/null)"
   fi
   if ours 8300 $GGUF_DIR 64; then
+    OURS=$SERVER
     has peer && peer_runs ours 8300
-    has arrivals && arrivals ours 8300
-    stop $SERVER
+    # OURS_ARGS (e.g. "--api-server-count 4"): the arrivals also run on a second ortserve started with these args,
+    # interleaved with the first's (reports ours-args-arrivals*)
+    if has arrivals && [ -n "$OURS_ARGS" ] && ours 8302 $GGUF_DIR 64 $OURS_ARGS; then
+      log "arrivals: ours (8300) interleaved with ours $OURS_ARGS (8302, reports ours-args-arrivals*)"
+      arrivals ours 8300 ours-args 8302
+      stop $SERVER
+    elif has arrivals; then
+      [ -n "$OURS_ARGS" ] && log "arrivals: ours with $OURS_ARGS did not start (server-8302.log); ours alone"
+      arrivals ours 8300
+    fi
+    stop $OURS
   fi
 fi
 

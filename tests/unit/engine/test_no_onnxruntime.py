@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[3]
 # the engine's pure modules: the wire between the processes, the event-loop side, the core and what it is typed against
 NO_ONNXRUNTIME = ("engine.core_wire", "engine.output_processor", "engine.types", "engine.model_runner", "engine.core",
                   "engine.scheduler", "engine.sampler", "engine.sampling_law", "engine.sampling_fast",
-                  "engine.step_stats", "engine.constraint_masks", "engine.core_inbox", "engine.load_priority")
+                  "engine.step_stats", "engine.constraint_masks", "engine.core_inbox", "engine.load_priority",
+                  "engine.core_fanout")
 
 
 @pytest.mark.parametrize("module", NO_ONNXRUNTIME)
