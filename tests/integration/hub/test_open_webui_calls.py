@@ -8,8 +8,12 @@ code (open-webui/open-webui, backend/open_webui/routers/ollama.py and utils/mode
   GET {url}/api/ps, whose ``name`` and ``expires_at`` (``datetime.fromisoformat``) mark the loaded ones; the model
   list (``get_all_base_models``) shows ``id = model["model"]`` and ``name = model["name"]``;
 - chatting, ``generate_chat_completion``: ":latest" appended to a name without a tag, the name looked up among the
-  listed ones (``get_ollama_url``: 400 MODEL_NOT_FOUND otherwise), then POST {url}/api/chat streamed as NDJSON;
+  listed ones (``get_ollama_url``: 400 MODEL_NOT_FOUND otherwise), then POST {url}/api/chat streamed as NDJSON; the
+  last line's counts and durations become its usage (utils/response.py: "prompt_token/s" is prompt_eval_count
+  over prompt_eval_duration);
 - unloading, ``unload_model``: POST {url}/api/generate {"model", "keep_alive": 0, "prompt": ""}.
+
+perf/openwebui_check.sh runs the real Open WebUI against a real hub (docs/perf/open-webui.md).
 
 Real parts: a real server (two chat models, each in its engine process: the tiny synthetic one twice, no
 download) behind an API key.
@@ -104,6 +108,12 @@ def test_open_webui_lists_loads_chats_and_unloads(tiny_model: Path) -> None:
         assert lines[-1]["done"] and not any(line["done"] for line in lines[:-1])
         assert all("content" in line["message"] for line in lines)
         assert lines[-1]["eval_count"] >= 1
+        # its "prompt_token/s" is prompt_eval_count / prompt_eval_duration (utils/response.py,
+        # convert_response_ollama_to_openai): this first request's load is load_duration's, not the prompt's
+        final = lines[-1]
+        assert final["load_duration"] > 0 and final["prompt_eval_duration"] > 0 and final["eval_duration"] > 0
+        assert final["load_duration"] + final["prompt_eval_duration"] + final["eval_duration"] \
+            <= final["total_duration"]
         listed = {m["id"]: m for m in owui.get_all_models()}
         expires = listed["tiny-b:latest"]["ollama"].get("expires_at")
         assert isinstance(expires, int) and expires > datetime.now().timestamp()  # loaded, until its keep-alive
