@@ -102,6 +102,11 @@ def test_open_webui_lists_loads_chats_and_unloads(tiny_model: Path) -> None:
         assert [(m["id"], m["name"]) for m in listed] == [("tiny-a:latest", "tiny-a:latest"),
                                                             ("tiny-b:latest", "tiny-b:latest")]
         assert not any("expires_at" in m["ollama"] for m in listed)  # nothing loaded yet
+        # its picker's tooltip shows size / 2**30 GB: the model's bytes on disk, as Ollama's /api/tags gives them,
+        # the same loaded or not
+        on_disk = sum(p.stat().st_size for p in tiny_model.iterdir() if p.is_file())
+        assert [m["ollama"]["size"] for m in listed] == [on_disk, on_disk]
+        assert all(m["ollama"]["details"]["family"] for m in listed)
 
         # the model id Open WebUI's list shows, as its chat sends it
         lines = owui.chat("tiny-b:latest", "hi")
@@ -118,6 +123,10 @@ def test_open_webui_lists_loads_chats_and_unloads(tiny_model: Path) -> None:
         expires = listed["tiny-b:latest"]["ollama"].get("expires_at")
         assert isinstance(expires, int) and expires > datetime.now().timestamp()  # loaded, until its keep-alive
         assert "expires_at" not in listed["tiny-a:latest"]["ollama"]
+        assert listed["tiny-b:latest"]["ollama"]["size"] == on_disk
+        # /api/ps's size is the memory a loaded model holds (weights, KV and its process: our estimate)
+        ps = owui._get("/api/ps")["models"]
+        assert [m["name"] for m in ps] == ["tiny-b:latest"] and ps[0]["size"] > on_disk
 
         owui.unload("tiny-b")  # Open WebUI's own canonical name: "tiny-b:latest"
         assert all("expires_at" not in m["ollama"] for m in owui.get_all_models())
