@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.types import InvalidRequestError, PromptTooLongError
 from server import __version__
+from server.hub.catalog import resolve_kind
 from server.hub.registry import OLLAMA_TAG, READY, ModelEntry
 from server.http.prepare import PreparedChat, engine_for, prepare_chat, start_run, start_tracking
 from server.errors import ModelNotFoundError, error_for
@@ -57,7 +58,8 @@ def _folder_facts(folder: Path) -> tuple[int, str]:
 
 
 def _facts(entry: ModelEntry) -> tuple[int, str]:
-    """(bytes on disk, family) of an entry; (0, "") while its folder is not known (a known name not yet pulled)."""
+    """(bytes on disk, family) of an entry; (0, "") while its folder is not known (a known name is resolved to its
+    cache folder, and pulled if need be, by its first load)."""
     folder = entry.model.folder
     return _folder_facts(folder) if folder is not None and folder.is_dir() else (0, "")
 
@@ -116,7 +118,8 @@ async def show(body: wire.ShowRequest, request: Request) -> dict:
     entry = state.registry.find(name)
     if entry is None:
         raise ModelNotFoundError(name, state.served_model_name, also=state.registry.served_names()[1:])
-    capabilities = ["embedding"] if entry.kind == "embedding" else ["completion", "tools"]
+    # NOTE(ollama): resolve_kind: a known name's kind before its first load (its folder, hence entry.kind, comes then)
+    capabilities = ["embedding"] if resolve_kind(entry.model) == "embedding" else ["completion", "tools"]
     template = getattr(getattr(entry.engine, "chat_template", None), "source", None) or ""
     info: dict[str, Any] = {}
     if entry.max_model_len():

@@ -130,3 +130,18 @@ def test_open_webui_lists_loads_chats_and_unloads(tiny_model: Path) -> None:
 
         owui.unload("tiny-b")  # Open WebUI's own canonical name: "tiny-b:latest"
         assert all("expires_at" not in m["ollama"] for m in owui.get_all_models())
+
+
+def test_open_webui_shows_a_model_before_its_first_load(tiny_model: Path) -> None:
+    """Its model page asks /api/show (proxied as POST {url}/api/show {"model"}) of a listed model, loaded or not:
+    a known embedding model's capabilities are known before it is pulled or loaded."""
+    settings = api_settings(tiny_model, served_model_name="tiny-a",
+                            models=[ModelSpec(model="all-minilm-l6-v2", name="minilm")])
+    with serve_app(create_app(settings)) as running:
+        shown = {}
+        for model in ("tiny-a:latest", "minilm:latest"):
+            r = httpx.post(f"{running.base}/api/show", json={"model": model}, timeout=30)
+            assert r.status_code == 200, r.text
+            shown[model] = r.json()["capabilities"]
+        assert shown == {"tiny-a:latest": ["completion", "tools"], "minilm:latest": ["embedding"]}
+        assert httpx.get(f"{running.base}/health", timeout=10).json()["models"] == []  # nothing was loaded
