@@ -1,6 +1,6 @@
 """The checks of perf/openwebui_check.sh: through a running Open WebUI's own HTTP API, with an Ollama connection to a
-running ortserve hub, that it lists ortserve's models, chats with one (not streamed and streamed), shows it loaded,
-embeds with another and unloads. One line per check; exit status 1 when one fails.
+running ortserve hub, that it lists ortserve's models, shows two, chats with one (not streamed and streamed), shows
+it loaded, embeds with another and unloads. One line per check; exit status 1 when one fails.
 
     ORT=http://127.0.0.1:18434 OWUI=http://127.0.0.1:18080 MODELS="a b" CHAT_MODEL=a EMBED_MODEL=b \\
         .venv/bin/python -m perf.openwebui_check [--screenshot picker.png]
@@ -62,14 +62,24 @@ def run_checks(ort: str, owui: str, models: list[str], chat_model: str, embed_mo
             f"{r.status_code} {r.text[:120]}")
 
     r = client.get("/ollama/api/tags")
-    names = [m.get("name") for m in r.json().get("models", [])] if r.status_code == 200 else []
-    c.check("/ollama/api/tags lists every ortserve model", names == expected, f"{names}")
+    tags = r.json().get("models", []) if r.status_code == 200 else []
+    names = [m.get("name") for m in tags]
+    c.check("/ollama/api/tags lists every ortserve model", names == expected,
+            f"{[(m.get('name'), m.get('size'), (m.get('details') or {}).get('family')) for m in tags]} "
+            f"(name, bytes on disk, family)")
 
     r = client.get("/api/models")
     listed = {m["id"]: m for m in r.json().get("data", [])} if r.status_code == 200 else {}
     c.check("/api/models (the model picker) lists them, owned_by ollama",
             all(listed.get(m, {}).get("owned_by") == "ollama" for m in expected),
             f"{r.status_code} {[(i, m.get('owned_by')) for i, m in listed.items()]}")
+
+    shown = {}
+    for model in (chat_id, tagged(embed_model)):
+        r = client.post("/ollama/api/show", json={"model": model})
+        shown[model] = r.json().get("capabilities") if r.status_code == 200 else r.status_code
+    c.check("/ollama/api/show (capabilities)", "completion" in (shown[chat_id] or [])
+            and "embedding" in (shown[tagged(embed_model)] or []), f"{shown}")
 
     payload: dict[str, Any] = {"model": chat_id, "messages": [{"role": "user", "content": PROMPT}], "stream": False,
                                "params": {"temperature": 0, "max_tokens": 24}}

@@ -4,6 +4,7 @@
 # it (OLLAMA_BASE_URL, the OpenAI connection off, no login, offline); then, through Open WebUI's own HTTP API:
 #   /ollama/api/version and /ollama/api/tags  (its proxy of our /api/version and /api/tags),
 #   /api/models                               (the model picker's list: every ortserve model, owned_by "ollama"),
+#   /ollama/api/show                          (CHAT_MODEL's and EMBED_MODEL's capabilities),
 #   /api/chat/completions, not streamed and streamed, to CHAT_MODEL (Open WebUI -> our /api/chat, NDJSON),
 #   /ollama/api/ps                            (the model it loaded), /ollama/api/embed to EMBED_MODEL,
 #   /ollama/api/unload                        (Open WebUI's unload: our /api/generate with keep_alive 0).
