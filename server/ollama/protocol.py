@@ -241,9 +241,12 @@ def done_reason(finish_reason: str | None) -> str:
 
 def durations(started_ns: int, first_ns: int | None, load_s: float, num_prompt: int, num_generated: int
               ) -> dict[str, Any]:
-    """The timing fields of a final message (nanoseconds, as Ollama gives them)."""
+    """The timing fields of a final message (nanoseconds, as Ollama gives them). The load (a first request's) is
+    its own part of the total, not the prompt's: clients divide prompt_eval_count by prompt_eval_duration (Open
+    WebUI's "prompt_token/s")."""
     now = time.perf_counter_ns()
     first = first_ns or now
-    return {"total_duration": now - started_ns, "load_duration": int(load_s * 1e9),
-            "prompt_eval_count": num_prompt, "prompt_eval_duration": max(0, first - started_ns),
+    load_ns = min(int(load_s * 1e9), first - started_ns)  # a load that began before this request: the part it waited
+    return {"total_duration": now - started_ns, "load_duration": load_ns,
+            "prompt_eval_count": num_prompt, "prompt_eval_duration": max(0, first - started_ns - load_ns),
             "eval_count": num_generated, "eval_duration": max(0, now - first)}

@@ -7,9 +7,12 @@ and delta readers (tools, thinking) as /v1/chat/completions; only the framing is
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -17,6 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.types import InvalidRequestError, PromptTooLongError
 from server import __version__
+from server.hub.catalog import resolve_kind
 from server.hub.registry import OLLAMA_TAG, READY, ModelEntry
 from server.http.prepare import PreparedChat, engine_for, prepare_chat, start_run, start_tracking
 from server.errors import ModelNotFoundError, error_for
@@ -34,10 +38,34 @@ def _line(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
-def _details(entry: ModelEntry) -> dict[str, Any]:
+@functools.lru_cache(maxsize=256)
+def _folder_facts(folder: Path) -> tuple[int, str]:
+    """A model folder's bytes on disk (its files, as Ollama's /api/tags ``size`` counts a model's blobs) and its
+    architecture (genai_config.json's model type, or an encoder's embedding_config.json architecture). Read once:
+    a served folder does not change."""
+    size = sum(e.stat().st_size for e in os.scandir(folder) if e.is_file())
     family = ""
-    if entry.engine is not None:
-        family = str(getattr(getattr(entry.engine, "folder", None), "model_type", "") or "")
+    for name, keys in (("genai_config.json", ("model", "type")), ("embedding_config.json", ("architecture",))):
+        try:
+            value: Any = json.loads((folder / name).read_text(encoding="utf-8"))
+            for key in keys:
+                value = value[key]
+            family = str(value)
+            break
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return size, family
+
+
+def _facts(entry: ModelEntry) -> tuple[int, str]:
+    """(bytes on disk, family) of an entry; (0, "") while its folder is not known (a known name is resolved to its
+    cache folder, and pulled if need be, by its first load)."""
+    folder = entry.model.folder
+    return _folder_facts(folder) if folder is not None and folder.is_dir() else (0, "")
+
+
+def _details(entry: ModelEntry) -> dict[str, Any]:
+    family = _facts(entry)[1]
     return {"parent_model": "", "format": "onnx", "family": family, "families": [family] if family else None,
             "parameter_size": "", "quantization_level": ""}
 
@@ -51,7 +79,7 @@ def tagged(name: str) -> str:
 def _model_item(state: ServerState, entry: ModelEntry) -> dict[str, Any]:
     return {"name": tagged(entry.name), "model": tagged(entry.name),
             "modified_at": wire.datetime.fromtimestamp(state.started_at, wire.timezone.utc).isoformat(),
-            "size": entry.estimate_bytes, "digest": "", "details": _details(entry)}
+            "size": _facts(entry)[0], "digest": "", "details": _details(entry)}
 
 
 @router.get("/api/version", summary="Ollama: the version")
@@ -74,6 +102,7 @@ async def ps(request: Request) -> dict:
             continue
         expires = entry.expires_at(state.settings)
         item = _model_item(state, entry)
+        item["size"] = entry.estimate_bytes  # Ollama's /api/ps size: the memory it holds (our estimate)
         item["expires_at"] = (wire.datetime.fromtimestamp(expires, wire.timezone.utc).isoformat() if expires
                               else "2318-01-01T00:00:00Z")  # never (Ollama's far date for keep_alive -1)
         item["size_vram"] = 0 if state.settings.provider in ("auto", "cpu") else entry.estimate_bytes
@@ -89,7 +118,8 @@ async def show(body: wire.ShowRequest, request: Request) -> dict:
     entry = state.registry.find(name)
     if entry is None:
         raise ModelNotFoundError(name, state.served_model_name, also=state.registry.served_names()[1:])
-    capabilities = ["embedding"] if entry.kind == "embedding" else ["completion", "tools"]
+    # NOTE(ollama): resolve_kind: a known name's kind before its first load (its folder, hence entry.kind, comes then)
+    capabilities = ["embedding"] if resolve_kind(entry.model) == "embedding" else ["completion", "tools"]
     template = getattr(getattr(entry.engine, "chat_template", None), "source", None) or ""
     info: dict[str, Any] = {}
     if entry.max_model_len():

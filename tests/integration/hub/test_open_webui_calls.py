@@ -8,8 +8,12 @@ code (open-webui/open-webui, backend/open_webui/routers/ollama.py and utils/mode
   GET {url}/api/ps, whose ``name`` and ``expires_at`` (``datetime.fromisoformat``) mark the loaded ones; the model
   list (``get_all_base_models``) shows ``id = model["model"]`` and ``name = model["name"]``;
 - chatting, ``generate_chat_completion``: ":latest" appended to a name without a tag, the name looked up among the
-  listed ones (``get_ollama_url``: 400 MODEL_NOT_FOUND otherwise), then POST {url}/api/chat streamed as NDJSON;
+  listed ones (``get_ollama_url``: 400 MODEL_NOT_FOUND otherwise), then POST {url}/api/chat streamed as NDJSON; the
+  last line's counts and durations become its usage (utils/response.py: "prompt_token/s" is prompt_eval_count
+  over prompt_eval_duration);
 - unloading, ``unload_model``: POST {url}/api/generate {"model", "keep_alive": 0, "prompt": ""}.
+
+perf/openwebui_check.sh runs the real Open WebUI against a real hub (docs/perf/open-webui.md).
 
 Real parts: a real server (two chat models, each in its engine process: the tiny synthetic one twice, no
 download) behind an API key.
@@ -98,16 +102,46 @@ def test_open_webui_lists_loads_chats_and_unloads(tiny_model: Path) -> None:
         assert [(m["id"], m["name"]) for m in listed] == [("tiny-a:latest", "tiny-a:latest"),
                                                             ("tiny-b:latest", "tiny-b:latest")]
         assert not any("expires_at" in m["ollama"] for m in listed)  # nothing loaded yet
+        # its picker's tooltip shows size / 2**30 GB: the model's bytes on disk, as Ollama's /api/tags gives them,
+        # the same loaded or not
+        on_disk = sum(p.stat().st_size for p in tiny_model.iterdir() if p.is_file())
+        assert [m["ollama"]["size"] for m in listed] == [on_disk, on_disk]
+        assert all(m["ollama"]["details"]["family"] for m in listed)
 
         # the model id Open WebUI's list shows, as its chat sends it
         lines = owui.chat("tiny-b:latest", "hi")
         assert lines[-1]["done"] and not any(line["done"] for line in lines[:-1])
         assert all("content" in line["message"] for line in lines)
         assert lines[-1]["eval_count"] >= 1
+        # its "prompt_token/s" is prompt_eval_count / prompt_eval_duration (utils/response.py,
+        # convert_response_ollama_to_openai): this first request's load is load_duration's, not the prompt's
+        final = lines[-1]
+        assert final["load_duration"] > 0 and final["prompt_eval_duration"] > 0 and final["eval_duration"] > 0
+        assert final["load_duration"] + final["prompt_eval_duration"] + final["eval_duration"] \
+            <= final["total_duration"]
         listed = {m["id"]: m for m in owui.get_all_models()}
         expires = listed["tiny-b:latest"]["ollama"].get("expires_at")
         assert isinstance(expires, int) and expires > datetime.now().timestamp()  # loaded, until its keep-alive
         assert "expires_at" not in listed["tiny-a:latest"]["ollama"]
+        assert listed["tiny-b:latest"]["ollama"]["size"] == on_disk
+        # /api/ps's size is the memory a loaded model holds (weights, KV and its process: our estimate)
+        ps = owui._get("/api/ps")["models"]
+        assert [m["name"] for m in ps] == ["tiny-b:latest"] and ps[0]["size"] > on_disk
 
         owui.unload("tiny-b")  # Open WebUI's own canonical name: "tiny-b:latest"
         assert all("expires_at" not in m["ollama"] for m in owui.get_all_models())
+
+
+def test_open_webui_shows_a_model_before_its_first_load(tiny_model: Path) -> None:
+    """Its model page asks /api/show (proxied as POST {url}/api/show {"model"}) of a listed model, loaded or not:
+    a known embedding model's capabilities are known before it is pulled or loaded."""
+    settings = api_settings(tiny_model, served_model_name="tiny-a",
+                            models=[ModelSpec(model="all-minilm-l6-v2", name="minilm")])
+    with serve_app(create_app(settings)) as running:
+        shown = {}
+        for model in ("tiny-a:latest", "minilm:latest"):
+            r = httpx.post(f"{running.base}/api/show", json={"model": model}, timeout=30)
+            assert r.status_code == 200, r.text
+            shown[model] = r.json()["capabilities"]
+        assert shown == {"tiny-a:latest": ["completion", "tools"], "minilm:latest": ["embedding"]}
+        assert httpx.get(f"{running.base}/health", timeout=10).json()["models"] == []  # nothing was loaded

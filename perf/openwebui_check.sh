@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The real Open WebUI against ortserve's Ollama API (issue 37: "Open WebUI's Ollama connection lists the models").
+# One ortserve hub (several models on one port) and one Open WebUI whose only connection is an Ollama connection to
+# it (OLLAMA_BASE_URL, the OpenAI connection off, no login, offline); then, through Open WebUI's own HTTP API:
+#   /ollama/api/version and /ollama/api/tags  (its proxy of our /api/version and /api/tags),
+#   /api/models                               (the model picker's list: every ortserve model, owned_by "ollama"),
+#   /ollama/api/show                          (CHAT_MODEL's and EMBED_MODEL's capabilities),
+#   /api/chat/completions, not streamed and streamed, to CHAT_MODEL (Open WebUI -> our /api/chat, NDJSON),
+#   /ollama/api/ps                            (the model it loaded), /ollama/api/embed to EMBED_MODEL,
+#   /ollama/api/unload                        (Open WebUI's unload: our /api/generate with keep_alive 0).
+# Each check prints one line (ok / FAIL); the script exits non-zero when one fails. SCREENSHOT=FILE also saves a
+# picture of the chat page's model picker (Debian's chromium and chromedriver: `make browser`; selenium from the
+# test extras).
+#
+# Usage: perf/openwebui_check.sh            (env overrides below)
+# Open WebUI is a dev-only tool, installed once into $OWUI_VENV (a venv under /tmp, never the project's .venv;
+# a few minutes and about 7 GiB: it brings torch). The servers run under `flock /tmp/heavy.lock nice -n 5`.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+PY=${PY:-$ROOT/.venv/bin/python}
+OWUI_VENV=${OWUI_VENV:-/tmp/owui}
+OPEN_WEBUI_VERSION=${OPEN_WEBUI_VERSION:-0.12.4}
+OWUI_PYTHON=${OWUI_PYTHON:-python3.11}          # Open WebUI wants Python 3.11 or 3.12
+WORK=${WORK:-/tmp/owui-check}                    # Open WebUI's DATA_DIR and both servers' logs
+ORT_PORT=${ORT_PORT:-18434}
+OWUI_PORT=${OWUI_PORT:-18080}
+MODELS=${MODELS:-smollm2-135m-instruct gemma3-270m all-minilm-l6-v2}
+CHAT_MODEL=${CHAT_MODEL:-smollm2-135m-instruct}  # gemma3-270m is a base model: no chat template, so no /api/chat
+EMBED_MODEL=${EMBED_MODEL:-all-minilm-l6-v2}
+SCREENSHOT=${SCREENSHOT:-}
+log() { echo "[openwebui_check] $(date +%H:%M:%S) $*" >&2; }
+
+if ! "$OWUI_VENV/bin/python" -c 'import open_webui' 2>/dev/null; then
+  log "installing open-webui==$OPEN_WEBUI_VERSION into $OWUI_VENV (dev-only)"
+  "$OWUI_PYTHON" -m venv "$OWUI_VENV"
+  nice -n 10 "$OWUI_VENV/bin/pip" install -q "open-webui==$OPEN_WEBUI_VERSION"
+fi
+if [ -z "${OWUI_CHECK_LOCKED:-}" ]; then  # the servers' part, one heavy run at a time
+  OWUI_CHECK_LOCKED=1 exec flock /tmp/heavy.lock nice -n 5 bash "${BASH_SOURCE[0]}" "$@"
+fi
+
+# shellcheck source=perf/servers.sh
+source "$ROOT/perf/servers.sh"
+rm -rf "$WORK" && mkdir -p "$WORK/data"
+wait_http() {  # wait_http URL PID SECONDS: until GET URL answers 2xx
+  local i
+  for ((i = 0; i < $3 * 2; i++)); do
+    curl -sf "$1" > /dev/null && return 0
+    kill -0 "$2" 2>/dev/null || { log "the server for $1 exited (logs in $WORK)"; return 1; }
+    sleep 0.5
+  done
+  log "$1 not answering after $3 s (logs in $WORK)"; return 1
+}
+
+model_flags=()
+for m in $MODELS; do model_flags+=(--model "$m"); done
+log "ortserve $("$PY" -c 'import server; print(server.__version__)') ($(git rev-parse --short HEAD)) on :$ORT_PORT: $MODELS"
+# `python -m server` from $ROOT: this tree's server, whichever tree $PY's venv has an editable install of
+"$PY" -m server serve --host 127.0.0.1 --port "$ORT_PORT" "${model_flags[@]}" > "$WORK/ortserve.log" 2>&1 &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$ORT_PORT/api/tags" "${PIDS[-1]}" 600
+
+log "Open WebUI $OPEN_WEBUI_VERSION on :$OWUI_PORT, its Ollama connection http://127.0.0.1:$ORT_PORT"
+# Offline and quiet: no model download at start (its RAG embeddings go to our EMBED_MODEL instead of a local
+# sentence-transformers model), no update check, no telemetry.
+(cd "$WORK" && exec env DATA_DIR="$WORK/data" WEBUI_AUTH=false WEBUI_SECRET_KEY=ortserve-openwebui-check-not-secret \
+  ENABLE_OLLAMA_API=true OLLAMA_BASE_URL="http://127.0.0.1:$ORT_PORT" ENABLE_OPENAI_API=false \
+  OFFLINE_MODE=true HF_HUB_OFFLINE=1 ENABLE_VERSION_UPDATE_CHECK=false \
+  RAG_EMBEDDING_ENGINE=ollama RAG_EMBEDDING_MODEL="$EMBED_MODEL" \
+  ANONYMIZED_TELEMETRY=false DO_NOT_TRACK=true SCARF_NO_ANALYTICS=true \
+  "$OWUI_VENV/bin/open-webui" serve --host 127.0.0.1 --port "$OWUI_PORT") > "$WORK/openwebui.log" 2>&1 &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$OWUI_PORT/health" "${PIDS[-1]}" 600
+
+rc=0
+ORT="http://127.0.0.1:$ORT_PORT" OWUI="http://127.0.0.1:$OWUI_PORT" MODELS="$MODELS" CHAT_MODEL="$CHAT_MODEL" \
+  EMBED_MODEL="$EMBED_MODEL" "$PY" -m perf.openwebui_check ${SCREENSHOT:+--screenshot "$SCREENSHOT"} || rc=$?
+log "logs: $WORK/ortserve.log, $WORK/openwebui.log"
+exit $rc
