@@ -90,3 +90,43 @@ def test_local_model_folder_finds_folders_and_converted_ggufs_without_work(tmp_p
     assert local_model_folder(gguf, cache_dir=tmp_path) is None  # an older builder's folder is converted again
     assert local_model_folder("smollm2-135m-instruct", cache_dir=tmp_path / "empty") is None  # not pulled
     assert local_model_folder("no-such-model", cache_dir=tmp_path) is None
+
+
+def test_local_model_folder_finds_a_pulled_known_name_by_its_marker(tmp_path: Path) -> None:
+    from engine.builder.pull import KNOWN_MODELS
+
+    source = KNOWN_MODELS["smollm2-135m-instruct"]
+    folder = tmp_path / "smollm2-135m-instruct"
+    folder.mkdir()
+    (folder / "genai_config.json").write_text("{}")
+    marker = {"source": source.requirement, "sha256": source.sha256, "dtype": "float32", "accuracy_level": 4,
+              "builder_version": BUILDER_VERSION, "files": {"genai_config.json": 2}}
+    (folder / ".ortserve-model.json").write_text(json.dumps(marker))
+    assert local_model_folder("smollm2-135m-instruct", cache_dir=tmp_path) == folder.resolve()
+    (folder / "genai_config.json").write_text("{} ")  # a file whose size changed: not a finished folder
+    assert local_model_folder("smollm2-135m-instruct", cache_dir=tmp_path) is None
+
+
+def test_ollama_tags_size_of_a_known_name_on_disk_before_its_first_load(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.hub.catalog import CatalogModel
+    from server.hub.registry import ModelEntry
+    from server.ollama import route
+    from server.settings import ModelSpec
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ORTSERVE_CACHE_DIR", str(cache))
+    monkeypatch.setattr(route, "_LOCAL_FOLDERS", {})
+    entry = ModelEntry(CatalogModel(spec=ModelSpec(model="gemma3-270m"), name="gemma3-270m", names=["gemma3-270m"],
+                                    kind="chat"))
+    assert route._facts(entry) == (0, "")  # not pulled: nothing to count
+    from engine.builder.pull import KNOWN_MODELS
+
+    source, folder = KNOWN_MODELS["gemma3-270m"], cache / "gemma3-270m"
+    folder.mkdir(parents=True)
+    (folder / "genai_config.json").write_text(json.dumps({"model": {"type": "gemma3_text"}}))
+    marker = {"source": source.requirement, "sha256": source.sha256, "dtype": "float32", "accuracy_level": 4,
+              "builder_version": BUILDER_VERSION, "files": {}}
+    (folder / ".ortserve-model.json").write_text(json.dumps(marker))
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    assert entry.model.folder is None and route._facts(entry) == (size, "gemma3_text")
