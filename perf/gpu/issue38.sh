@@ -145,12 +145,22 @@ if has peer || has arrivals; then
 fi
 
 if has arrivals-trace; then  # where 64 arrivals' first tokens wait: the engine's steps beside the client's times
-  if ours 8300 $GGUF_DIR 64 --step-trace "$OUT/trace-arrivals.jsonl"; then
-    for i in 1 2 3; do
-      bench "trace-arrivals$i" 8300 --prompt-tokens 25 --output-tokens 32 --concurrency 64 --num-requests 64 \
-        --warmup 0 --client-processes ${ARRIVAL_PROCS:-4} --seed $((300 + i))
-      curl -s http://127.0.0.1:8300/metrics | grep -E "^ortserve_[a-z_]*(first_token|queue_time)[a-z_]*(_sum|_count)" \
-        | tr '\n' ' ' | tee -a "$LOG"; echo | tee -a "$LOG"
+  # three bursts onto an idle server ("cold"), then three while one other stream keeps the GPU busy ("warm": is a
+  # burst's first steps slow because the GPU idled?); OURS_ARGS (e.g. --api-server-count 4) apply to the server
+  if ours 8300 $GGUF_DIR 64 --step-trace "$OUT/trace-arrivals.jsonl" $OURS_ARGS; then
+    for phase in cold warm; do
+      if [ $phase = warm ]; then
+        bench "keepwarm" 8300 --prompt-tokens 25 --output-tokens 960 --concurrency 1 --num-requests 40 --warmup 0 \
+          --ignore-eos > /dev/null 2>&1 &
+        KEEP=$!
+        sleep 1
+      fi
+      for i in 1 2 3; do
+        sleep 2
+        bench "trace-$phase-arrivals$i" 8300 --prompt-tokens 25 --output-tokens 32 --concurrency 64 --num-requests 64 \
+          --warmup 0 --client-processes ${ARRIVAL_PROCS:-4} --seed $((300 + i))
+      done
+      [ $phase = warm ] && { kill $KEEP 2>/dev/null; wait $KEEP 2>/dev/null; }
     done
     stop $SERVER
     python3 - "$OUT" <<'PY' 2>&1 | tee -a "$LOG"
@@ -158,19 +168,22 @@ import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 steps = [json.loads(line) for line in open(out / "trace-arrivals.jsonl") if '"decode"' in line]
-for i in (1, 2, 3):
-    r = json.loads((out / f"r-trace-arrivals{i}.json").read_text())["runs"][0]
-    t0 = r["started_at_s"]
-    recs = r.get("records") or []
-    starts = sorted(x["start_ms"] for x in recs)
-    ttfts = sorted(x["start_ms"] + x["ttft_ms"] for x in recs if x.get("ttft_ms") is not None)
-    print(f"run {i}: sends {starts[0]:.1f}..{starts[-1]:.1f} ms, first tokens {ttfts[0]:.1f}..{ttfts[-1]:.1f} ms")
-    for st in steps:
-        at = (st["t"] - t0) * 1e3
-        if starts[0] - 5 <= at <= ttfts[-1] + 5:
-            runs = ",".join(f"{n[:6]}:{ms:.1f}" for n, ms in st["runs"])
-            print(f"  {at:7.1f} +{st['ms']:5.1f} idle {st.get('idle_ms') or 0:5.1f} decode {st['decode']:2d} "
-                  f"joined {st['joined']:2d} prefill {st['prefill']} | {runs}"[:230])
+for phase in ("cold", "warm"):
+    for i in (1, 2, 3):
+        r = json.loads((out / f"r-trace-{phase}-arrivals{i}.json").read_text())["runs"][0]
+        t0 = r["started_at_s"]
+        recs = r.get("records") or []
+        starts = sorted(x["start_ms"] for x in recs)
+        firsts = sorted(x["start_ms"] + x["ttft_ms"] for x in recs if x.get("ttft_ms") is not None)
+        ttfts = sorted(x["ttft_ms"] for x in recs if x.get("ttft_ms") is not None)
+        print(f"{phase} run {i}: sends {starts[0]:.1f}..{starts[-1]:.1f} ms, first tokens {firsts[0]:.1f}..{firsts[-1]:.1f}"
+              f" ms, TTFT p50 {ttfts[len(ttfts) // 2]:.1f} ms")
+        for st in steps:
+            at = (st["t"] - t0) * 1e3
+            if starts[0] - 5 <= at <= firsts[-1] + 5:
+                runs = ",".join(f"{n[:6]}:{ms:.1f}" for n, ms in st["runs"])
+                print(f"  {at:7.1f} +{st['ms']:5.1f} idle {st.get('idle_ms') or 0:5.1f} decode {st['decode']:2d} "
+                      f"joined {st['joined']:2d} prefill {st['prefill']} | {runs}"[:230])
 PY
     gzip -f "$OUT/trace-arrivals.jsonl"
   fi
