@@ -151,7 +151,7 @@ if has arrivals-trace; then  # where 64 arrivals' first tokens wait: the engine'
     for phase in cold warm; do
       if [ $phase = warm ]; then
         bench "keepwarm" 8300 --prompt-tokens 25 --output-tokens 960 --concurrency 1 --num-requests 40 --warmup 0 \
-          --ignore-eos > /dev/null 2>&1 &
+          > /dev/null 2>&1 &
         KEEP=$!
         sleep 1
       fi
