@@ -53,20 +53,33 @@ SHAPE_BASE = 16
 
 # NOTE(engine): new requests' prompts run together as GroupQueryAttention's first prompt (no past: the mask as wide as
 # the run), [k, S] filled up with token 0: with prompt shapes S is one of these lengths (at least the longest prompt)
-# and k a power of two, each (k, S) warmed at load (RowChunks.warm_prompt_shapes).
+# and k one of prompt_counts, each (k, S) warmed at load (RowChunks.warm_prompt_shapes).
 PROMPT_SHAPES = (16, 32, 64, 128, 256)
+# Row counts up to this run as they are; above it, multiples of it (and the rest in a second run).
+PROMPT_COUNT_STEP = 8
 
 
-def prompt_groups(slots: Sequence[int], fixed_shapes: bool) -> list[tuple[int, int]]:
-    """``(first index, count)`` groups of ascending ``slots``: consecutive slots (rows bound as one range), and with
-    fixed shapes a power of two each, largest first."""
+def prompt_counts(num_slots: int) -> tuple[int, ...]:
+    """The row counts of batched prompt runs with prompt shapes: 1 to PROMPT_COUNT_STEP, then its multiples.
+
+    NOTE(engine): a burst's new requests take neighbouring rows, and each run costs its launches (2-3 ms on the
+    CUDA EP whatever k is): counts in powers of two split 31 rows into 5 runs (16 + 8 + 4 + 2 + 1, 16.6 ms on the
+    H200 where one run took 5.7); these split any range into at most 2 (24 + 7), for twice the warm-up runs.
+    """
+    step = PROMPT_COUNT_STEP
+    return tuple(range(1, min(step, num_slots) + 1)) + tuple(range(2 * step, num_slots + 1, step))
+
+
+def prompt_groups(slots: Sequence[int], counts: Sequence[int] | None) -> list[tuple[int, int]]:
+    """``(first index, count)`` groups of ascending ``slots``: consecutive slots (rows bound as one range), each
+    split into the largest of ``counts`` that fits, then the rest (None: any count, one group per range)."""
     groups, i = [], 0
     while i < len(slots):
         j = i + 1
         while j < len(slots) and slots[j] == slots[j - 1] + 1:
             j += 1
         while i < j:
-            k = 1 << ((j - i).bit_length() - 1) if fixed_shapes else j - i
+            k = j - i if counts is None else max(c for c in counts if c <= j - i)
             groups.append((i, k))
             i += k
     return groups
@@ -106,7 +119,7 @@ class RowChunks:
         fixed_shapes: run each chunk as ``chunk_pieces`` (lengths ``warm_shapes`` runs once at load).
         max_verify: the longest draft check (the tokens of one verify run), for ``warm_shapes``.
         batch_prompts: ``prompts`` runs new requests' prompts together (needs the graph's logits_to_keep).
-        prompt_shapes: those runs take ``PROMPT_SHAPES`` widths and power-of-two row counts, each warmed at load
+        prompt_shapes: those runs take ``PROMPT_SHAPES`` widths and ``prompt_counts`` row counts, each warmed at load
             (None: as ``fixed_shapes``).
     """
 
@@ -116,6 +129,7 @@ class RowChunks:
         self.owner = owner
         self.fixed_shapes = fixed_shapes
         self.prompt_shapes = fixed_shapes if prompt_shapes is None else prompt_shapes
+        self.prompt_counts = prompt_counts(owner.num_slots) if self.prompt_shapes else None
         self.max_verify = max_verify
         self.num_runs = 0  # session runs made (a chunk with fixed shapes may take several)
         self.session = session
@@ -149,7 +163,7 @@ class RowChunks:
         The filler counts as tokens (not padding) so that no EP's handling of right padding is relied on.
         """
         owner = self.owner
-        for at, k in prompt_groups(slots, self.prompt_shapes):
+        for at, k in prompt_groups(slots, self.prompt_counts):
             rows, lists = slots[at:at + k], token_lists[at:at + k]
             lengths = [len(t) for t in lists]
             longest = max(lengths)
@@ -218,10 +232,11 @@ class RowChunks:
         owner, made = self.owner, 0
         limit = max(2 * owner.prefill_chunk, PROMPT_SHAPES[0] * owner.num_slots, owner.prompt_budget)
         for width in (s for s in PROMPT_SHAPES if s <= owner.max_batched_prompt):
-            k = 1
-            while k <= owner.num_slots and k * width <= limit:
+            for k in self.prompt_counts or ():
+                if k * width > limit:
+                    break
                 self._run_prompts(0, k, np.zeros((k, width), dtype=np.int64), np.ones((k, width), dtype=np.int64))
-                made, k = made + 1, 2 * k
+                made += 1
         owner.slot_len[:] = 0
         return made
 
