@@ -143,7 +143,10 @@ class SlotPrefixCache:
         if not self.enabled:
             return Placement(min(free))
         limit = len(prompt) - MIN_RECOMPUTED
-        own = {s: self._worth(common_prefix_len(prompt, self._tokens[s], limit)) for s in free}
+        # NOTE(engine): a prompt too short to reuse min_reuse tokens matches nothing anywhere: no comparisons (a
+        # burst of short prompts onto a batched-prompt runner otherwise compares each with every slot and row)
+        matchable = limit >= self.min_reuse
+        own = {s: self._worth(common_prefix_len(prompt, self._tokens[s], limit)) if matchable else 0 for s in free}
         save = self._save_lowest(free, own) if self.low_slots and self.can_copy else None
         best = max(free, key=lambda s: (own[s], -s))
         victim = self.victim(free)
@@ -161,7 +164,7 @@ class SlotPrefixCache:
         for s in free:
             if s != slot and own[s] > longest:
                 src, longest = s, own[s]
-        for s, tokens, num_valid in running:
+        for s, tokens, num_valid in running if matchable else ():
             n = self._worth(common_prefix_len(prompt, tokens, min(limit, num_valid)))
             if n > longest:
                 src, longest = s, n
