@@ -109,7 +109,7 @@ arrivals() {  # arrivals NAME PORT [NAME2 PORT2]: 64 requests sent at once, thre
     bench "$1-arrivals$i" $2 --prompt-tokens 25 --output-tokens 32 --concurrency 64 --num-requests 64 --warmup 0 \
       --client-processes ${ARRIVAL_PROCS:-4} --seed $((100 + i))
     [ -n "$3" ] && bench "$3-arrivals$i" $4 --prompt-tokens 25 --output-tokens 32 --concurrency 64 --num-requests 64 \
-      --warmup 0 --client-processes 4 --seed $((100 + i))
+      --warmup 0 --client-processes ${ARRIVAL_PROCS:-4} --seed $((100 + i))
   done
 }
 if has peer || has arrivals; then
