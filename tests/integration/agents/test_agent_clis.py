@@ -178,7 +178,7 @@ def test_claude_code_reads_a_file(qwen: ServeProcess, tmp_path: Path) -> None:
 def test_claude_code_with_its_default_tools(qwen: ServeProcess, tmp_path: Path) -> None:
     """Claude Code's whole default request (~12k tokens of system prompt and 12 tools): the call, the result, the
     exit and the prefix reuse across its turns hold. The 1.5B model's answer is a near tie (see _answer_or_xfail):
-    after Read it calls Write (denied), then in the test's runs (2 of 2) sums up with the file's line ("To summarize
+    after Read it calls Write (denied), then in the test's runs (3 of 3) sums up with the file's line ("To summarize
     the conversation so far, ... ```1\tprint("hello from ortserve, 7316")```"); from another folder the same turn
     said "To continue, please ask the user what they would like to do next." ("To" -1.40, "I" -1.41, then
     " continue" -1.43)."""
