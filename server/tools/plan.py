@@ -106,7 +106,7 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
     native = fmt != GENERIC
     rendered = _native_history(messages) if native else _generic_history(messages, request)
     if not request.calls_possible:
-        return ToolPlan(fmt, rendered, list(request.tools) if native and request.tools else None)
+        return ToolPlan(fmt, rendered, template_tools(request.tools) if native and request.tools else None)
     targets = [t for t in request.tools if t["function"]["name"] == request.function] if request.function \
         else list(request.tools)
     required = request.choice in ("required", "function")
@@ -120,7 +120,7 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
     spec = _grammar(fmt, targets, required=required, parallel=parallel, template=template, tokenizer=tokenizer,
                     response=request.response_schema)
     return ToolPlan(
-        fmt, rendered, list(request.tools) if native else None,
+        fmt, rendered, template_tools(request.tools) if native else None,
         structured=StructuredOutput("lark", spec, param="tools"),
         parser=fmt, preserved_tokens=FORMATS[fmt].preserved_tokens, max_calls=None if parallel else 1,
         whole_answer=required or not native or request.response_schema is not None,
@@ -137,6 +137,23 @@ def _grammar(fmt: str, tools: list[dict[str, Any]], *, required: bool, parallel:
 
 
 # --- prompt messages --------------------------------------------------------------------------------
+
+
+_MODEL_VISIBLE = ("name", "description", "parameters")
+
+
+def template_tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``tools`` variable of the chat template: each function's name, description and parameters.
+
+    NOTE(tools): what a client sets for the server about a tool (``strict``, which asks that calls follow the
+    schema; fields of other APIs that ride along) is no part of what the model reads, so the template never
+    shows it: llama.cpp's server renders the same three fields (common_chat_tools_to_json_oaicompat). Codex
+    sends ``strict: false`` on every Responses tool, which would otherwise end each tool's JSON in the prompt.
+    """
+    return [{"type": "function",
+             "function": {k: t["function"][k] for k in _MODEL_VISIBLE if t["function"].get(k) is not None}}
+            for t in tools]
+
 
 
 def _arguments_object(arguments: Any) -> Any:

@@ -130,12 +130,15 @@ def _run_cli(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
 def _answer_or_xfail(answer: str, what: str) -> None:
     """The right number, or an expected failure that says what the model answered instead.
 
-    NOTE(agents): everything around the answer is asserted above and holds; the 1.5B model itself does not
+    NOTE(agents): everything around the answer is asserted above and holds; the 1.5B model itself does not reliably
     answer these CLIs' 5-12k-token default prompts (issue 34 part 5; greedy, repetition_penalty 1.1, the prompts
-    checked against the model's own chat template): after Claude Code's Read it calls Write on hello.py with the
-    same text (denied in dontAsk), then asks for permissions; after Codex's `python hello.py` (whose output holds
-    the answer) it calls write_stdin with the output's "Chunk ID" as a session id, then answers nothing. Sampled
-    at the model's own temperature 0.7, Codex's second turn answers in 2 of 6 seeds.
+    checked against the model's own chat template and llama.cpp's conversions; docs/agents.md has the top
+    logprobs). After Claude Code's Read its next call wins over an answer ("```" -0.89, then "Write" -0.50 against
+    "Read" -1.29; "To" -2.40): Write on hello.py with the same text (denied in dontAsk); the turn after that is
+    flat ("To" -1.40, "I" -1.41) and, by the folder's path, quotes the file's line or asks what to do next. After
+    the output of Codex's command the first token is a four-way near tie ("```" -2.10, "``" -2.12, "The" -2.27,
+    "<" -2.47), and the call greedy writes is write_stdin ("write" -0.23 against "exec" -1.71) with the output's
+    "Chunk ID" as a session id, penalty or not; then it answers nothing.
     """
     if ANSWER not in answer:
         pytest.xfail(f"{what}: the model's answer lacks {ANSWER}: {answer[-300:]!r}")
@@ -157,6 +160,7 @@ def _claude(server: ServeProcess, tmp_path: Path, *args: str) -> tuple[dict, str
     _report(f"claude code {' '.join(args)}", log, time.monotonic() - start)
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-3000:])
     result = json.loads(run.stdout)
+    print(f"  answer: {result.get('result', '')[-400:]!r}")
     assert result["subtype"] == "success" and not result["is_error"], result
     _check_server_side(log, "/v1/messages", "hello.py", tools=("Read",))
     return result, log
@@ -173,7 +177,11 @@ def test_claude_code_reads_a_file(qwen: ServeProcess, tmp_path: Path) -> None:
 
 def test_claude_code_with_its_default_tools(qwen: ServeProcess, tmp_path: Path) -> None:
     """Claude Code's whole default request (~12k tokens of system prompt and 12 tools): the call, the result, the
-    exit and the prefix reuse across its turns hold; the 1.5B model's answer is not yet the right one."""
+    exit and the prefix reuse across its turns hold. The 1.5B model's answer is a near tie (see _answer_or_xfail):
+    after Read it calls Write (denied), then in the test's runs (3 of 3) sums up with the file's line ("To summarize
+    the conversation so far, ... ```1\tprint("hello from ortserve, 7316")```"); from another folder the same turn
+    said "To continue, please ask the user what they would like to do next." ("To" -1.40, "I" -1.41, then
+    " continue" -1.43)."""
     result, _ = _claude(qwen, tmp_path)
     _answer_or_xfail(result["result"], "claude code, default tools")
 
@@ -181,8 +189,8 @@ def test_claude_code_with_its_default_tools(qwen: ServeProcess, tmp_path: Path) 
 def test_codex_reads_a_file(qwen: ServeProcess, tmp_path: Path) -> None:
     """Codex CLI (`codex exec`, read-only sandbox; its developer messages, exec_command, write_stdin, web_search
     (skipped), include, reasoning, store false), without the tools that lure the 1.5B model away (on the full set it
-    calls view_image on hello.py): it runs `cat hello.py` in its sandbox and sends the output back; exit 0. The
-    model's last answer is not yet the right one (seen: empty)."""
+    calls view_image on hello.py): it runs a command on hello.py in its sandbox and sends the output back; exit 0.
+    The model's last answer is not yet the right one (seen: empty, after a write_stdin call)."""
     scratch, (home, codex_home) = _scratch(tmp_path), _dirs(tmp_path, "home", "codex")
     provider = (f'{{name="ortserve", base_url="{qwen.base}/v1", wire_api="responses", env_key="ORTSERVE_API_KEY", '
                 f'stream_idle_timeout_ms={WATCHDOG_MS}}}')
@@ -204,13 +212,15 @@ def test_codex_reads_a_file(qwen: ServeProcess, tmp_path: Path) -> None:
                 and e["item"]["type"] == "command_execution"]
     assert any("hello.py" in c["command"] for c in commands), commands  # it ran a command on the file
     if not any(ANSWER in c.get("aggregated_output", "") for c in commands):
-        # NOTE: the 1.5B model's path is not always right (seen: `cat scratch/hello.py`, and with the repetition
-        # penalty `python scratch/hello.py`, from inside scratch/; replayed with the same prompt and an absolute
-        # <cwd> it ran `python <cwd>/hello.py` for six cwd paths, so a near tie); what the model chose, not what
-        # the server did (the <cwd> Codex sends is right), so it is the answer's xfail, not a failure.
+        # NOTE: what the model chose, not what the server did, so it is the answer's xfail, not a failure. Its
+        # own first choice is `cat` (-0.40; `python` -1.32), but the repetition penalty over the whole prompt
+        # (the model's generation_config, applied as transformers and vLLM do) makes greedy write `python
+        # <cwd>/hello.py`, which fails where a login shell has no `python` (Debian: only python3); it has also
+        # written `python scratch/hello.py` from inside scratch/ (a near tie; the <cwd> Codex sends is right).
         pytest.xfail(f"codex: the model's command did not read the file: {[c['command'] for c in commands]}")
     answers = [e["item"]["text"] for e in events if e["type"] == "item.completed"
                and e["item"]["type"] == "agent_message"]
+    print(f"  commands: {[c['command'] for c in commands]}; answer: {(answers[-1] if answers else '')[-400:]!r}")
     _answer_or_xfail(answers[-1] if answers else "", "codex")
 
 

@@ -244,6 +244,18 @@ def test_choose_format_and_plans() -> None:
     assert "Call a tool" in generic_instructions(ToolRequest((WEATHER,), "required"))
 
 
+def test_the_template_sees_each_tools_name_description_and_parameters_only() -> None:
+    """`strict` (Codex sends `strict: false` on every Responses tool) and fields of other APIs are for the server,
+    not the model: the template's tools hold name, description and parameters (as llama.cpp renders them)."""
+    sent = {"type": "function", "function": {**WEATHER["function"], "strict": False, "defer_loading": False}}
+    bare = {"type": "function", "function": {"name": "ping", "strict": True}}
+    for choice in ("auto", "none"):
+        planned = plan_tools([{"role": "user", "content": "hi"}], ToolRequest((sent, bare), choice),
+                             _Template(True, "<tool_call>"), _NoSpecials())
+        assert planned.template_tools == [WEATHER, {"type": "function", "function": {"name": "ping"}}], choice
+    assert sent["function"]["strict"] is False  # the request's own tools are left as they came
+
+
 def test_arguments_without_an_additional_properties_rule_take_no_invented_keys(lltok, tokenizer) -> None:
     # TIME's parameters say nothing of other keys: generation treats them as closed (engine.json_schema).
     g = generic_fmt.generic_grammar([TIME], required=True, parallel=False)
