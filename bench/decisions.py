@@ -44,24 +44,44 @@ def _long_input(seed: int, words: int = LONG_INPUT_WORDS) -> str:
     return f"Document {_NONCE}-{seed}. " + " ".join(make_texts(1, seed, words, words))
 
 
+def _stat_cpu_ppid(pid: int) -> tuple[float, int]:
+    """(user + system CPU seconds, parent pid) of one process from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[1])
+
+
 def _process_cpu_s(pid: int | None) -> float | None:
-    """User + system CPU seconds of process ``pid`` so far (Linux /proc), or None."""
+    """User + system CPU seconds so far of process ``pid`` and its descendants (Linux /proc: the server and its
+    engine processes, where a decision's work is done), or None."""
     if pid is None:
         return None
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total, _ = _stat_cpu_ppid(pid)
     except (OSError, ValueError, IndexError):
         return None
+    children: dict[int, list[tuple[int, float]]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                cpu, ppid = _stat_cpu_ppid(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append((int(entry.name), cpu))
+    todo = [pid]
+    while todo:
+        for child, cpu in children.get(todo.pop(), ()):
+            total += cpu
+            todo.append(child)
+    return total
 
 
 @dataclass
 class Round:
     round: int
     question_times_s: dict[int, float] = field(default_factory=dict)  # questions -> seconds of one decision
-    # questions -> the server process's CPU seconds during that decision (--server-pid): the work, which a shared
-    # machine's load changes far less than the wall time
+    # questions -> the server's CPU seconds (its process and its engine processes) during that decision
+    # (--server-pid): the work, which a shared machine's load changes far less than the wall time
     question_cpu_s: dict[int, float] = field(default_factory=dict)
     cached_tokens: dict[int, int] = field(default_factory=dict)
     input_tokens: dict[int, int] = field(default_factory=dict)
