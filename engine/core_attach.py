@@ -126,13 +126,7 @@ class AttachedCoreClient(EngineCoreClient):
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Detach from the engine process: it closes this pipe (EOF to the reader); idempotent."""
-        with self._lock:
-            asked, self._closing = self._closing, True
-            if not asked and not self._ended:
-                try:
-                    self._conn.send_bytes(dumps(Shutdown()))
-                except OSError:
-                    pass
+        self._ask_shutdown()
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout_s + _REAP_S)
         if self._reader is None:

@@ -252,9 +252,8 @@ class EngineCoreClient(CoreClient):
         except EngineDeadError:
             pass
 
-    def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Ask the engine process to stop (everything in flight ends with ABORT), wait for it, and reap it; one that
-        has not exited by then is killed."""
+    def _ask_shutdown(self) -> None:
+        """Send the engine process "shutdown" on this pipe, once (nothing once the engine has ended)."""
         with self._lock:
             asked, self._closing = self._closing, True
             if not asked and not self._ended:
@@ -262,6 +261,11 @@ class EngineCoreClient(CoreClient):
                     self._conn.send_bytes(dumps(Shutdown()))
                 except OSError:
                     pass
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Ask the engine process to stop (everything in flight ends with ABORT), wait for it, and reap it; one that
+        has not exited by then is killed."""
+        self._ask_shutdown()
         deadline = time.monotonic() + timeout_s + _REAP_S
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(max(0.0, deadline - time.monotonic()))
