@@ -25,7 +25,35 @@ from engine.types import CoreOutput
 log = logging.getLogger(__name__)
 
 
-class FanOutbox:
+class SnapshotPacing:
+    """When the core's counters (its snapshot) go to the API side: with a step's outputs when one of them finishes a
+    request or ``interval_s`` has passed since the last one sent, and between steps when the core idles or has sent
+    none for ``interval_s``. The outboxes (engine.core_process._Outbox, FanOutbox) send; they record what they sent
+    in ``_sent_snapshot`` and ``_sent_s``."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.core: Any = None
+        self._interval_s = interval_s
+        self._sent_snapshot: Any = None
+        self._sent_s = 0.0
+
+    def _step_snapshot(self, outputs: list[CoreOutput]) -> Any:
+        """The snapshot to send with these outputs, or None."""
+        core = self.core
+        if core is not None and (time.monotonic() - self._sent_s >= self._interval_s
+                                 or any(out.finish_reason is not None for out in outputs)):
+            return core.snapshot
+        return None
+
+    def _idle_snapshot(self, idle: bool) -> Any:
+        """The snapshot to send between steps, or None (unchanged since sent, or not due)."""
+        snapshot = self.core.snapshot if self.core is not None else None
+        if snapshot is None or snapshot is self._sent_snapshot:
+            return None
+        return snapshot if idle or time.monotonic() - self._sent_s >= self._interval_s else None
+
+
+class FanOutbox(SnapshotPacing):
     """The core's sink with several clients: a sink call's outputs split by ``seq % n`` into one ``StepOutputs`` per
     client that has any; the snapshot, when due, to every client (a ``SnapshotUpdate`` where it has no outputs).
 
@@ -40,21 +68,14 @@ class FanOutbox:
     """
 
     def __init__(self, control: Connection, clients: list[Connection], snapshot_interval_s: float) -> None:
+        super().__init__(snapshot_interval_s)
         self.control = control
         self.clients: list[Connection | None] = list(clients)
-        self.core: Any = None
-        self._interval_s = snapshot_interval_s
         self._lock = threading.Lock()  # the core thread and the readers (refused adds) both send
-        self._sent_snapshot: Any = None
-        self._sent_s = 0.0
         self.broken = False  # the control pipe broke: the parent is gone
 
     def __call__(self, outputs: list[CoreOutput]) -> None:
-        core = self.core
-        snapshot = None
-        if core is not None and (time.monotonic() - self._sent_s >= self._interval_s
-                                 or any(out.finish_reason is not None for out in outputs)):
-            snapshot = core.snapshot
+        snapshot = self._step_snapshot(outputs)
         cpu_s = time.process_time() if snapshot is not None else None
         n = len(self.clients)
         groups: list[list[CoreOutput]] = [[] for _ in range(n)]
@@ -66,10 +87,8 @@ class FanOutbox:
         self._send_each(messages, snapshot)
 
     def between_steps(self, idle: bool) -> None:
-        snapshot = self.core.snapshot if self.core is not None else None
-        if snapshot is None or snapshot is self._sent_snapshot:
-            return
-        if idle or time.monotonic() - self._sent_s >= self._interval_s:
+        snapshot = self._idle_snapshot(idle)
+        if snapshot is not None:
             data = dumps(SnapshotUpdate(snapshot, time.process_time()))
             self._send_each([data] * len(self.clients), snapshot)
 

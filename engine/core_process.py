@@ -25,7 +25,7 @@ from typing import Any
 from engine import placement
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.core_fanout import FanOutbox, start_client_readers
+from engine.core_fanout import FanOutbox, SnapshotPacing, start_client_readers
 from engine.core_wire import (
     AbortRequests, AddRequest, CoreDied, CoreFacts, FromCore, LoadFailed, PrepareGrammar, Ready, Shutdown,
     SnapshotUpdate, StepOutputs, ToCore, dumps, encode_exception, encode_outputs, loads,
@@ -212,33 +212,26 @@ class EngineProcess:
             self.core.shutdown(0)  # the main thread joins it
 
 
-class _Outbox:
+class _Outbox(SnapshotPacing):
     """The core's sink in the engine process: one "out" message per call (a decode run's outputs, a prompt's first
     token), the core's snapshot with it when due; and "snap" messages between steps when the core idles or no output
-    carried one for ``SNAPSHOT_INTERVAL_S``."""
+    carried one for ``SNAPSHOT_INTERVAL_S`` (SnapshotPacing)."""
 
     def __init__(self, conn: Connection) -> None:
+        super().__init__(SNAPSHOT_INTERVAL_S)
         self.conn = conn
         self.core: EngineCore | None = None
         self._lock = threading.Lock()  # the core thread and the reader (refused adds) both send
-        self._sent_snapshot: Any = None
-        self._sent_s = 0.0
         self.broken = False
 
     def __call__(self, outputs: list[CoreOutput]) -> None:
-        core = self.core
-        snapshot = None
-        if core is not None and (time.monotonic() - self._sent_s >= SNAPSHOT_INTERVAL_S
-                                 or any(out.finish_reason is not None for out in outputs)):
-            snapshot = core.snapshot
+        snapshot = self._step_snapshot(outputs)
         self.send(StepOutputs(encode_outputs(outputs), snapshot, time.process_time() if snapshot is not None else None),
                   snapshot)
 
     def between_steps(self, idle: bool) -> None:
-        snapshot = self.core.snapshot if self.core is not None else None
-        if snapshot is None or snapshot is self._sent_snapshot:
-            return
-        if idle or time.monotonic() - self._sent_s >= SNAPSHOT_INTERVAL_S:
+        snapshot = self._idle_snapshot(idle)
+        if snapshot is not None:
             self.send(SnapshotUpdate(snapshot, time.process_time()), snapshot)
 
     def send(self, message: FromCore, snapshot: Any = None) -> None:
