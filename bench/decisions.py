@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import httpx
 import openai
@@ -44,36 +45,23 @@ def _long_input(seed: int, words: int = LONG_INPUT_WORDS) -> str:
     return f"Document {_NONCE}-{seed}. " + " ".join(make_texts(1, seed, words, words))
 
 
-def _stat_cpu_ppid(pid: int) -> tuple[float, int]:
-    """(user + system CPU seconds, parent pid) of one process from /proc/PID/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[1])
-
-
 def _process_cpu_s(pid: int | None) -> float | None:
     """User + system CPU seconds so far of process ``pid`` and its descendants (Linux /proc: the server and its
-    engine processes, where a decision's work is done), or None."""
+    engine processes, where a decision's work is done), or None when ``pid`` is gone."""
     if pid is None:
         return None
-    try:
-        total, _ = _stat_cpu_ppid(pid)
-    except (OSError, ValueError, IndexError):
-        return None
-    children: dict[int, list[tuple[int, float]]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                cpu, ppid = _stat_cpu_ppid(int(entry.name))
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append((int(entry.name), cpu))
-    todo = [pid]
+    ticks, todo = 0, [pid]
     while todo:
-        for child, cpu in children.get(todo.pop(), ()):
-            total += cpu
-            todo.append(child)
-    return total
+        proc = Path("/proc") / str(todo.pop())
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            todo += [int(c) for task in (proc / "task").iterdir() for c in (task / "children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            if proc.name == str(pid):
+                return None
+            continue  # a child that ended meanwhile
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
