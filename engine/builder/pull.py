@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from tqdm.auto import tqdm
 
@@ -158,8 +158,7 @@ def pull_model(
         dtype, accuracy_level = "float32", 4
     folder = name if (dtype, accuracy_level) == ("float32", 4) else f"{name}-{dtype}-acc{accuracy_level}"
     target = cache / folder
-    marker = {"source": source.requirement, "sha256": source.sha256, "dtype": dtype,
-              "accuracy_level": accuracy_level, "builder_version": BUILDER_VERSION}
+    marker = _known_marker(source, dtype, accuracy_level)
     generation = dict(source.generation)
     if marker_matches(target, marker) and has_generation_defaults(target, generation):
         return target
@@ -243,7 +242,6 @@ def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None,
         f"(known: {', '.join(KNOWN_MODELS)})")
 
 
-
 def local_model_folder(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path | None:
     """The folder ``resolve_model`` would return when that needs no download or conversion, else None.
 
@@ -273,9 +271,13 @@ def local_model_folder(name_or_path: str | Path, cache_dir: str | Path | None = 
     if source is None:
         return None
     target = cache / str(name_or_path)
-    marker = {"source": source.requirement, "sha256": source.sha256, "builder_version": BUILDER_VERSION,
-              "dtype": "float32", "accuracy_level": 4}
-    return target.resolve() if marker_matches(target, marker) else None
+    return target.resolve() if marker_matches(target, _known_marker(source, "float32", 4)) else None
+
+
+def _known_marker(source: ModelSource, dtype: str, accuracy_level: int) -> dict[str, Any]:
+    """The marker of a known model's folder converted with these settings (pull_model writes it)."""
+    return {"source": source.requirement, "sha256": source.sha256, "dtype": dtype, "accuracy_level": accuracy_level,
+            "builder_version": BUILDER_VERSION}
 
 
 def _converted_st_folder(path: Path, cache_dir: str | Path | None) -> Path:

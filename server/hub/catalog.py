@@ -74,6 +74,8 @@ class CatalogModel:
     # with --embeddings: the chat model's own pooled embeddings are served under its names too
     chat_embeddings: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    # before its first load: the folder it will load from, once found on disk (folder_on_disk)
+    local_folder: Path | None = None
 
     def settings_for(self, settings: Settings) -> Settings:
         """The server's settings with this model's own (its folder as --model, its overrides)."""
@@ -83,6 +85,19 @@ class CatalogModel:
             if getattr(spec, key) is not None:
                 update[key] = getattr(spec, key)
         return settings.model_copy(update=update)
+
+
+def folder_on_disk(model: CatalogModel) -> Path | None:
+    """The folder ``model`` loads from, when it is on disk: its resolved folder, else the one its first load will
+    take without a download or conversion (engine.builder.local_model_folder: no hashing), remembered once found;
+    None while it is not on disk (a known name not pulled, a GGUF not converted)."""
+    if model.folder is not None:
+        return model.folder
+    if model.local_folder is None:
+        from engine.builder import local_model_folder  # no onnxruntime behind this import
+
+        model.local_folder = local_model_folder(model.spec.model)
+    return model.local_folder
 
 
 def kind_of_folder(folder: Path) -> str:

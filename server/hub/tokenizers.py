@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from server.hub.catalog import CatalogModel
+from server.hub.catalog import CatalogModel, folder_on_disk
 
 logger = logging.getLogger("ortserve.hub")
 
@@ -23,12 +23,11 @@ logger = logging.getLogger("ortserve.hub")
 def hold_listed(models: list[CatalogModel]) -> list[str]:
     """Parse and keep the tokenizer of each model already on disk (blocking: run it in a worker thread); returns
     the names of the models whose tokenizer is held."""
-    from engine.builder import local_model_folder
     from engine.tokenizer import HELD_TOKENIZERS
 
     started, held = time.monotonic(), []
     for model in models:
-        folder = model.folder or local_model_folder(model.spec.model)
+        folder = folder_on_disk(model)
         if folder is None or not (Path(folder) / "tokenizer.json").is_file():
             continue
         try:
@@ -51,5 +50,4 @@ def hold_loaded(model: CatalogModel, loaded: Any) -> None:
     tokenizer, folder = getattr(loaded, "tokenizer", None), model.folder
     if tokenizer is None or folder is None or not (Path(folder) / "tokenizer.json").is_file():
         return
-    if not HELD_TOKENIZERS.held(Path(folder) / "tokenizer.json"):
-        HELD_TOKENIZERS.hold(Path(folder) / "tokenizer.json", tokenizer)
+    HELD_TOKENIZERS.hold(Path(folder) / "tokenizer.json", tokenizer)  # keeps the one held, if any

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.types import InvalidRequestError, PromptTooLongError
 from server import __version__
-from server.hub.catalog import resolve_kind
+from server.hub.catalog import folder_on_disk, resolve_kind
 from server.hub.registry import OLLAMA_TAG, READY, ModelEntry
 from server.http.prepare import PreparedChat, engine_for, prepare_chat, start_run, start_tracking
 from server.errors import ModelNotFoundError, error_for
@@ -57,26 +57,10 @@ def _folder_facts(folder: Path) -> tuple[int, str]:
     return size, family
 
 
-_LOCAL_FOLDERS: dict[str, Path] = {}
-
-
-def _local_folder(spec_model: str) -> Path | None:
-    """The folder a not-yet-loaded model will load from when it is already on disk (a pulled known name, a converted
-    GGUF; engine.builder.local_model_folder: no download, conversion or hashing); found ones are remembered."""
-    if spec_model not in _LOCAL_FOLDERS:
-        from engine.builder import local_model_folder
-
-        folder = local_model_folder(spec_model)
-        if folder is None:
-            return None
-        _LOCAL_FOLDERS[spec_model] = folder
-    return _LOCAL_FOLDERS[spec_model]
-
-
 def _facts(entry: ModelEntry) -> tuple[int, str]:
     """(bytes on disk, family) of an entry; (0, "") while its folder is not on disk yet (a known name not pulled,
     a GGUF not converted: its first load does that)."""
-    folder = entry.model.folder or _local_folder(entry.model.spec.model)
+    folder = folder_on_disk(entry.model)
     return _folder_facts(folder) if folder is not None and folder.is_dir() else (0, "")
 
 

@@ -116,7 +116,6 @@ def test_ollama_tags_size_of_a_known_name_on_disk_before_its_first_load(tmp_path
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("ORTSERVE_CACHE_DIR", str(cache))
-    monkeypatch.setattr(route, "_LOCAL_FOLDERS", {})
     entry = ModelEntry(CatalogModel(spec=ModelSpec(model="gemma3-270m"), name="gemma3-270m", names=["gemma3-270m"],
                                     kind="chat"))
     assert route._facts(entry) == (0, "")  # not pulled: nothing to count
