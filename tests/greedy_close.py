@@ -31,6 +31,13 @@ from typing import Any
 # NOTE(tests): nats. Rounding differences between row counts or CPU kernels move SmolLM2's INT4 logits by up to
 # ~0.5 (tests/integration/engine/test_default_model.py); two tokens closer than this may swap on another path.
 MAX_GAP_NATS = 0.5
+# NOTE(tests): nats, for the tiny synthetic model (tests/conftest.py's ``tiny_model``). It computes in float32
+# (MatMulNBits accuracy level 0: no int8 activations), so its paths part only by float rounding: a row alone
+# against the same row beside another moved its log-probabilities by at most 3.1e-5 over 600 decode steps, on
+# AVX-512 and under qemu's AVX2 model alike (perf/rows_probe.py). Its random weights make its choices close
+# (median margin 0.21 nats, 78% below 0.5), so MAX_GAP_NATS would let most wrong tokens pass as near-ties;
+# 0.01 keeps 300x headroom over the rounding and lets through a wrong token only where it came within 0.01.
+TINY_MAX_GAP_NATS = 0.01
 TOP_K = 5  # how many alternatives each side asks for (logprobs' top_logprobs)
 
 
@@ -60,6 +67,36 @@ class GreedyRun:
         if len(top) != len(tokens):
             raise ValueError(f"{len(tokens)} tokens but {len(top)} logprobs: ask for logprobs=True, top_logprobs=k")
         return cls(tuple(tokens), tuple(top), ended)
+
+    @classmethod
+    def from_logits(cls, rows: Iterable[Any], k: int = TOP_K) -> "GreedyRun":
+        """From the logits each greedy step chose from (a runner's rows, float ``[vocab]`` each): the argmax and
+        the top ``k`` log-probabilities of every row."""
+        import numpy as np
+
+        tokens: list[int] = []
+        top: list[dict[Hashable, float]] = []
+        for row in rows:
+            x = np.asarray(row, dtype=np.float64)
+            lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
+            best = np.argsort(-lp, kind="stable")[:k]
+            tokens.append(int(best[0]))
+            top.append({int(t): float(lp[t]) for t in best})
+        return cls(tuple(tokens), tuple(top))
+
+    @classmethod
+    def from_openai_stream(cls, chunks: Iterable[Any], index: int = 0) -> "GreedyRun":
+        """From a streamed chat completion's chunks (SDK objects or their JSON dicts) of choice ``index``."""
+        content: list[Any] = []
+        finish = None
+        for chunk in chunks:
+            chunk = chunk if isinstance(chunk, dict) else chunk.model_dump()
+            for choice in chunk.get("choices") or ():
+                if choice["index"] != index:
+                    continue
+                content += (choice.get("logprobs") or {}).get("content") or ()
+                finish = choice.get("finish_reason") or finish
+        return cls.from_openai({"content": content}, finish)
 
     @classmethod
     def from_openai(cls, logprobs: Any, finish_reason: str | None = None) -> "GreedyRun":
