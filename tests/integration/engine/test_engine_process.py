@@ -60,7 +60,8 @@ def test_in_process_by_default_on_the_cpu_and_the_runner_is_only_there(engine, p
 
 def test_greedy_and_seeded_tokens_equal_in_process(engine, proc_engine) -> None:
     ps = prompts(engine, 6, length=12, seed=3) + prompts(engine, 1, length=40, seed=4)  # the last one: 3 chunks
-    params = [SamplingParams(max_tokens=20, **GREEDY_TOP)] * 6 + [SamplingParams(max_tokens=12, seed=7, temperature=0.9)]
+    params = [SamplingParams(max_tokens=20, **GREEDY_TOP)] * 6 + \
+        [SamplingParams(max_tokens=12, seed=7, temperature=0.9)]
 
     async def batch(eng, tag):
         return await asyncio.gather(*[collect(eng, p, sp, f"{tag}{i}") for i, (p, sp) in enumerate(zip(ps, params))])
