@@ -24,7 +24,7 @@ from server.app import create_app
 from server.settings import Settings
 from tests.greedy_close import TINY_MAX_GAP_NATS, TOP_K, GreedyRun, assert_greedy_close
 from tests.integration.server.conftest import (  # noqa: F401 (fault_loader and serve_process re-exported)
-    RunningServer, fault_loader, serve_app, serve_process,
+    RunningServer, fault_loader, keep_prior_draft_costs, serve_app, serve_process,
 )
 
 PROMPT = [{"role": "user", "content": "Tell me a story about a robot"}]
@@ -88,7 +88,7 @@ def rel_server(tiny_model: Path) -> Iterator[AbusedServer]:
     """The tiny model behind a server whose engine carries a FaultPlan (disarmed after every use)."""
     plan = FaultPlan()
     with serve_app(create_app(rel_settings(tiny_model), loader=fault_loader(plan))) as running:
-        yield AbusedServer(running, plan)
+        yield AbusedServer(keep_prior_draft_costs(running), plan)
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +104,7 @@ def _disarm_faults(request: pytest.FixtureRequest) -> Iterator[None]:
 def fresh_server(tiny_model: Path) -> Iterator[RunningServer]:
     """The same model on a server nothing else touches: the reference for 'output of a fresh server'."""
     with serve_app(create_app(rel_settings(tiny_model))) as running:
-        yield running
+        yield keep_prior_draft_costs(running)
 
 
 def greedy_chat(base_url: str, messages: list[dict] | None = None, max_tokens: int = 24,
