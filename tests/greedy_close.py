@@ -173,6 +173,9 @@ def assert_decided(run: GreedyRun, num_tokens: int, min_gap: float = MAX_GAP_NAT
     margins = []
     for i in range(num_tokens):
         others = [lp for t, lp in run.top[i].items() if t != run.tokens[i]]
+        if not others and run.top[i][run.tokens[i]] == 0.0:
+            margins.append(float("inf"))  # NOTE(tests): forced (a grammar left one token): nothing else could come
+            continue
         if not others:
             raise AssertionError(f"position {i}: no runner-up in the top-k; ask for top_logprobs >= 2")
         margins.append(run.top[i][run.tokens[i]] - max(others))
