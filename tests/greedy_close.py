@@ -34,7 +34,7 @@ MAX_GAP_NATS = 0.5
 # NOTE(tests): nats, for the tiny synthetic model (tests/conftest.py's ``tiny_model``). It computes in float32
 # (MatMulNBits accuracy level 0: no int8 activations), so its paths part only by float rounding: a row alone
 # against the same row beside another moved its log-probabilities by at most 3.1e-5 over 600 decode steps, on
-# AVX-512 and under qemu's AVX2 model alike (perf/rows_probe.py). Its random weights make its choices close
+# AVX-512 and under qemu's AVX2 model alike (perf/model_rows.py). Its random weights make its choices close
 # (median margin 0.21 nats, 78% below 0.5), so MAX_GAP_NATS would let most wrong tokens pass as near-ties;
 # 0.01 keeps 300x headroom over the rounding and lets through a wrong token only where it came within 0.01.
 TINY_MAX_GAP_NATS = 0.01
