@@ -19,7 +19,7 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.types import StepInfo
 from engine.types import FinishReason, InvalidRequestError, SamplingParams, StructuredOutput
-from tests.greedy_close import GreedyRun, assert_decided
+from tests.greedy_close import TINY_MAX_GAP_NATS, TOP_K, GreedyRun, assert_decided, assert_greedy_close
 
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
@@ -71,7 +71,7 @@ def test_schemas_at_temperature_one_in_one_batch_all_validate(engine):
 
 def test_free_rows_beside_constrained_rows_are_untouched(engine):
     prompt = prompt_for(engine, "Say anything.")
-    free = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    free = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, logprobs=True, top_logprobs=TOP_K)
     alone = asyncio.run(collect(engine, prompt, free, "free-alone"))
 
     async def mixed():
@@ -82,7 +82,10 @@ def test_free_rows_beside_constrained_rows_are_untouched(engine):
               for i in range(3)])
 
     free_out, *constrained = asyncio.run(mixed())
-    assert ids_of(free_out) == ids_of(alone)
+    # NOTE(tests): alone it decodes as one row, mixed as a row of four: equal up to a near-tie (a mask that
+    # leaked into the free row would part it from its lone run at a choice that is no near-tie)
+    assert_greedy_close(GreedyRun.from_engine(alone), GreedyRun.from_engine(free_out), TINY_MAX_GAP_NATS,
+                        "the free row beside constrained ones")
     for outputs in constrained:
         assert re.fullmatch("[a-z]{30}", text_of(outputs)) and outputs[-1].finish_reason is FinishReason.STOP
 
