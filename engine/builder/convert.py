@@ -10,6 +10,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from engine.builder.errors import BuildError, UnsupportedTokenizerError
+from engine.builder.external import ExternalData
 from engine.builder.folder import check_target, write_model_folder
 from engine.builder.gguf_reader import GGUFModel, open_gguf
 from engine.builder.graph import DTYPES, build_graph
@@ -59,15 +60,26 @@ def convert_gguf(
     spec = model.spec
     max_len = min(spec.context_length, max_length or DEFAULT_MAX_LENGTH)
 
-    num_tensors = sum(1 for name in model.tensors
-                      if not name.startswith("blk.") or int(name.split(".")[1]) < spec.num_layers)
-    with tqdm(total=num_tensors, desc=f"converting {model.path.name}", unit="tensor", disable=not progress) as bar:
-        weights = model.load_weights(on_tensor=lambda _name: bar.update(1))
-        graph = build_graph(spec, weights, dtype=dtype, accuracy_level=accuracy_level)
-        del weights
-        tok_cfg = tokenizer_config(tok, special, chat_template=model.tokenizer.chat_template,
-                                   model_max_length=spec.context_length, add_bos=model.tokenizer.add_bos)
-        return write_model_folder(out_dir, graph, spec, tok, special, tok_cfg, max_length=max_len,
+    tok_cfg = tokenizer_config(tok, special, chat_template=model.tokenizer.chat_template,
+                               model_max_length=spec.context_length, add_bos=model.tokenizer.add_bos)
+    tensors = model.converted_tensors()
+    num_tensors = len(tensors)
+    # NOTE(builder): the bar counts the GGUF's bytes read, and the tensors; the tied LM head reads the embedding twice
+    total_bytes = sum(t.data.nbytes for t in tensors)
+    done = {"tensors": 0}
+    with tqdm(total=total_bytes, desc=f"converting {model.path.name}", unit="B", unit_scale=True, unit_divisor=1024,
+              disable=not progress) as bar:
+        def on_tensor(name: str) -> None:
+            done["tensors"] = min(num_tensors, done["tensors"] + 1)
+            bar.update(min(model.tensors[name].data.nbytes, bar.total - bar.n))
+            bar.set_postfix_str(f"{done['tensors']}/{num_tensors} tensors", refresh=False)
+
+        def build(data: ExternalData):
+            # 1. Each tensor is converted when the graph reaches it, written to the data file, and dropped.
+            return build_graph(spec, model.stream_weights(on_tensor), dtype=dtype, accuracy_level=accuracy_level,
+                               data=data)
+
+        return write_model_folder(out_dir, build, spec, tok, special, tok_cfg, max_length=max_len,
                                   overwrite=overwrite, marker=marker, embedding_pooling=model.pooling)
 
 

@@ -17,6 +17,7 @@ from onnx import TensorProto
 from tokenizers import Tokenizer
 
 from engine.builder.errors import OutputExistsError
+from engine.builder.external import ExternalData
 from engine.builder.graph import ModelSpec
 from engine.builder.tokenizer import SpecialTokens
 
@@ -99,7 +100,7 @@ def check_target(out_dir: Path, overwrite: bool) -> None:
 
 def write_model_folder(
     out_dir: Path,
-    model: onnx.ModelProto,
+    model: onnx.ModelProto | Callable[[ExternalData], onnx.ModelProto],
     spec: ModelSpec,
     tokenizer: Tokenizer,
     special: SpecialTokens,
@@ -117,12 +118,22 @@ def write_model_folder(
     states, engine/embedding.py) and its ``embedding_config.json``: pooled decoder embeddings, pooled by
     ``embedding_pooling`` (the model's own, e.g. a GGUF's pooling_type) or else the last token.
 
+    Args:
+        model: the decoder, or a function that builds it writing its weights into the ``ExternalData`` it is given
+            (``graph.build_graph``'s ``data``): the weights then go to disk one tensor at a time.
+
     Returns:
         ``out_dir``, resolved.
     """
     def fill(tmp: Path) -> None:
-        onnx.save_model(model, tmp / MODEL_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=DATA_FILE, size_threshold=1024)
+        if callable(model):
+            with ExternalData(tmp / DATA_FILE) as data:
+                proto = model(data)
+            onnx.save_model(proto, tmp / MODEL_FILE)  # its large initializers point into DATA_FILE already
+            del proto
+        else:
+            onnx.save_model(model, tmp / MODEL_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=DATA_FILE, size_threshold=1024)
         write_decoder_embedding(tmp, spec, special, max_length=max_length, pooling=embedding_pooling or "last")
         _write_json(tmp / "genai_config.json", genai_config(spec, special, max_length=max_length))
         _write_json(tmp / GENERATION_CONFIG, generation_config(special, max_length=max_length))
