@@ -228,6 +228,24 @@ def write_decoder_embedding(folder: Path, spec: ModelSpec, special: SpecialToken
     })
 
 
+def folder_dtype(folder: Path) -> str | None:
+    """A decoder folder's activation/KV dtype ("float32" or "float16"): its marker's, else its graph's past keys';
+    None for an encoder folder or one that cannot be read."""
+    try:
+        marker = json.loads((folder / MARKER_FILE).read_text())
+        if isinstance(marker, dict) and marker.get("dtype") in ("float32", "float16"):
+            return marker["dtype"]
+    except (OSError, ValueError):
+        pass
+    if not (folder / "genai_config.json").is_file() or not (folder / MODEL_FILE).is_file():
+        return None
+    try:
+        g = onnx.load(str(folder / MODEL_FILE), load_external_data=False).graph
+    except Exception:  # noqa: BLE001 - a damaged graph is the loader's to report
+        return None
+    return {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}.get(_activation_dtype(g))
+
+
 def _activation_dtype(g: onnx.GraphProto) -> int:
     """The activation dtype of the decoder graph: its past KV inputs' (float32 when it has none)."""
     for i in g.input:
