@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="MatMulNBits accuracy level: 4 = int8 activations (fast on CPU), 0 = exact")
     convert.add_argument("--dtype", default="float32", choices=["float32", "float16"],
                          help="activation and KV dtype (float16 for GPUs)")
+    convert.add_argument("--kv-dtype", default=None, choices=["float32", "float16"],
+                         help="KV cache dtype when not --dtype's (float16 halves the KV of a float32 model)")
     convert.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
     convert.add_argument("--quiet", action="store_true", help="no progress bar")
     convert.set_defaults(func=_convert)
@@ -225,7 +227,7 @@ def _convert(args: argparse.Namespace) -> int:
 
     try:
         path = convert_gguf(args.gguf, args.out_dir, accuracy_level=args.accuracy_level, dtype=args.dtype,
-                            overwrite=args.overwrite, progress=not args.quiet)
+                            overwrite=args.overwrite, progress=not args.quiet, kv_dtype=args.kv_dtype)
     except (BuildError, OSError) as exc:
         print(f"ortserve convert: {exc}", file=sys.stderr)
         return 1

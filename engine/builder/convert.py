@@ -31,6 +31,7 @@ def convert_gguf(
     max_length: int | None = None,
     max_layers: int | None = None,
     marker: dict | None = None,
+    kv_dtype: str | None = None,
 ) -> Path:
     """Converts a llama-like GGUF into a model folder (docs/ARCHITECTURE.md layout).
 
@@ -44,13 +45,14 @@ def convert_gguf(
         max_length: search.max_length, the KV buffer length (default min(context_length, 2048)).
         max_layers: keep only the first N decoder blocks (for tests).
         marker: cache bookkeeping written last into the folder (see folder.write_model_folder).
+        kv_dtype: the KV cache's dtype when not ``dtype`` (float16 KV beside float32 activations halves the KV).
     Returns:
         The folder, resolved.
     Raises:
         BuildError subclasses (bad GGUF, unsupported architecture/type/tokenizer, existing output).
     """
-    if dtype not in DTYPES:
-        raise BuildError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPES or (kv_dtype is not None and kv_dtype not in DTYPES):
+        raise BuildError(f"dtype and kv_dtype must be one of {tuple(DTYPES)}, got {dtype!r} and {kv_dtype!r}")
     if accuracy_level not in (0, 1, 2, 3, 4):
         raise BuildError(f"accuracy_level must be in 0..4, got {accuracy_level}")
     out_dir = Path(out_dir)
@@ -77,7 +79,7 @@ def convert_gguf(
         def build(data: ExternalData):
             # 1. Each tensor is converted when the graph reaches it, written to the data file, and dropped.
             return build_graph(spec, model.stream_weights(on_tensor), dtype=dtype, accuracy_level=accuracy_level,
-                               data=data)
+                               data=data, kv_dtype=kv_dtype)
 
         return write_model_folder(out_dir, build, spec, tok, special, tok_cfg, max_length=max_len,
                                   overwrite=overwrite, marker=marker, embedding_pooling=model.pooling)

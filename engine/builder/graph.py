@@ -331,6 +331,7 @@ def build_graph(
     accuracy_level: int = 4,
     on_layer: Callable[[int], None] | None = None,
     data: ExternalData | None = None,
+    kv_dtype: str | None = None,
 ) -> onnx.ModelProto:
     """Builds the decoder graph (I/O names and shapes as in docs/ARCHITECTURE.md).
 
@@ -345,10 +346,13 @@ def build_graph(
         on_layer: called with the layer index after each decoder block is added (progress bars).
         data: where the weights go as they are made (the model's external data file); None keeps them inside
             the returned model.
+        kv_dtype: the KV cache's dtype when it differs from ``dtype`` (float16 KV beside float32 activations, as
+            llama.cpp keeps it on the CPU): attention then runs in ``kv_dtype`` between two Casts. None: ``dtype``.
     Returns:
         The model; without ``data`` its weights are still inside it (save with external data).
     """
     np_dtype, onnx_dtype = DTYPES[dtype]
+    kv_np_dtype, kv_onnx_dtype = DTYPES[kv_dtype or dtype]
     g = _Graph(np_dtype, onnx_dtype, accuracy_level, data)
     tied = weights.tied
     hd, nh, kvh = spec.head_size, spec.num_heads, spec.num_kv_heads
@@ -362,9 +366,9 @@ def build_graph(
     for i in range(spec.num_layers):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(
-                f"past_key_values.{i}.{kind}", onnx_dtype, ["batch_size", kvh, "past_sequence_length", hd]))
+                f"past_key_values.{i}.{kind}", kv_onnx_dtype, ["batch_size", kvh, "past_sequence_length", hd]))
             outputs.append(helper.make_tensor_value_info(
-                f"present.{i}.{kind}", onnx_dtype, ["batch_size", kvh, "present_sequence_length", hd]))
+                f"present.{i}.{kind}", kv_onnx_dtype, ["batch_size", kvh, "present_sequence_length", hd]))
 
     # 1. GQA's sequence lengths from the mask: seqlens_k = sum(mask) - 1, total = mask width (int32).
     # NOTE(builder): the sum runs in float32 (exact for counts below 2**24): GPU EPs such as WebGPU have no
@@ -380,10 +384,10 @@ def build_graph(
 
     # Rotary caches [context_length, hd/2]: the global one, and the sliding-window layers' own when they differ.
     cos, sin = rope_cache(spec, weights.rope_freq_factors)
-    rope_global = rope_local = (g.act("cos_cache", cos), g.act("sin_cache", sin))
+    rope_global = rope_local = (g.act("cos_cache", cos, kv_np_dtype), g.act("sin_cache", sin, kv_np_dtype))
     if any(spec.is_sliding(i) for i in range(spec.num_layers)) and (spec.rope_theta_local or spec.rope_scale != 1):
         cos, sin = rope_cache(spec, weights.rope_freq_factors, local=True)
-        rope_local = (g.act("cos_cache_local", cos), g.act("sin_cache_local", sin))
+        rope_local = (g.act("cos_cache_local", cos, kv_np_dtype), g.act("sin_cache_local", sin, kv_np_dtype))
 
     # 2. Embedding: [B, S] -> [B, S, H].
     x = _embedding(g, weights.embedding, tied=tied)
@@ -411,6 +415,8 @@ def build_graph(
                              3, f"{p}/qkv_split", axis=-1)
             qkv_inputs = [_head_norm(g, q, lw.q_norm, nh, hd, eps, f"{p}/q_norm"),
                           _head_norm(g, k, lw.k_norm, kvh, hd, eps, f"{p}/k_norm"), v]
+        if kv_onnx_dtype != onnx_dtype:  # attention in the KV dtype: [B, S, (nh + 2*kvh)*hd] cast in
+            qkv_inputs = [x and g.node("Cast", [x], 1, f"{x}/to_kv", to=kv_onnx_dtype)[0] for x in qkv_inputs]
         sliding = spec.is_sliding(i)
         cos_name, sin_name = rope_local if sliding else rope_global
         # NOTE(builder): since ONNX Runtime 1.23 (PR 25927) GQA's window is local_window_size keys, the query's
@@ -427,6 +433,8 @@ def build_graph(
             [*qkv_inputs, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens_k, total_len,
              cos_name, sin_name, "position_ids"],
             [f"{p}/attn/out0", f"present.{i}.key", f"present.{i}.value"], f"{p}/attn", "com.microsoft", **attrs)
+        if kv_onnx_dtype != onnx_dtype:  # [B, S, nh*hd] back to the activation dtype
+            (attn,) = g.node("Cast", [attn], 1, f"{p}/attn/to_act", to=onnx_dtype)
         if spec.post_norms:  # the post-norm adds o_proj's offset correction (if any) on its way in
             o, correction = g.linear_parts(attn, lw.o, f"{p}.o_proj")  # [B, S, H]
             o = g.rms_norm(o, lw.post_attn_norm, f"{p}/post_attn_norm", eps, skip=correction)
