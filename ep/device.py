@@ -35,7 +35,7 @@ from ep.names import (
     provider_of_ep_name,
     selects,
 )
-from ep.profiles import DeviceProfile, DtypeChoice, choose_dtype, make_profile, profile_class
+from ep.profiles import DeviceProfile, DtypeChoice, choose_dtype, dtype_requested, make_profile, profile_class
 
 logger = logging.getLogger(__name__)
 
@@ -570,11 +570,11 @@ def device_family(provider: str = "auto", selector: str | None = None,
 
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
-        chosen, what = pool.apply(_probe, (provider, selector, ep_library))
-    if chosen is None:
+        picked, what = pool.apply(_probe, (provider, selector, ep_library))
+    if not picked:
         logger.warning("--provider auto: no device could be probed (%s); the model dtype is the generic one", what)
         return DeviceProfile, f"--provider auto (no device could be probed: {what})"
-    return profile_class(chosen), f"--provider auto selected {what}"
+    return profile_class(picked), f"--provider auto selected {what}"
 
 
 def _probe(provider: str, selector: str | None, ep_library: str | None) -> tuple[str | None, str]:
@@ -593,7 +593,7 @@ def choose_model_dtype(provider: str = "auto", selector: str | None = None, ep_l
 
     A given --dtype needs no device: nothing is probed then.
     """
-    if requested not in (None, "auto"):
+    if dtype_requested(requested):
         family = profile_class(normalize_provider(provider, allow_auto=True)) or DeviceProfile
         return choose_dtype(family, requested, f"--provider {provider}")
     family, how = device_family(provider, selector, ep_library)

@@ -415,6 +415,11 @@ class DtypeChoice:
         return f"model dtype {self.dtype} ({self.reason})"
 
 
+def dtype_requested(requested: str | None) -> bool:
+    """Whether --dtype names a dtype (so the device need not be known): not None and not "auto"."""
+    return requested not in (None, "auto")
+
+
 def choose_dtype(family: type[DeviceProfile], requested: str | None = None, device: str = "") -> DtypeChoice:
     """The model dtype for a device of ``family``: ``requested`` (--dtype) when given, else the family's.
 
@@ -426,7 +431,7 @@ def choose_dtype(family: type[DeviceProfile], requested: str | None = None, devi
         ValueError: ``requested`` is not a dtype (the message names the choices).
     """
     how = f" ({device})" if device else ""
-    if requested not in (None, "auto"):
+    if dtype_requested(requested):
         if requested not in MODEL_DTYPES:
             raise ValueError(f"dtype must be auto or one of {MODEL_DTYPES}, got {requested!r}")
         note = "" if requested == family.model_dtype else \
