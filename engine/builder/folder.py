@@ -29,6 +29,7 @@ EMBEDDING_FILE = "embedding.onnx"  # decoders: the pooled-embedding graph beside
 EMBEDDING_CONFIG = "embedding_config.json"  # what engine/embedding.py reads (encoders and decoders)
 HIDDEN_OUTPUT = "hidden_states"
 FINAL_NORM_OUTPUT = "final_norm/out0"  # engine.builder.graph's final norm
+FINAL_NORM_WEIGHT = "final_norm"  # its weight, an initializer in the activation dtype
 
 
 def genai_config(spec: ModelSpec, special: SpecialTokens, *, max_length: int) -> dict[str, Any]:
@@ -243,7 +244,10 @@ def folder_dtype(folder: Path) -> str | None:
         g = onnx.load(str(folder / MODEL_FILE), load_external_data=False).graph
     except Exception:  # noqa: BLE001 - a damaged graph is the loader's to report
         return None
-    return {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}.get(_activation_dtype(g))
+    # NOTE(builder): our graphs keep the final norm's weight in the activation dtype; the past keys may be float16
+    # beside float32 activations (kv_dtype), so they decide only for a graph that is not ours.
+    norm = next((t.data_type for t in g.initializer if t.name == FINAL_NORM_WEIGHT), None)
+    return {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}.get(norm or _activation_dtype(g))
 
 
 def _activation_dtype(g: onnx.GraphProto) -> int:
@@ -270,7 +274,8 @@ def write_folder(out_dir: Path, fill: Callable[[Path], None], *, overwrite: bool
     out_dir = Path(out_dir).resolve()
     check_target(out_dir, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    remove_stale_temps(out_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-", dir=out_dir.parent))
     try:
         fill(tmp)
         if marker is not None:
@@ -288,6 +293,34 @@ def write_folder(out_dir: Path, fill: Callable[[Path], None], *, overwrite: bool
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def remove_stale_temps(out_dir: Path) -> list[Path]:
+    """Removes the temp folders of ``out_dir`` that a killed conversion left beside it (its process is gone): a
+    conversion ended by SIGKILL or a power cut cannot clean up, and an 8B model's half folder is gigabytes. Never taken
+    for a model (no marker, a dot name); returns what was removed.
+
+    NOTE(builder): a temp folder's name carries its process id (``.<name>.tmp-<pid>-<random>``); one whose process
+    still runs (a concurrent conversion) is left alone.
+    """
+    removed = []
+    for tmp in out_dir.parent.glob(f".{out_dir.name}.tmp-*"):
+        pid = tmp.name[len(f".{out_dir.name}.tmp-"):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def marker_matches(folder: Path, marker: dict[str, Any]) -> bool:
