@@ -566,15 +566,19 @@ def device_family(provider: str = "auto", selector: str | None = None,
         return family, f"--provider {provider}"
     if not ep_library and not find_ep_libraries(AUTO_ORDER):
         return profile_class("cpu"), "--provider auto, and no device EP library is installed"
-    import multiprocessing  # noqa: PLC0415
-
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(1) as pool:
-        picked, what = pool.apply(_probe, (provider, selector, ep_library))
+    picked, what = probe_device(provider, selector, ep_library)
     if not picked:
         logger.warning("--provider auto: no device could be probed (%s); the model dtype is the generic one", what)
         return DeviceProfile, f"--provider auto (no device could be probed: {what})"
     return profile_class(picked), f"--provider auto selected {what}"
+
+
+def probe_device(provider: str, selector: str | None, ep_library: str | None) -> tuple[str | None, str]:
+    """``select_device`` in a spawned child process: the provider it picks (None when none) and its device's line."""
+    import multiprocessing  # noqa: PLC0415
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_probe, (provider, selector, ep_library))
 
 
 def _probe(provider: str, selector: str | None, ep_library: str | None) -> tuple[str | None, str]:
