@@ -109,12 +109,24 @@ def test_a_qwen2_shape_pads_its_vocabulary_and_converts(tmp_path: Path):
     from engine.builder import convert_gguf
     import onnxruntime as ort
 
-    shape = dict(hidden_size=256, num_layers=8, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=128,
+    from engine.builder.tokenizer import synthetic_vocab
+
+    tokens, merges, types = synthetic_vocab(300)  # a real byte-level BPE vocabulary (the converter builds it)
+    v = gguf.GGUFWriter(str(tmp_path / "vocab.gguf"), "qwen2")
+    v.add_tokenizer_model("gpt2")
+    v.add_tokenizer_pre("qwen2")
+    v.add_token_list(tokens)
+    v.add_token_types(types)
+    v.add_token_merges([f"{a} {b}" for a, b in merges])
+    v.add_bos_token_id(1)
+    v.add_eos_token_id(2)
+    v.write_header_to_file(); v.write_kv_data_to_file(); v.write_tensors_to_file(); v.close()
+    shape = dict(hidden_size=256, num_layers=8, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=320,
                  arch="qwen2", rope_theta=1e6, context_length=4096, tied=False)
-    out = write_bench_gguf(_vocab(tmp_path / "vocab.gguf", 96), tmp_path / "qwen.gguf", shape, mix="Q4_K_M")
+    out = write_bench_gguf(tmp_path / "vocab.gguf", tmp_path / "qwen.gguf", shape, mix="Q4_K_M")
     r = gguf.GGUFReader(str(out))
     tokens = r.fields["tokenizer.ggml.tokens"]
-    assert len(tokens.data) == 128 and bytes(tokens.parts[tokens.data[-1]]).decode() == "[PAD127]"
+    assert len(tokens.data) == 320 and bytes(tokens.parts[tokens.data[-1]]).decode() == "[PAD319]"
     types = {t.name: t.tensor_type.name for t in r.tensors}
     assert types["output.weight"] == "Q6_K" and types["blk.0.ffn_down.weight"] == "Q6_K"
     assert types["blk.2.ffn_down.weight"] == "Q4_K" and types["blk.0.attn_q.bias"] == "F32"
@@ -126,4 +138,4 @@ def test_a_qwen2_shape_pads_its_vocabulary_and_converts(tmp_path: Path):
         if i.name.startswith("past_key_values."):
             feeds[i.name] = np.zeros((1, 2, 3, 64), np.float32)
     logits = session.run(["logits"], feeds)[0]
-    assert logits.shape == (1, 3, 128) and np.isfinite(logits).all() and 0.1 < logits.std() < 10
+    assert logits.shape == (1, 3, 320) and np.isfinite(logits).all() and 0.1 < logits.std() < 10
