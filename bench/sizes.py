@@ -216,6 +216,13 @@ def kv_bytes_per_token_ours(model_dir: Path) -> int:
     return 2 * decoder["num_hidden_layers"] * decoder["num_key_value_heads"] * decoder["head_size"] * width
 
 
+def model_params(gguf_path: Path) -> int:
+    """The GGUF's weights, counted in elements (the size the model is known by)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_elements) for t in GGUFReader(str(gguf_path)).tensors)
+
+
 def kv_bytes_per_token_peer(gguf_path: Path) -> int:
     """llama.cpp's KV for one token: its default f16 cache (``-ctk f16 -ctv f16``), from the GGUF's header."""
     from gguf import GGUFReader
@@ -276,6 +283,7 @@ def run(settings: SizesSettings) -> dict:
         "scenario": SIZES_SCENARIO,
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(settings).items()},
         "model_dir": str(model_dir),
+        "model_params": model_params(settings.gguf),
         "conversion": conversion,
         "kv_bytes_per_token": {OURS: kv_bytes_per_token_ours(model_dir), PEER: kv_bytes_per_token_peer(settings.gguf)},
         "rounds": rounds,
