@@ -10,9 +10,10 @@
 #   source .device/setup-cuda.sh; bash perf/gpu/issue45.sh wait peer-32b summarize
 #   source .device/setup-cuda.sh; bash perf/gpu/issue45.sh coder summarize           (the real Qwen2.5-Coder-1.5B)
 # Steps:
+#   build               llama-server's CUDA build alone, detached (the coder session's first call)
 #   start / start-32b   detached jobs (setsid; they outlive the call): llama-server's CUDA build (llama_server.sh
 #                       build) and the bench GGUF of that size (perf/gpu/bench_gguf.py, Q4_K_M, the family's real
-#                       vocabulary from .peer) converted by `ortserve convert` (float16, /usr/bin/time -v: wall and
+#                       vocabulary from .peer) converted by `ortserve convert` (float16; perf/gpu/timed.py: wall and
 #                       peak RSS); `wait` waits for them (at most WAIT_S, default 540 s)
 #   peer-8b / peer-32b  both servers on that file, one at a time: 1, 8 and 64 streams (ours with drafts off,
 #                       --speculative-tokens 0, and on, the default); TTFT of a 2,000-token prompt idle and beside 7
@@ -47,11 +48,12 @@ job() {  # job NAME COMMAND...: detached (setsid) in a copy of the tree (a later
 }
 model_job() {  # model_job SHAPE VOCAB: the bench GGUF and its float16 conversion, timed
   local shape=$1 vocab=$2
-  echo "xz -dc .peer/ggml-vocab-$vocab.gguf.xz > $P/vocab-$vocab.gguf && \
-    PYTHONPATH=\$PWD/.peer/gguf-py:\$PWD python3 -m perf.gpu.bench_gguf --vocab $P/vocab-$vocab.gguf --shape $shape \
+  echo "export PYTHONPATH=\$PWD/.peer/gguf-py:\$PWD:\$PYTHONPATH; xz -dc .peer/ggml-vocab-$vocab.gguf.xz > $P/vocab-$vocab.gguf && \
+    python3 -m perf.gpu.timed -- python3 -m perf.gpu.bench_gguf --vocab $P/vocab-$vocab.gguf --shape $shape \
       --mix Q4_K_M --out $P/$shape.gguf && \
-    /usr/bin/time -v python3 -m server convert $P/$shape.gguf $P/$shape --dtype float16 --overwrite --quiet"
+    python3 -m perf.gpu.timed -- python3 -m server convert $P/$shape.gguf $P/$shape --dtype float16 --overwrite --quiet"
 }
+if has build && [ ! -x "$LS" ]; then job build bash perf/gpu/llama_server.sh build; fi
 if has start; then
   [ -x "$LS" ] || job build bash perf/gpu/llama_server.sh build
   job model-8b "$(model_job llama-3.1-8b llama-bpe)"
@@ -68,7 +70,7 @@ if has wait; then
   done
   for j in build model-8b model-32b; do
     [ -f "$P/$j.log" ] && log "$j: rc $(cat "$P/$j.done" 2>/dev/null || echo running); $(grep -E \
-      "Elapsed|Maximum resident|wrote|built" "$P/$j.log" | tr '\n' ';' | cut -c1-300)"
+      "timed:|wrote|built" "$P/$j.log" | tr '\n' ';' | cut -c1-300)"
   done
 fi
 if has clean-8b; then rm -rf "$P/llama-3.1-8b" "$P/llama-3.1-8b.gguf"; log "removed the 8B files"; fi
