@@ -22,7 +22,6 @@ import onnxruntime as ort
 from ep.addressing import Addressing, memory_addressing
 from ep.flags import cuda_int4_gemm_on
 from ep.names import (
-    AUTO_ORDER,
     EP_NAMES,
     DeviceNotFoundError,
     EpError,
@@ -35,7 +34,7 @@ from ep.names import (
     provider_of_ep_name,
     selects,
 )
-from ep.profiles import DeviceProfile, DtypeChoice, choose_dtype, dtype_requested, make_profile, profile_class
+from ep.profiles import DeviceProfile, make_profile, profile_class
 
 logger = logging.getLogger(__name__)
 
@@ -545,60 +544,3 @@ def format_description(info: Mapping[str, Any]) -> str:
                     f"{'yes' if sel['host_accessible'] else 'no'})" if sel else f"nothing\n{info['error']}"))
     return "\n".join(lines)
 
-
-# --- the device family before any backend loads (the model dtype) ------------------------------------------------
-
-
-@functools.lru_cache(maxsize=8)
-def device_family(provider: str = "auto", selector: str | None = None,
-                  ep_library: str | None = None) -> tuple[type[DeviceProfile], str]:
-    """The profile class of the device ``provider`` will run on, known before this process loads any backend
-    library: a named provider's family; under auto, the CPU's where no device EP library is installed, else the
-    family of the device ``select_device`` picks in a short-lived child process (a backend library loads in the
-    engine's process only, and the parent's choice must not load it).
-
-    Returns:
-        (the profile class, how the device was chosen: for the start-up line).
-    """
-    provider = normalize_provider(provider, allow_auto=True)
-    family = profile_class(provider)
-    if family is not None:
-        return family, f"--provider {provider}"
-    if not ep_library and not find_ep_libraries(AUTO_ORDER):
-        return profile_class("cpu"), "--provider auto, and no device EP library is installed"
-    picked, what = probe_device(provider, selector, ep_library)
-    if not picked:
-        logger.warning("--provider auto: no device could be probed (%s); the model dtype is the generic one", what)
-        return DeviceProfile, f"--provider auto (no device could be probed: {what})"
-    return profile_class(picked), f"--provider auto selected {what}"
-
-
-def probe_device(provider: str, selector: str | None, ep_library: str | None) -> tuple[str | None, str]:
-    """``select_device`` in a spawned child process: the provider it picks (None when none) and its device's line."""
-    import multiprocessing  # noqa: PLC0415
-
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_probe, (provider, selector, ep_library))
-
-
-def _probe(provider: str, selector: str | None, ep_library: str | None) -> tuple[str | None, str]:
-    """In the child: the provider ``select_device`` picks, and its device's description."""
-    try:
-        selected = select_device(provider, selector, ep_library)
-    except EpError as exc:
-        return None, str(exc).splitlines()[0]
-    return selected.provider, selected.record.describe()
-
-
-def choose_model_dtype(provider: str = "auto", selector: str | None = None, ep_library: str | None = None,
-                       requested: str | None = None) -> DtypeChoice:
-    """The dtype ``serve`` and ``pull`` convert a GGUF to: --dtype when given, else the device family's
-    (``ep.profiles``: float16 on CUDA, MIGraphX/AMDGPU and WebGPU, float32 on the CPU).
-
-    A given --dtype needs no device: nothing is probed then.
-    """
-    if dtype_requested(requested):
-        family = profile_class(normalize_provider(provider, allow_auto=True)) or DeviceProfile
-        return choose_dtype(family, requested, f"--provider {provider}")
-    family, how = device_family(provider, selector, ep_library)
-    return choose_dtype(family, None, how)

@@ -196,7 +196,7 @@ def model_dtype(settings: Any) -> Any:
 
     ``settings``: anything with provider, device, ep_library and dtype (the serve Settings, pull's args).
     """
-    from ep.device import choose_model_dtype  # after ep.flags.apply: a probe may load a backend (in a child)
+    from ep.model_dtype import choose_model_dtype  # after ep.flags.apply: a probe may load a backend (in a child)
 
     choice = choose_model_dtype(settings.provider, settings.device, settings.ep_library, settings.dtype)
     logger.info("%s", choice.describe())

@@ -214,7 +214,7 @@ def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None,
 
     Args:
         dtype: the activation/KV dtype the folder must have ("float32" or "float16"; the device's, see
-            ``ep.device.choose_model_dtype``). A GGUF or a known name is converted to it, into a folder of its own
+            ``ep.model_dtype.choose_model_dtype``). A GGUF or a known name is converted to it, into a folder of its own
             (float32: ``<stem>-<sha12>``, float16: ``<stem>-<sha12>-float16``). A folder of another dtype is
             converted again from the source its marker names, when that is still there, else refused. None: any
             dtype (float32 for a conversion), as before.

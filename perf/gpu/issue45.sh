@@ -155,7 +155,7 @@ if has coder; then
   python3 - "$CODER" <<'PY' 2>&1 | tail -n 2 | tee -a "$LOG"
 import sys
 from engine.builder import pull_model
-from ep.device import choose_model_dtype
+from ep.model_dtype import choose_model_dtype
 choice = choose_model_dtype("auto")
 print(choice.describe()); print(pull_model("qwen2.5-coder-1.5b", gguf_file=sys.argv[1], progress=False, dtype=choice.dtype))
 PY

@@ -277,7 +277,7 @@ class ModelRegistry:
             return self.settings  # a one-model server's own settings, resolved by its loader as they always were
         if model.folder is None:
             from engine.builder import resolve_model
-            from ep.device import choose_model_dtype
+            from ep.model_dtype import choose_model_dtype
 
             dtype = choose_model_dtype(model.spec.provider or self.settings.provider, self.settings.device,
                                        self.settings.ep_library, self.settings.dtype)
