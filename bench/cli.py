@@ -148,8 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     sz.add_argument("--threads", type=_positive_int, default=2, help="sizes: threads of each server (default 2)")
     sz.add_argument("--slots", type=_positive_int, default=2, help="sizes: slots and streams (default 2)")
     sz.add_argument("--context", type=_positive_int, default=4096, help="sizes: tokens per slot (default 4096)")
-    sz.add_argument("--ttft-prompt-tokens", type=_positive_int, default=2000,
-                    help="sizes: the long prompt whose TTFT is measured (default 2000)")
+    sz.add_argument("--ttft-prompt-tokens", type=int, default=2000,
+                    help="sizes: the long prompt whose TTFT is measured (default 2000; 0: none)")
     sz.add_argument("--work-dir", default="bench/results/sizes-work",
                     help="sizes: the converted folder and the servers' logs (default %(default)s; outside git)")
     sz.add_argument("--port", type=_positive_int, default=18461, help="sizes: ortserve's port; llama-server's is the next")

@@ -75,6 +75,23 @@ def tree_rss_bytes(pid: int) -> int:
     return total
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) ``pid`` and its descendants have used so far."""
+    total, stack, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
+    while stack:
+        p = stack.pop()
+        try:
+            with open(f"/proc/{p}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14 and 15)
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children", encoding="ascii") as f:
+                    stack.extend(int(c) for c in f.read().split())
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
 def convert(settings: SizesSettings, out_dir: Path) -> dict:
     """``ortserve convert`` as a user runs it: wall time and the process's peak RSS (its own rusage)."""
     cmd = [sys.executable, "-m", "server", "convert", str(settings.gguf), str(out_dir), "--overwrite",
@@ -187,20 +204,32 @@ async def measure(server: Server, settings: SizesSettings, round_index: int, enc
         rng = random.Random(settings.seed * 1000 + round_index)
         short = [make_prompt(32, rng, encode=encode) for _ in range(settings.slots)]
         await _requests(server.url, None, [RequestSpec(0, short[0], 32, 4)])  # warm-up
+        pid = server.proc.pid if server.proc else 0
+        cpu0 = tree_cpu_s(pid)
         one = await _requests(server.url, None, [RequestSpec(0, short[0], 32, settings.output_tokens)])
+        cpu1 = tree_cpu_s(pid)
         many = await _requests(server.url, None, [RequestSpec(i, short[i], 32, settings.output_tokens)
                                                   for i in range(settings.slots)])
-        long_prompt = make_prompt(settings.ttft_prompt_tokens, rng, encode=encode)
-        (ttft,) = await _requests(server.url, None, [RequestSpec(0, long_prompt, settings.ttft_prompt_tokens, 1)])
+        cpu2 = tree_cpu_s(pid)
+        ttft = None
+        if settings.ttft_prompt_tokens:
+            long_prompt = make_prompt(settings.ttft_prompt_tokens, rng, encode=encode)
+            (ttft,) = await _requests(server.url, None, [RequestSpec(0, long_prompt, settings.ttft_prompt_tokens, 1)])
     finally:
         sampler.cancel()
     rates = [decode_rate(r) for r in many]
-    errors = [r.error for r in (*one, *many, ttft) if r.error]
+    errors = [r.error for r in (*one, *many, *([ttft] if ttft else [])) if r.error]
+    tokens_1 = sum(r.usage_completion_tokens or r.num_chunks for r in one)
+    tokens_n = sum(r.usage_completion_tokens or r.num_chunks for r in many)
     return {
         "decode_tok_s_1": decode_rate(one[0]),
         f"decode_tok_s_{settings.slots}": sum(rates) if all(r is not None for r in rates) else None,
-        "ttft_s": ttft.ttft_s if not ttft.error_kind else None,
-        "ttft_prompt_tokens": ttft.usage_prompt_tokens,
+        # NOTE(bench): CPU seconds per output token (the server's process tree, prompt included): on a shared machine
+        # the wall clock also counts the time others held the cores; this counts only the server's own work
+        "cpu_s_per_token_1": (cpu1 - cpu0) / tokens_1 if tokens_1 else None,
+        f"cpu_s_per_token_{settings.slots}": (cpu2 - cpu1) / tokens_n if tokens_n else None,
+        "ttft_s": ttft.ttft_s if ttft is not None and not ttft.error_kind else None,
+        "ttft_prompt_tokens": ttft.usage_prompt_tokens if ttft is not None else None,
         "errors": errors,
     }
 
@@ -299,7 +328,8 @@ def _load_average() -> list[float] | None:
         return None
 
 
-METRICS = ("decode_tok_s_1", "decode_tok_s_{slots}", "ttft_s", "load_s", "peak_rss_bytes")
+METRICS = ("decode_tok_s_1", "decode_tok_s_{slots}", "cpu_s_per_token_1", "cpu_s_per_token_{slots}", "ttft_s",
+           "load_s", "peak_rss_bytes")
 
 
 def summarize(report: dict) -> dict:
@@ -315,7 +345,8 @@ def summarize(report: dict) -> dict:
         ratios = [r[OURS][key] / r[PEER][key] for r in report["rounds"]
                   if r[OURS].get(key) and r[PEER].get(key)]
         row["ratio"] = statistics.median(ratios) if ratios else None
-        out[key] = row
+        if any(v is not None for v in row.values()):
+            out[key] = row
     return out
 
 
@@ -347,8 +378,10 @@ def plot(report: dict, path) -> object:
 
     slots = report["settings"]["slots"]
     panels = [("decode_tok_s_1", "decode tok/s, 1 stream", 1.0), (f"decode_tok_s_{slots}",
-              f"decode tok/s, {slots} streams", 1.0), ("ttft_s", f"TTFT s, {report['settings']['ttft_prompt_tokens']}"
-              "-token prompt", 1.0), ("load_s", "load s", 1.0), ("peak_rss_bytes", "peak RSS GiB", 1 / GIB)]
+              f"decode tok/s, {slots} streams", 1.0), ("cpu_s_per_token_1", "CPU s a token, 1 stream", 1.0),
+              ("ttft_s", f"TTFT s, {report['settings']['ttft_prompt_tokens']}-token prompt", 1.0),
+              ("load_s", "load s", 1.0), ("peak_rss_bytes", "peak RSS GiB", 1 / GIB)]
+    panels = [p for p in panels if p[0] in report["summary"]]
     fig, axes = plt.subplots(1, len(panels) + 1, figsize=(3.2 * (len(panels) + 1), 3.6))
     for ax, (key, title, scale) in zip(axes, panels):
         for i, name in enumerate((OURS, PEER)):
@@ -356,7 +389,7 @@ def plot(report: dict, path) -> object:
             if values:
                 ax.bar(i, statistics.median(values), color=("C0", "C1")[i], alpha=0.7)
                 ax.plot([i] * len(values), values, "k.")
-        ratio = report["summary"][key]["ratio"]
+        ratio = report["summary"][key].get("ratio")
         ax.set_title(title + (f"\nratio {ratio:.2f}" if ratio else ""), fontsize=9)
         ax.set_xticks([0, 1], [OURS, PEER], fontsize=8)
     kv = report["kv_bytes_per_token"]

@@ -62,9 +62,12 @@ def test_kv_bytes_per_token_from_the_folder_and_the_gguf(tmp_path: Path):
     assert sizes.kv_bytes_per_token_peer(path) == 2 * 32 * 8 * 128 * 2  # llama.cpp's f16 cache: 128 KiB
 
 
-def test_the_process_tree_rss_includes_this_process():
+def test_the_process_tree_rss_and_cpu_include_this_process():
     assert sizes.tree_rss_bytes(os.getpid()) > 10 << 20
     assert sizes.tree_rss_bytes(2**22 + 12345) == 0  # (no such process)
+    before = sizes.tree_cpu_s(os.getpid())
+    sum(i * i for i in range(3_000_000))  # some CPU work
+    assert sizes.tree_cpu_s(os.getpid()) > before > 0
 
 
 def test_the_plot_is_written(tmp_path: Path):
