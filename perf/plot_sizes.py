@@ -75,7 +75,7 @@ def plot(cpu: list[dict], gpu: list[dict], path: Path) -> Path:
             ax.set_xlabel("model parameters (billions)")
             ax.set_title(f"{device}: {title}", fontsize=10)
             ax.grid(alpha=0.3)
-            if pts:
+            if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8)
     fig.suptitle("ortserve and llama.cpp's llama-server on the same GGUFs (issue 45)", fontsize=11)
     fig.tight_layout()
