@@ -15,10 +15,14 @@ from collections.abc import Callable
 from bench.loadgen import (HttpBackend, HttpSettings, RemoteUrlError, RssSampler, check_loopback, run_load,
                            run_load_processes)
 from bench.metrics import Slo
-from bench.report import build_report, compare, format_compare, format_summary, load_report, run_entry, write_report
+from bench.report import (
+    build_report, compare, format_compare, format_summary, git_revision, load_report, machine_info, run_entry,
+    write_report,
+)
 from bench.features import FEATURE_SCENARIOS
 from bench.decisions import DECISIONS_SCENARIO
 from bench.embeddings import EMBEDDINGS_SCENARIO
+from bench.sizes import SIZES_SCENARIO
 from bench.scenarios import SCENARIOS, iter_requests
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
@@ -86,14 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--extra-body", type=json.loads, default={},
                       help="JSON object merged into every request body")
     load.add_argument("--scenario", default="fixed",
-                      choices=SCENARIOS + FEATURE_SCENARIOS + (EMBEDDINGS_SCENARIO, DECISIONS_SCENARIO),
+                      choices=SCENARIOS + FEATURE_SCENARIOS + (EMBEDDINGS_SCENARIO, DECISIONS_SCENARIO, SIZES_SCENARIO),
                       help="fixed lengths; soak: mixed prompt/output lengths + server RSS sampling; json_schema: "
                       "fixed lengths, every answer constrained by response_format to a typical JSON schema; "
                       "multiturn: growing conversations over a long system prompt (prefix reuse); copy: answers "
                       "that repeat their input, beside free text (speculative decoding); embeddings: texts/s "
                       "through /v1/embeddings at each --concurrency and --batch-sizes, beside --peer-url servers; "
                       "decisions: 1, 5 and 20 questions over a ~1,000-token input, decisions/s at each "
-                      "--concurrency, rerank of 8 and 32 documents (--rounds rounds)")
+                      "--concurrency, rerank of 8 and 32 documents (--rounds rounds); sizes: ortserve against "
+                      "llama-server on one --gguf (conversion, load, KV per token, decode at 1 and --slots streams, "
+                      "TTFT of a --ttft-prompt-tokens prompt), both started here, one at a time")
     load.add_argument("--duration", type=float, default=600.0,
                       help="hard cap per run in seconds; in-flight requests are cut (default %(default)s)")
     load.add_argument("--request-timeout", type=float, default=300.0,
@@ -128,6 +134,25 @@ def build_parser() -> argparse.ArgumentParser:
                      "1,000 tokens)")
     emb.add_argument("--rounds", type=_positive_int, default=3,
                      help="rounds; each runs every level on every target in turn (default 3)")
+    sz = p.add_argument_group("sizes scenario")
+    sz.add_argument("--gguf", help="sizes: the GGUF both servers serve (ortserve converts it, timed)")
+    sz.add_argument("--llama-server", help="sizes: the llama-server binary to compare with")
+    sz.add_argument("--model-dir", help="sizes: the GGUF already converted (skips the timed conversion)")
+    sz.add_argument("--convert-arg", action="append", default=[], metavar="ARG",
+                    help="sizes: an `ortserve convert` flag (repeatable), e.g. --convert-arg=--kv-dtype "
+                    "--convert-arg=float16")
+    sz.add_argument("--ours-arg", action="append", default=[], metavar="ARG",
+                    help="sizes: an `ortserve serve` flag (repeatable)")
+    sz.add_argument("--peer-arg", action="append", default=[], metavar="ARG",
+                    help="sizes: a llama-server flag (repeatable), e.g. --peer-arg=--poll --peer-arg=0")
+    sz.add_argument("--threads", type=_positive_int, default=2, help="sizes: threads of each server (default 2)")
+    sz.add_argument("--slots", type=_positive_int, default=2, help="sizes: slots and streams (default 2)")
+    sz.add_argument("--context", type=_positive_int, default=4096, help="sizes: tokens per slot (default 4096)")
+    sz.add_argument("--ttft-prompt-tokens", type=int, default=2000,
+                    help="sizes: the long prompt whose TTFT is measured (default 2000; 0: none)")
+    sz.add_argument("--work-dir", default="bench/results/sizes-work",
+                    help="sizes: the converted folder and the servers' logs (default %(default)s; outside git)")
+    sz.add_argument("--port", type=_positive_int, default=18461, help="sizes: ortserve's port; llama-server's is the next")
     slo = p.add_argument_group("goodput")
     slo.add_argument("--slo-ttft-ms", type=float, help="TTFT bound for goodput")
     slo.add_argument("--slo-tpot-ms", type=float, help="time-per-output-token bound for goodput")
@@ -163,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario == DECISIONS_SCENARIO:
         args.concurrency = args.concurrency or [1, 4]
         return _decisions(args)
+    if args.scenario == SIZES_SCENARIO:
+        return _sizes(args)
     args.concurrency = args.concurrency or [1]
     if args.scenario in FEATURE_SCENARIOS:
         # copy: room for the longest passage (the model ends with EOS once it has copied it)
@@ -218,6 +245,37 @@ def _decisions(args: argparse.Namespace) -> int:
 
     return _http_scenario(args, "the decisions scenario runs", decisions.run,
                           lambda report, names: decisions.format_summary(report["summary"], names), decisions.plot)
+
+
+def _sizes(args: argparse.Namespace) -> int:
+    """The sizes scenario (bench/sizes.py): starts both servers itself."""
+    from pathlib import Path
+
+    from bench import sizes
+
+    if not args.gguf or not args.llama_server:
+        print("ortserve bench: --scenario sizes needs --gguf and --llama-server", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else None
+    settings = sizes.SizesSettings(
+        gguf=Path(args.gguf), llama_server=Path(args.llama_server),
+        model_dir=Path(args.model_dir) if args.model_dir else None, convert_args=tuple(args.convert_arg),
+        ours_args=tuple(args.ours_arg), peer_args=tuple(args.peer_arg),
+        threads=args.threads, slots=args.slots, context=args.context, rounds=args.rounds,
+        output_tokens=args.output_tokens or 32, ttft_prompt_tokens=args.ttft_prompt_tokens, seed=args.seed,
+        port=args.port, work_dir=Path(args.work_dir))
+    try:
+        report = sizes.run(settings)
+    except (OSError, RuntimeError) as exc:
+        print(f"ortserve bench: {exc}", file=sys.stderr)
+        return 1
+    report["git"], report["machine"] = git_revision(), machine_info()
+    print(sizes.format_summary(report))
+    if out:
+        print(f"report: {write_report(report, out)}")
+    if args.plot:
+        print(f"plot: {sizes.plot(report, args.plot)}")
+    return 0
 
 
 def _http_scenario(args: argparse.Namespace, what: str, run: Callable, summary: Callable, plot: Callable) -> int:

@@ -1,5 +1,7 @@
 """The default context (max_model_len): the model's trained context, reduced only to what the KV memory budget
-allows for max_batch rows. Pure arithmetic plus one read of the host's available memory; no onnxruntime import.
+allows for max_batch rows; and whether the weights and that KV fit in the memory they will live in at all, checked
+before anything loads (``check_fits``). Pure arithmetic plus one read of the host's available memory; no onnxruntime
+import.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ MIN_CONTEXT = 256  # a budget that allows less than this per row is an error, no
 FALLBACK_CONTEXT = 2048  # a model folder that names no trained context
 
 GIB = 1 << 30
+# NOTE(engine): what a loaded model costs beyond its weights file and KV: the interpreter, the tokenizer, ONNX Runtime's
+# arenas and a prompt chunk's activations (an 8B model on the CPU: ~0.6 GiB beside 6.4 GiB of weights and its KV).
+LOAD_OVERHEAD_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -74,14 +79,15 @@ def available_host_memory_bytes() -> int | None:
 
 def choose_context(trained: int, *, requested: int | None, num_rows: int, kv_bytes_per_token: int,
                    budget_bytes: int | None = None, budget_source: str = "--kv-cache-memory-gib",
-                   ) -> ContextChoice:
+                   weights_bytes: int = 0) -> ContextChoice:
     """max_model_len for ``num_rows`` rows: ``requested`` as given, else ``trained`` where the budget holds it,
     else the largest multiple of CONTEXT_STEP the budget holds.
 
     Args:
         trained: the model's trained context in tokens (0: unknown, FALLBACK_CONTEXT).
         requested: --max-model-len (checked against ``trained`` by the caller), or None.
-        budget_bytes: the KV memory budget; None -> KV_MEMORY_FRACTION of the host's available memory.
+        budget_bytes: the KV memory budget; None -> KV_MEMORY_FRACTION of the host's available memory once the
+            weights (``weights_bytes``, which load into that memory after this choice) are taken from it.
     Raises:
         ValueError: the budget holds fewer than MIN_CONTEXT tokens a row (the message says what to change).
     """
@@ -92,8 +98,9 @@ def choose_context(trained: int, *, requested: int | None, num_rows: int, kv_byt
         available = available_host_memory_bytes()
         if available is None:  # nothing to go by: the trained context, as asked
             return ContextChoice(trained, trained, None, num_rows, kv_bytes_per_token, 0, "host memory unknown")
-        budget_bytes = int(available * KV_MEMORY_FRACTION)
-        budget_source = f"{KV_MEMORY_FRACTION:.0%} of the {available / GIB:.1f} GiB of host memory available"
+        budget_bytes = int(max(0, available - weights_bytes) * KV_MEMORY_FRACTION)
+        budget_source = f"{KV_MEMORY_FRACTION:.0%} of the {available / GIB:.1f} GiB of host memory available" + (
+            f" less the {weights_bytes / GIB:.1f} GiB of weights" if weights_bytes else "")
     per_row = budget_bytes // max(1, num_rows * kv_bytes_per_token)
     if per_row >= trained:
         return ContextChoice(trained, trained, None, num_rows, kv_bytes_per_token, budget_bytes, budget_source)
@@ -104,3 +111,35 @@ def choose_context(trained: int, *, requested: int | None, num_rows: int, kv_byt
             f"{num_rows} rows ({kv_bytes_per_token} bytes a token a row); lower --max-batch, or set "
             f"--max-model-len or --kv-cache-memory-gib")
     return ContextChoice(value, trained, None, num_rows, kv_bytes_per_token, budget_bytes, budget_source)
+
+
+class ModelTooLargeError(ValueError):
+    """The weights and the KV cache cannot fit in the memory they would live in."""
+
+
+def check_fits(*, weights_bytes: int, kv_bytes: int, available_bytes: int | None, where: str,
+               overhead_bytes: int = LOAD_OVERHEAD_BYTES) -> str:
+    """Refuse a model before it loads when its weights and KV cache cannot fit.
+
+    Args:
+        weights_bytes: the weights' size (the model folder's graph and weights files).
+        kv_bytes: the KV cache the chosen context and rows take.
+        available_bytes: the memory they would live in (None: unknown, nothing is checked).
+        where: that memory, for the message (e.g. "host memory available (MemAvailable)").
+    Returns:
+        The start-up line that says what was checked.
+    Raises:
+        ModelTooLargeError: the message names every size and what to change.
+    """
+    need = weights_bytes + kv_bytes + overhead_bytes
+    sizes = (f"weights {weights_bytes / GIB:.2f} GiB + KV cache {kv_bytes / GIB:.2f} GiB + "
+             f"{overhead_bytes / GIB:.2f} GiB runtime = {need / GIB:.2f} GiB")
+    if available_bytes is None:
+        return f"memory: {sizes}; the {where} is unknown, so not checked"
+    if need > available_bytes:
+        what = "the weights alone do not fit: a smaller quantization or a device with more memory is needed" \
+            if weights_bytes + overhead_bytes > available_bytes else \
+            "lower --max-model-len or --max-batch, or set --kv-cache-memory-gib, for a smaller KV cache"
+        raise ModelTooLargeError(
+            f"the model needs {sizes}, but the {where} is {available_bytes / GIB:.2f} GiB: {what}")
+    return f"memory: {sizes}, within the {available_bytes / GIB:.2f} GiB of {where}"

@@ -255,7 +255,7 @@ def nodes_off_ep(session: ort.InferenceSession, ep_name: str) -> list[str]:
     return [f"{g.ep_name}:{n.op_type}" for g in groups if g.ep_name != ep_name for n in g.get_nodes()]
 
 
-def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> OpenedSession:
+def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int, profile: Any = None) -> OpenedSession:
     """Open the decoder session, with graph capture where ``config.graph_capture`` asks for it and it works.
 
     ``graph_capture``: None (auto) captures on WebGPU and CUDA when the rewritten graph puts every node on the
@@ -266,7 +266,7 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int) -> O
         ModelLoadError: the model can't be served, or ``graph_capture=True`` can't be honoured.
     """
     want = config.graph_capture
-    profile = select_profile(config)
+    profile = profile or select_profile(config)  # (the caller's, when it chose the device already)
     selected = profile.selected
     config = profile.resolve(config)
     if selected is None:  # the plain CPU session

@@ -20,7 +20,9 @@ import onnxruntime as ort
 
 from engine.chat_template import ChatTemplate, chat_template_source
 from engine.config import EngineConfig
-from engine.context_length import GIB, ContextChoice, choose_context, kv_bytes_per_token
+from engine.context_length import (
+    GIB, ContextChoice, ModelTooLargeError, available_host_memory_bytes, check_fits, choose_context, kv_bytes_per_token,
+)
 from engine.end_of_generation import eog_token_ids
 from engine.tokenizer import HELD_TOKENIZERS, Tokenizer
 from engine.types import ModelLoadError
@@ -90,6 +92,12 @@ class ModelFolder:
                 elem = graph_input.type.tensor_type.elem_type
                 return 2 if elem in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) else 4
         return 4
+
+    @functools.cached_property
+    def weights_bytes(self) -> int:
+        """The decoder's graph and weights on disk: ``model.onnx`` and the external data files beside it."""
+        return sum(f.stat().st_size for f in self.path.iterdir()
+                   if f.is_file() and f.name.startswith(self.model_file.name))
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -224,12 +232,41 @@ def choose_max_model_len(folder: ModelFolder, config: EngineConfig, kv_length: i
     budget = None if config.kv_cache_memory_gib is None else int(config.kv_cache_memory_gib * GIB)
     try:
         choice = choose_context(trained, requested=config.max_model_len, num_rows=config.max_batch,
-                                kv_bytes_per_token=per_token, budget_bytes=budget)
+                                kv_bytes_per_token=per_token, budget_bytes=budget,
+                                weights_bytes=folder.weights_bytes if host_weights(config) else 0)
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from exc
     if kv_length is not None and choice.value > kv_length:
         choice = dataclasses.replace(choice, value=kv_length)  # a static KV length in the graph bounds the context
     return choice
+
+
+def host_weights(config: EngineConfig) -> bool:
+    """Whether the weights load into host memory (the plain CPU session, --provider cpu); under auto or a device
+    provider they may live on the device (``check_memory`` knows once the device is chosen)."""
+    from ep.profiles import host_profile
+
+    return host_profile(config.provider) is not None
+
+
+def check_memory(folder: ModelFolder, context: ContextChoice, profile: Any) -> str:
+    """Refuse the model before its session loads when its weights and KV cache cannot fit in the memory they will
+    live in: the host's available memory where the device's rows are host memory (the CPU), the device's own memory
+    where it reports one (``ep.device.DeviceRecord.memory_bytes``), else nothing is checked.
+
+    Returns:
+        The start-up line. Raises ModelLoadError naming every size.
+    """
+    kv = context.value * context.num_rows * context.kv_bytes_per_token
+    selected = getattr(profile, "selected", None)
+    if selected is None or str(profile.kv_rows) == "host":
+        available, where = available_host_memory_bytes(), "host memory available (MemAvailable)"
+    else:
+        available, where = selected.record.memory_bytes(), f"{selected.ep_name} device memory"
+    try:
+        return check_fits(weights_bytes=folder.weights_bytes, kv_bytes=kv, available_bytes=available, where=where)
+    except ModelTooLargeError as exc:
+        raise ModelLoadError(f"{folder.path.name} cannot be served here: {exc}") from exc
 
 
 def check_graph(folder: ModelFolder, session: ort.InferenceSession, *, packed_input: str | None = None) -> GraphIO:

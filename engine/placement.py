@@ -37,7 +37,9 @@ from engine.config import DEFAULT_BATCHED_PROMPT_TOKENS, EngineConfig
 from engine.device_kv import AddressRowCopier, RowCopier, address_copy_graph_bytes, row_copy_graph_bytes
 from engine.graph_capture import OpenedSession, open_session
 from engine.kv_cache import OPAQUE, POINTER, HostKVAllocator, KVAllocator, KVCache, KVShape, make_kv_allocator
-from engine.model_loader import ModelFolder, check_graph, choose_max_model_len, create_session
+from engine.model_loader import (
+    ModelFolder, check_graph, check_memory, choose_max_model_len, create_session, select_profile,
+)
 from engine.model_runner import ModelRunner
 from engine.runner import Runner, make_input_allocator
 from engine.types import DevicePlacement, ModelLoadError
@@ -68,12 +70,14 @@ def load(folder: ModelFolder, config: EngineConfig) -> Loaded:
     context = choose_max_model_len(folder, config, None)
     log.info("%s", context.describe())
     planned_len = context.value
+    profile = select_profile(config)
+    log.info("%s", check_memory(folder, context, profile))  # before anything loads: refused with the sizes named
     try:
-        return _load(folder, config, open_session(folder, config, planned_len), planned_len)
+        return _load(folder, config, open_session(folder, config, planned_len, profile), planned_len)
     except _WarmupError as exc:  # graph capture was auto-chosen and its first run failed: run without it
         log.warning("graph capture failed at its first run (%s); running without it", exc)
         config = dataclasses.replace(config, graph_capture=False)
-        return _load(folder, config, open_session(folder, config, planned_len), planned_len)
+        return _load(folder, config, open_session(folder, config, planned_len, profile), planned_len)
 
 
 def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, planned_len: int) -> Loaded:

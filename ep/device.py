@@ -543,3 +543,4 @@ def format_description(info: Mapping[str, Any]) -> str:
                  + (f"{sel['ep_name']} [{sel['index']}] (device id {sel['device_id']}, host-accessible "
                     f"{'yes' if sel['host_accessible'] else 'no'})" if sel else f"nothing\n{info['error']}"))
     return "\n".join(lines)
+

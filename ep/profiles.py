@@ -50,6 +50,8 @@ WEBGPU_DEFAULT_OPTIONS = {"validationMode": "disabled"}
 # met a new pair (docs/perf/GPU.md "Fifth pass"), where chunks vary by design.
 # Decode steps keep the default: their shapes are fixed and captured.
 PROMPT_SDPA_KERNEL = "19"
+# The dtypes a GGUF converts to (engine.builder.graph.DTYPES): activations and KV; logits stay float32.
+MODEL_DTYPES = ("float32", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +164,9 @@ class DeviceProfile:
     prompt_sdpa_kernel: str | None = None  # the attention kernels of prompt chunks' sessions (sdpa_kernel option)
     hip_host_memory = False  # decode inputs fall back to hipHostMalloc'd memory (hip-python)
     cpu_ep = False  # the CPU EP itself: no OrtEpDevice memory infos, its memory the host's (id 0)
+    # NOTE(builder): the dtype `serve` and `pull` convert a GGUF to for this family (--dtype overrides): float32
+    # where the family is not known to run float16 kernels well (the generic EP, the CPU, OpenVINO).
+    model_dtype = "float32"
 
     def __init__(self, selected: Any = None, int4_gemm_on: Callable[[], bool] = _never) -> None:
         self.selected = selected
@@ -284,6 +289,7 @@ class CudaProfile(DeviceProfile):
 
     family = "cuda"
     env_flags = frozenset({CUDA_INT4_GEMM_FLAG})
+    model_dtype = "float16"  # half the KV and activation bytes; tensor-core GEMMs
     engine_capture = True
     # NOTE(engine): measured on CUDA; WebGPU's reductions over 128k logits cost 1.8 ms a step
     row_summary = True
@@ -323,6 +329,7 @@ class HipProfile(DeviceProfile):
 
     family = "hip"
     env_flags = frozenset({MIGRAPHX_INT4_GEMV_FLAG})
+    model_dtype = "float16"
     hip_host_memory = True
     model_arch_option = False  # the AMDGPU umbrella EP's model_arch provider option
 
@@ -352,6 +359,7 @@ class WebGpuProfile(DeviceProfile):
 
     family = "webgpu"
     engine_capture = True
+    model_dtype = "float16"
     # NOTE(engine): a staged prompt run costs 17-18 ms whatever its length up to 256 tokens, so a ~900-token prompt
     # beside 7 streams took 4 runs and 148 ms; at 512, 2 runs and 90 ms, the streams' ITL p99 35 -> 40 ms
     # (docs/perf/GPU.md, issue 38)
@@ -394,6 +402,42 @@ def profile_class(provider: str) -> type[DeviceProfile] | None:
     """The family of ``provider`` (any spelling); None for ``auto``, whose family is known once a device is chosen."""
     key = normalize_provider(provider, allow_auto=True)
     return None if is_auto(key) else FAMILIES.get(key, DeviceProfile)
+
+
+@dataclasses.dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype a model is converted to and served in, and why (the start-up line says both)."""
+
+    dtype: str
+    reason: str
+
+    def describe(self) -> str:
+        return f"model dtype {self.dtype} ({self.reason})"
+
+
+def dtype_requested(requested: str | None) -> bool:
+    """Whether --dtype names a dtype (so the device need not be known): not None and not "auto"."""
+    return requested not in (None, "auto")
+
+
+def choose_dtype(family: type[DeviceProfile], requested: str | None = None, device: str = "") -> DtypeChoice:
+    """The model dtype for a device of ``family``: ``requested`` (--dtype) when given, else the family's.
+
+    Args:
+        family: the device's profile class (``profile_class``, or the one auto selected).
+        requested: "float32", "float16", or None/"auto" for the device's choice.
+        device: how the device was chosen, for the reason (e.g. "--provider auto selected CUDAExecutionProvider").
+    Raises:
+        ValueError: ``requested`` is not a dtype (the message names the choices).
+    """
+    how = f" ({device})" if device else ""
+    if dtype_requested(requested):
+        if requested not in MODEL_DTYPES:
+            raise ValueError(f"dtype must be auto or one of {MODEL_DTYPES}, got {requested!r}")
+        note = "" if requested == family.model_dtype else \
+            f"; the {family.family} device{how} would take {family.model_dtype}"
+        return DtypeChoice(requested, f"--dtype {requested}{note}")
+    return DtypeChoice(family.model_dtype, f"the {family.family} device's default{how}; --dtype overrides it")
 
 
 def make_profile(selected: Any, int4_gemm_on: Callable[[], bool] = _never) -> DeviceProfile:

@@ -45,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("--cache-dir", default=None,
                       help="cache folder (default ORTSERVE_CACHE_DIR or ~/.cache/ortserve)")
     pull.add_argument("--quiet", action="store_true", help="no progress bars")
+    pull.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16"],
+                      help="activation and KV dtype (auto: the device's, float16 on CUDA, MIGraphX/AMDGPU and WebGPU)")
+    pull.add_argument("--provider", default=os.environ.get("ORTSERVE_PROVIDER", "auto"),
+                      help="the device whose dtype auto takes (as serve's --provider)")
+    pull.add_argument("--device", default=None, help="device selector (as serve's --device)")
+    pull.add_argument("--ep-library", default=os.environ.get("ORTSERVE_EP_LIBRARY"),
+                      help="plugin EP library (as serve's --ep-library)")
     pull.set_defaults(func=_pull)
 
     convert = sub.add_parser("convert", help="convert a GGUF file into an ONNX Runtime GenAI model folder")
@@ -54,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="MatMulNBits accuracy level: 4 = int8 activations (fast on CPU), 0 = exact")
     convert.add_argument("--dtype", default="float32", choices=["float32", "float16"],
                          help="activation and KV dtype (float16 for GPUs)")
+    convert.add_argument("--kv-dtype", default=None, choices=["float32", "float16"],
+                         help="KV cache dtype when not --dtype's (float16 halves the KV of a float32 model)")
     convert.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
     convert.add_argument("--quiet", action="store_true", help="no progress bar")
     convert.set_defaults(func=_convert)
@@ -124,12 +133,13 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"ortserve serve: {exc}", file=sys.stderr)
             return 2
 
-    # 2. The model folder (pull and convert a known name or a GGUF on first use).
+    # 2. The model folder (pull and convert a known name or a GGUF on first use), in the device's dtype.
     from engine.builder import BuildError, resolve_model
 
     try:
-        model_dir = resolve_model(settings.model)
-    except (BuildError, OSError) as exc:  # a bad name/path/download is the user's to fix: no traceback
+        dtype = model_dtype(settings)
+        model_dir = resolve_model(settings.model, dtype=dtype.dtype)
+    except (BuildError, OSError, EpError, ValueError) as exc:  # the user's to fix: no traceback
         print(f"ortserve serve: cannot resolve model {settings.model!r}: {exc}", file=sys.stderr)
         return 1
     served_name = settings.served_model_name or (None if _looks_like_path(settings.model) else settings.model)
@@ -181,13 +191,30 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def model_dtype(settings: Any) -> Any:
+    """The dtype the model is converted to and served in (``ep.profiles.DtypeChoice``), logged with its reason.
+
+    ``settings``: anything with provider, device, ep_library and dtype (the serve Settings, pull's args).
+    """
+    from ep.model_dtype import choose_model_dtype  # after ep.flags.apply: a probe may load a backend (in a child)
+
+    choice = choose_model_dtype(settings.provider, settings.device, settings.ep_library, settings.dtype)
+    logger.info("%s", choice.describe())
+    return choice
+
+
 def _pull(args: argparse.Namespace) -> int:
     _configure_logging("info")
     from engine.builder import BuildError, pull_model
+    from ep.names import EpError
 
     try:
-        path = pull_model(args.name, cache_dir=args.cache_dir, progress=not args.quiet)
-    except (BuildError, OSError) as exc:
+        from ep import flags
+
+        flags.apply(args.provider, None)
+        dtype = model_dtype(args).dtype
+        path = pull_model(args.name, cache_dir=args.cache_dir, progress=not args.quiet, dtype=dtype)
+    except (BuildError, OSError, EpError, ValueError) as exc:
         print(f"ortserve pull: {exc}", file=sys.stderr)
         return 1
     print(path)
@@ -200,7 +227,7 @@ def _convert(args: argparse.Namespace) -> int:
 
     try:
         path = convert_gguf(args.gguf, args.out_dir, accuracy_level=args.accuracy_level, dtype=args.dtype,
-                            overwrite=args.overwrite, progress=not args.quiet)
+                            overwrite=args.overwrite, progress=not args.quiet, kv_dtype=args.kv_dtype)
     except (BuildError, OSError) as exc:
         print(f"ortserve convert: {exc}", file=sys.stderr)
         return 1

@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     served_model_name: str | None = Field(
         None, description="Name clients use in the `model` field (default: the model's own name)."
     )
+    dtype: Literal["auto", "float32", "float16"] = Field(
+        "auto", description="Activation and KV dtype a GGUF or known model is converted to and served in: auto takes "
+        "the device's (float16 on CUDA, MIGraphX/AMDGPU and WebGPU, float32 on the CPU). Each file and dtype has its "
+        "own cached folder; a model folder of another dtype is converted again from its source, or refused.",
+    )
     max_model_len: int | None = Field(
         None, ge=16, le=1_048_576, description="Context length in tokens (default: the model's trained context, "
         "reduced only to what --kv-cache-memory-gib allows for --max-batch rows; the start-up log says which).",

@@ -10,6 +10,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from engine.builder.errors import BuildError, UnsupportedTokenizerError
+from engine.builder.external import ExternalData
 from engine.builder.folder import check_target, write_model_folder
 from engine.builder.gguf_reader import GGUFModel, open_gguf
 from engine.builder.graph import DTYPES, build_graph
@@ -30,6 +31,7 @@ def convert_gguf(
     max_length: int | None = None,
     max_layers: int | None = None,
     marker: dict | None = None,
+    kv_dtype: str | None = None,
 ) -> Path:
     """Converts a llama-like GGUF into a model folder (docs/ARCHITECTURE.md layout).
 
@@ -43,13 +45,14 @@ def convert_gguf(
         max_length: search.max_length, the KV buffer length (default min(context_length, 2048)).
         max_layers: keep only the first N decoder blocks (for tests).
         marker: cache bookkeeping written last into the folder (see folder.write_model_folder).
+        kv_dtype: the KV cache's dtype when not ``dtype`` (float16 KV beside float32 activations halves the KV).
     Returns:
         The folder, resolved.
     Raises:
         BuildError subclasses (bad GGUF, unsupported architecture/type/tokenizer, existing output).
     """
-    if dtype not in DTYPES:
-        raise BuildError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPES or (kv_dtype is not None and kv_dtype not in DTYPES):
+        raise BuildError(f"dtype and kv_dtype must be one of {tuple(DTYPES)}, got {dtype!r} and {kv_dtype!r}")
     if accuracy_level not in (0, 1, 2, 3, 4):
         raise BuildError(f"accuracy_level must be in 0..4, got {accuracy_level}")
     out_dir = Path(out_dir)
@@ -59,15 +62,26 @@ def convert_gguf(
     spec = model.spec
     max_len = min(spec.context_length, max_length or DEFAULT_MAX_LENGTH)
 
-    num_tensors = sum(1 for name in model.tensors
-                      if not name.startswith("blk.") or int(name.split(".")[1]) < spec.num_layers)
-    with tqdm(total=num_tensors, desc=f"converting {model.path.name}", unit="tensor", disable=not progress) as bar:
-        weights = model.load_weights(on_tensor=lambda _name: bar.update(1))
-        graph = build_graph(spec, weights, dtype=dtype, accuracy_level=accuracy_level)
-        del weights
-        tok_cfg = tokenizer_config(tok, special, chat_template=model.tokenizer.chat_template,
-                                   model_max_length=spec.context_length, add_bos=model.tokenizer.add_bos)
-        return write_model_folder(out_dir, graph, spec, tok, special, tok_cfg, max_length=max_len,
+    tok_cfg = tokenizer_config(tok, special, chat_template=model.tokenizer.chat_template,
+                               model_max_length=spec.context_length, add_bos=model.tokenizer.add_bos)
+    tensors = model.converted_tensors()
+    num_tensors = len(tensors)
+    # NOTE(builder): the bar counts the GGUF's bytes read, and the tensors; the tied LM head reads the embedding twice
+    total_bytes = sum(t.data.nbytes for t in tensors)
+    done = {"tensors": 0}
+    with tqdm(total=total_bytes, desc=f"converting {model.path.name}", unit="B", unit_scale=True, unit_divisor=1024,
+              disable=not progress) as bar:
+        def on_tensor(name: str) -> None:
+            done["tensors"] = min(num_tensors, done["tensors"] + 1)
+            bar.update(min(model.tensors[name].data.nbytes, bar.total - bar.n))
+            bar.set_postfix_str(f"{done['tensors']}/{num_tensors} tensors", refresh=False)
+
+        def build(data: ExternalData):
+            # 1. Each tensor is converted when the graph reaches it, written to the data file, and dropped.
+            return build_graph(spec, model.stream_weights(on_tensor), dtype=dtype, accuracy_level=accuracy_level,
+                               data=data, kv_dtype=kv_dtype)
+
+        return write_model_folder(out_dir, build, spec, tok, special, tok_cfg, max_length=max_len,
                                   overwrite=overwrite, marker=marker, embedding_pooling=model.pooling)
 
 

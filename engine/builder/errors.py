@@ -48,3 +48,7 @@ class DownloadError(BuildError):
 
 class UnknownModelError(BuildError):
     """A model name is neither a known name, a folder nor a .gguf file."""
+
+
+class DtypeMismatchError(BuildError):
+    """A model folder's dtype is not the one asked for, and the folder names no source to convert again."""

@@ -17,6 +17,7 @@ from onnx import TensorProto
 from tokenizers import Tokenizer
 
 from engine.builder.errors import OutputExistsError
+from engine.builder.external import ExternalData
 from engine.builder.graph import ModelSpec
 from engine.builder.tokenizer import SpecialTokens
 
@@ -28,6 +29,7 @@ EMBEDDING_FILE = "embedding.onnx"  # decoders: the pooled-embedding graph beside
 EMBEDDING_CONFIG = "embedding_config.json"  # what engine/embedding.py reads (encoders and decoders)
 HIDDEN_OUTPUT = "hidden_states"
 FINAL_NORM_OUTPUT = "final_norm/out0"  # engine.builder.graph's final norm
+FINAL_NORM_WEIGHT = "final_norm"  # its weight, an initializer in the activation dtype
 
 
 def genai_config(spec: ModelSpec, special: SpecialTokens, *, max_length: int) -> dict[str, Any]:
@@ -99,7 +101,7 @@ def check_target(out_dir: Path, overwrite: bool) -> None:
 
 def write_model_folder(
     out_dir: Path,
-    model: onnx.ModelProto,
+    model: onnx.ModelProto | Callable[[ExternalData], onnx.ModelProto],
     spec: ModelSpec,
     tokenizer: Tokenizer,
     special: SpecialTokens,
@@ -117,12 +119,22 @@ def write_model_folder(
     states, engine/embedding.py) and its ``embedding_config.json``: pooled decoder embeddings, pooled by
     ``embedding_pooling`` (the model's own, e.g. a GGUF's pooling_type) or else the last token.
 
+    Args:
+        model: the decoder, or a function that builds it writing its weights into the ``ExternalData`` it is given
+            (``graph.build_graph``'s ``data``): the weights then go to disk one tensor at a time.
+
     Returns:
         ``out_dir``, resolved.
     """
     def fill(tmp: Path) -> None:
-        onnx.save_model(model, tmp / MODEL_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=DATA_FILE, size_threshold=1024)
+        if callable(model):
+            with ExternalData(tmp / DATA_FILE) as data:
+                proto = model(data)
+            onnx.save_model(proto, tmp / MODEL_FILE)  # its large initializers point into DATA_FILE already
+            del proto
+        else:
+            onnx.save_model(model, tmp / MODEL_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=DATA_FILE, size_threshold=1024)
         write_decoder_embedding(tmp, spec, special, max_length=max_length, pooling=embedding_pooling or "last")
         _write_json(tmp / "genai_config.json", genai_config(spec, special, max_length=max_length))
         _write_json(tmp / GENERATION_CONFIG, generation_config(special, max_length=max_length))
@@ -217,6 +229,27 @@ def write_decoder_embedding(folder: Path, spec: ModelSpec, special: SpecialToken
     })
 
 
+def folder_dtype(folder: Path) -> str | None:
+    """A decoder folder's activation/KV dtype ("float32" or "float16"): its marker's, else its graph's past keys';
+    None for an encoder folder or one that cannot be read."""
+    try:
+        marker = json.loads((folder / MARKER_FILE).read_text())
+        if isinstance(marker, dict) and marker.get("dtype") in ("float32", "float16"):
+            return marker["dtype"]
+    except (OSError, ValueError):
+        pass
+    if not (folder / "genai_config.json").is_file() or not (folder / MODEL_FILE).is_file():
+        return None
+    try:
+        g = onnx.load(str(folder / MODEL_FILE), load_external_data=False).graph
+    except Exception:  # noqa: BLE001 - a damaged graph is the loader's to report
+        return None
+    # NOTE(builder): our graphs keep the final norm's weight in the activation dtype; the past keys may be float16
+    # beside float32 activations (kv_dtype), so they decide only for a graph that is not ours.
+    norm = next((t.data_type for t in g.initializer if t.name == FINAL_NORM_WEIGHT), None)
+    return {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}.get(norm or _activation_dtype(g))
+
+
 def _activation_dtype(g: onnx.GraphProto) -> int:
     """The activation dtype of the decoder graph: its past KV inputs' (float32 when it has none)."""
     for i in g.input:
@@ -241,7 +274,8 @@ def write_folder(out_dir: Path, fill: Callable[[Path], None], *, overwrite: bool
     out_dir = Path(out_dir).resolve()
     check_target(out_dir, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    remove_stale_temps(out_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-", dir=out_dir.parent))
     try:
         fill(tmp)
         if marker is not None:
@@ -259,6 +293,34 @@ def write_folder(out_dir: Path, fill: Callable[[Path], None], *, overwrite: bool
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def remove_stale_temps(out_dir: Path) -> list[Path]:
+    """Removes the temp folders of ``out_dir`` that a killed conversion left beside it (its process is gone): a
+    conversion ended by SIGKILL or a power cut cannot clean up, and an 8B model's half folder is gigabytes. Never taken
+    for a model (no marker, a dot name); returns what was removed.
+
+    NOTE(builder): a temp folder's name carries its process id (``.<name>.tmp-<pid>-<random>``); one whose process
+    still runs (a concurrent conversion) is left alone.
+    """
+    removed = []
+    for tmp in out_dir.parent.glob(f".{out_dir.name}.tmp-*"):
+        pid = tmp.name[len(f".{out_dir.name}.tmp-"):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def marker_matches(folder: Path, marker: dict[str, Any]) -> bool:

@@ -2,14 +2,17 @@
 
 Architectures: llama (also Mistral and Llama 3.x with rope_freqs), qwen2, qwen3, gemma, gemma2, gemma3, phi3.
 
-Validates the header, the architecture and every tensor type up front; memory-maps the file, so only
-the repacked weights are held in memory. Its own small parser (the gguf package's reader takes seconds on
+Validates the header, the architecture and every tensor type up front; memory-maps the file and converts one
+tensor at a time (``StreamedWeights``), giving each tensor's pages back once it is converted, so a conversion holds
+one converted tensor, not the model. Its own small parser (the gguf package's reader takes seconds on
 a 49k-token vocabulary); only gguf's type constants are used. No onnx, no onnxruntime.
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -21,13 +24,16 @@ from gguf import GGMLQuantizationType as T
 from engine.builder.errors import GGUFFormatError, UnsupportedArchitectureError, UnsupportedTensorTypeError
 from engine.builder.ggml_quants import CONVERTERS, SUPPORTED_TYPES
 from engine.builder.graph import LayerWeights, ModelSpec, ModelWeights
-from engine.builder.quant import LinearWeight, split_rows
+from engine.builder.quant import BlockQuantMatrix, LinearWeight, split_rows
 
 GGUF_MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
           7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
 _STRING, _ARRAY = 8, 9
+# NOTE(builder): a tensor larger than this is converted in slices of rows: the ggml decoders' temporaries are several
+# times a slice's size (Q6_K: ~10 bytes an element), which for a 128k-token LM head would be gigabytes.
+CONVERT_CHUNK_ELEMENTS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -51,9 +57,11 @@ class GGUFFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self.buf = np.memmap(path, mode="r", dtype=np.uint8)
+            with open(path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as e:
             raise GGUFFormatError(f"{path}: cannot read ({e})") from e
+        self.buf = np.frombuffer(self._map, dtype=np.uint8)
         self.mv = memoryview(self.buf)
         try:
             self._parse()
@@ -126,6 +134,15 @@ class GGUFFile:
                     f"({len(self.buf)} bytes): the file is truncated")
             self.tensors[name] = GGUFTensor(name, ttype, shape, self.buf[begin : begin + n_bytes])
 
+    def release(self, t: GGUFTensor) -> None:
+        """Drops ``t``'s pages from this process's resident memory (they stay in the page cache; a later read of the
+        tensor maps them again): a converted tensor's file pages no longer count against the conversion's RSS."""
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = t.data.ctypes.data - self.buf.ctypes.data
+        begin = start // mmap.PAGESIZE * mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_DONTNEED, begin, start + t.data.nbytes - begin)
+
 
 @dataclass(frozen=True)
 class ArchMapping:
@@ -197,10 +214,28 @@ class GGUFModel:
     tokenizer: TokenizerMeta
     tensors: dict[str, GGUFTensor]
     pooling: str | None = None  # {arch}.pooling_type (embedding GGUFs): "mean", "cls" or "last"; None: not named
+    file: GGUFFile | None = None
 
     def load_weights(self, on_tensor: Callable[[str], None] | None = None) -> ModelWeights:
         """Converts every tensor exactly (see engine.builder.ggml_quants); calls ``on_tensor(name)`` after each."""
-        return _load_weights(self, on_tensor)
+        s = self.stream_weights(on_tensor)
+        embedding = s.embedding
+        return ModelWeights(embedding=embedding, layers=list(s.layers), output_norm=s.output_norm,
+                            lm_head=embedding if s.tied else s.lm_head, rope_freq_factors=s.rope_freq_factors)
+
+    def stream_weights(self, on_tensor: Callable[[str], None] | None = None) -> StreamedWeights:
+        """The weights as ``build_graph`` reads them, each converted when read and not kept (see StreamedWeights)."""
+        return StreamedWeights(self, on_tensor)
+
+    @property
+    def num_tensors(self) -> int:
+        """Tensors a conversion reads (those of the kept layers)."""
+        return len(self.converted_tensors())
+
+    def converted_tensors(self) -> list[GGUFTensor]:
+        """The tensors a conversion reads: all but those of layers dropped by ``max_layers``."""
+        return [t for name, t in self.tensors.items()
+                if not name.startswith("blk.") or int(name.split(".")[1]) < self.spec.num_layers]
 
 
 def open_gguf(path: str | Path, *, max_layers: int | None = None) -> GGUFModel:
@@ -276,7 +311,7 @@ def open_gguf(path: str | Path, *, max_layers: int | None = None) -> GGUFModel:
     name = str(meta.get("general.name", path.stem))
     # llama.cpp's enum llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last (4 rank: a reranker's, not ours)
     pooling = {1: "mean", 2: "cls", 3: "last"}.get(int(meta.get(f"{arch}.pooling_type", 0) or 0))
-    return GGUFModel(path, arch, name, spec, tok, tensors, pooling)
+    return GGUFModel(path, arch, name, spec, tok, tensors, pooling, gguf)
 
 
 def _sliding_layers(meta: _Metadata, arch: str, pattern: int, num_layers: int) -> tuple[bool, ...]:
@@ -360,8 +395,12 @@ def _tokenizer_meta(meta: _Metadata) -> TokenizerMeta:
     )
 
 
-def convert_tensor(t: GGUFTensor) -> LinearWeight:
-    """One 2-D GGUF tensor [N rows, K] -> BlockQuantMatrix or float32 [N, K], exactly."""
+def convert_tensor(t: GGUFTensor, chunk_elements: int = CONVERT_CHUNK_ELEMENTS) -> LinearWeight:
+    """One 2-D GGUF tensor [N rows, K] -> BlockQuantMatrix or float32 [N, K], exactly.
+
+    A quantized tensor of more than ``chunk_elements`` is converted a slice of rows at a time into arrays made
+    once (rows are independent in every ggml format), so the decoders' temporaries stay a slice's size.
+    """
     if len(t.shape) != 2:
         raise GGUFFormatError(f"tensor {t.name!r} should be 2-D, has shape {t.shape}")
     k, n = int(t.shape[0]), int(t.shape[1])  # ggml order: ne0 (contiguous) first
@@ -370,8 +409,28 @@ def convert_tensor(t: GGUFTensor) -> LinearWeight:
         return convert_vector(t).reshape(n, k)
     if tt not in CONVERTERS:
         raise UnsupportedTensorTypeError(t.name, tt.name, SUPPORTED_TYPES)
+    convert = CONVERTERS[tt]
     try:
-        return CONVERTERS[tt](t.data, n, k)
+        rows = max(1, chunk_elements // max(k, 1))
+        if rows >= n:
+            return convert(t.data, n, k)
+        if t.data.nbytes % n:
+            raise ValueError(f"{t.data.nbytes} bytes are not {n} whole rows")
+        row_bytes = t.data.nbytes // n
+        out: BlockQuantMatrix | None = None
+        for start in range(0, n, rows):
+            stop = min(n, start + rows)
+            part = convert(t.data[start * row_bytes : stop * row_bytes], stop - start, k)
+            if out is None:  # the whole tensor's arrays, shaped after the first slice's
+                out = BlockQuantMatrix(
+                    part.bits, part.block_size, np.empty((n, *part.packed.shape[1:]), part.packed.dtype),
+                    np.empty((n, *part.scales.shape[1:]), part.scales.dtype),
+                    None if part.offsets is None else np.empty((n, *part.offsets.shape[1:]), part.offsets.dtype))
+            out.packed[start:stop] = part.packed
+            out.scales[start:stop] = part.scales
+            if out.offsets is not None:
+                out.offsets[start:stop] = part.offsets
+        return out
     except ValueError as e:  # a row length that is not a whole number of blocks
         raise GGUFFormatError(f"tensor {t.name!r} ({tt.name}, shape {t.shape}): {e}") from e
 
@@ -387,33 +446,69 @@ def convert_vector(t: GGUFTensor) -> np.ndarray:
     raise UnsupportedTensorTypeError(t.name, t.tensor_type.name, ("F32", "F16", "BF16"))
 
 
-def _load_weights(model: GGUFModel, on_tensor: Callable[[str], None] | None) -> ModelWeights:
-    tensors, spec = model.tensors, model.spec
-    mapping = ARCHITECTURES[model.architecture]
+class StreamedWeights:
+    """A GGUF's weights as ``build_graph`` reads them (``graph.ModelWeights``' attributes): each tensor is converted
+    when its attribute is read (a layer when ``layers[i]`` is), handed over and not kept, and its file pages are
+    given back (``GGUFFile.release``). ``on_tensor(name)`` is called after each tensor.
 
-    def get(name: str) -> GGUFTensor:
-        t = tensors.get(name)
+    NOTE(builder): reading an attribute twice converts twice; build_graph reads each once, in graph order (a tied
+    LM head converts the embedding's scales a second time, its codes are shared).
+    """
+
+    def __init__(self, model: GGUFModel, on_tensor: Callable[[str], None] | None = None) -> None:
+        self.model = model
+        self.on_tensor = on_tensor
+        self.mapping = ARCHITECTURES[model.architecture]
+        self.tied = "output.weight" not in model.tensors
+        self.layers: Sequence[LayerWeights] = _Layers(self)
+
+    def _get(self, name: str) -> GGUFTensor:
+        t = self.model.tensors.get(name)
         if t is None:
-            raise GGUFFormatError(f"{model.path}: missing tensor {name!r}")
+            raise GGUFFormatError(f"{self.model.path}: missing tensor {name!r}")
         return t
 
-    def matrix(name: str) -> LinearWeight:
-        w = convert_tensor(get(name))
-        if on_tensor:
-            on_tensor(name)
+    def _done(self, t: GGUFTensor) -> None:
+        if self.model.file is not None:
+            self.model.file.release(t)
+        if self.on_tensor:
+            self.on_tensor(t.name)
+
+    def matrix(self, name: str) -> LinearWeight:
+        t = self._get(name)
+        w = convert_tensor(t)
+        self._done(t)
         return w
 
-    def vector(name: str, *, required: bool = True) -> np.ndarray | None:
-        if not required and name not in tensors:
+    def vector(self, name: str, *, required: bool = True) -> np.ndarray | None:
+        if not required and name not in self.model.tensors:
             return None
-        v = convert_vector(get(name))
-        if on_tensor:
-            on_tensor(name)
+        t = self._get(name)
+        v = convert_vector(t)
+        self._done(t)
         return v
 
-    hd, nh, kvh, f = spec.head_size, spec.num_heads, spec.num_kv_heads, spec.intermediate_size
-    layers = []
-    for i in range(spec.num_layers):
+    @property
+    def embedding(self) -> LinearWeight:
+        return self.matrix("token_embd.weight")
+
+    @property
+    def lm_head(self) -> LinearWeight:
+        return self.matrix("token_embd.weight" if self.tied else "output.weight")
+
+    @property
+    def output_norm(self) -> np.ndarray:
+        return self.vector("output_norm.weight")
+
+    @property
+    def rope_freq_factors(self) -> np.ndarray | None:
+        return self.vector("rope_freqs.weight", required=False)
+
+    def layer(self, i: int) -> LayerWeights:
+        """Decoder block ``i``, converted now."""
+        spec, tensors, mapping = self.model.spec, self.model.tensors, self.mapping
+        matrix, vector = self.matrix, self.vector
+        hd, nh, kvh, f = spec.head_size, spec.num_heads, spec.num_kv_heads, spec.intermediate_size
         p = f"blk.{i}"
         bias = None
         if f"{p}.attn_q.bias" in tensors:
@@ -426,7 +521,7 @@ def _load_weights(model: GGUFModel, on_tensor: Callable[[str], None] | None) -> 
             gate, up = split_rows(matrix(f"{p}.ffn_up.weight"), [f, f])
         else:
             gate, up = matrix(f"{p}.ffn_gate.weight"), matrix(f"{p}.ffn_up.weight")
-        layers.append(LayerWeights(
+        return LayerWeights(
             attn_norm=vector(f"{p}.attn_norm.weight"), q=q, k=k, v=v, o=matrix(f"{p}.attn_output.weight"),
             ffn_norm=vector(f"{p}.ffn_norm.weight"), gate=gate, up=up, down=matrix(f"{p}.ffn_down.weight"),
             qkv_bias=bias,
@@ -434,9 +529,21 @@ def _load_weights(model: GGUFModel, on_tensor: Callable[[str], None] | None) -> 
             k_norm=vector(f"{p}.attn_k_norm.weight", required=spec.qk_norm),
             post_attn_norm=vector(f"{p}.post_attention_norm.weight", required=spec.post_norms),
             post_ffn_norm=vector(f"{p}.post_ffw_norm.weight", required=spec.post_norms),
-        ))
-    embedding = matrix("token_embd.weight")
-    lm_head = matrix("output.weight") if "output.weight" in tensors else embedding  # else tied
-    rope = vector("rope_freqs.weight", required=False)
-    return ModelWeights(embedding=embedding, layers=layers, output_norm=vector("output_norm.weight"),
-                        lm_head=lm_head, rope_freq_factors=rope)
+        )
+
+
+class _Layers(Sequence):
+    """``StreamedWeights.layers``: block i is converted when indexed."""
+
+    def __init__(self, weights: StreamedWeights) -> None:
+        self._weights = weights
+
+    def __len__(self) -> int:
+        return self._weights.model.spec.num_layers
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return self._weights.layer(i % len(self))

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from engine.builder.external import ExternalData
 from engine.builder.quant import BlockQuantMatrix, LinearWeight, concat_rows
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 OPSET = 21
 LOGITS_TO_KEEP = "logits_to_keep"  # optional int64 [1] input: logits only for the last N positions (0: all)
 DTYPES = {"float32": (np.float32, TensorProto.FLOAT), "float16": (np.float16, TensorProto.FLOAT16)}
+TIED = "tied embedding"  # the share key of a tied embedding's codes (_Graph.packed)
 
 
 @dataclass(frozen=True)
@@ -82,27 +84,39 @@ class LayerWeights:
 @dataclass
 class ModelWeights:
     """All weights. ``embedding`` [vocab, hidden] is quantized along hidden when a BlockQuantMatrix;
-    ``lm_head`` [vocab, hidden] may be the same object (tied embeddings)."""
+    ``lm_head`` [vocab, hidden] may be the same object (tied embeddings).
+
+    ``build_graph`` also takes any object with these attributes whose values are made when read (a GGUF's
+    ``engine.builder.gguf_reader.StreamedWeights``): it reads each once, in graph order, and keeps none of them, so
+    with external data (``ExternalData``) only one tensor at a time is in memory.
+    """
 
     embedding: LinearWeight
-    layers: list[LayerWeights]
+    layers: Sequence[LayerWeights]
     output_norm: np.ndarray
     lm_head: LinearWeight
     rope_freq_factors: np.ndarray | None = None  # [head_size/2] divisors of the rope frequencies (llama3)
 
+    @property
+    def tied(self) -> bool:
+        """The LM head is the embedding (one initializer serves both)."""
+        return self.lm_head is self.embedding
+
 
 @dataclass
 class _Graph:
-    """Accumulates nodes and initializers; ``dtype`` is the activation dtype."""
+    """Accumulates nodes and initializers; ``dtype`` is the activation dtype. With ``data`` every initializer's bytes
+    go to the external data file as it is made, and the graph keeps only a pointer to them."""
 
     np_dtype: type
     onnx_dtype: int
     accuracy_level: int
+    data: ExternalData | None = None
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     inits: list[onnx.TensorProto] = field(default_factory=list)
     blocksums: dict[tuple[str, int], str] = field(default_factory=dict)
     casts: dict[tuple[str, int], str] = field(default_factory=dict)
-    packed_names: dict[int, tuple[np.ndarray, str]] = field(default_factory=dict)  # id -> (array kept alive, name)
+    packed_names: dict[str, str] = field(default_factory=dict)  # share key -> initializer name
     float32_linears: list[str] = field(default_factory=list)  # float16 builds: linears kept in float32
 
     def node(self, op: str, inputs: list[str], outputs: list[str] | int, name: str, domain: str = "", **attrs):
@@ -113,16 +127,19 @@ class _Graph:
         return outputs
 
     def const(self, name: str, array: np.ndarray) -> str:
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        if self.data is not None:
+            self.inits.append(self.data.tensor(name, array))
+        else:
+            self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
-    def packed(self, name: str, w: BlockQuantMatrix) -> str:
-        """The quantized codes [N, nb, bytes] as an initializer, once per array: a tied embedding and LM head
+    def packed(self, name: str, w: BlockQuantMatrix, share: str | None = None) -> str:
+        """The quantized codes [N, nb, bytes] as an initializer, once per ``share`` key: a tied embedding and LM head
         (GatherBlockQuantized and MatMulNBits) share it instead of storing the vocabulary twice."""
-        key = id(w.packed)  # NOTE(builder): the array is kept in the dict, so its id cannot be reused
+        key = share or name
         if key not in self.packed_names:
-            self.packed_names[key] = (w.packed, self.const(name, w.packed))
-        return self.packed_names[key][1]
+            self.packed_names[key] = self.const(name, w.packed)
+        return self.packed_names[key]
 
     def act(self, name: str, array: np.ndarray, np_dtype: type | None = None) -> str:
         """An initializer in the activation dtype (or ``np_dtype``)."""
@@ -136,15 +153,16 @@ class _Graph:
 
     # --- linear layers -------------------------------------------------------------------------
 
-    def linear(self, x: str, w: LinearWeight, name: str, bias: np.ndarray | None = None) -> str:
-        """y = x @ w.T (+ bias). x: [B, S, K] -> [B, S, N]."""
-        y, correction = self.linear_parts(x, w, name, bias)
+    def linear(self, x: str, w: LinearWeight, name: str, bias: np.ndarray | None = None,
+               share: str | None = None) -> str:
+        """y = x @ w.T (+ bias). x: [B, S, K] -> [B, S, N]. ``share``: see ``packed``."""
+        y, correction = self.linear_parts(x, w, name, bias, share)
         if correction is not None:
             (y,) = self.node("Add", [y, correction], 1, f"{name}/offset_add")
         return y
 
     def linear_parts(self, x: str, w: LinearWeight, name: str, bias: np.ndarray | None = None,
-                     ) -> tuple[str, str | None]:
+                     share: str | None = None) -> tuple[str, str | None]:
         """``x @ w.T`` as two terms whose sum is exact: (MatMulNBits, blocksum(x) @ offsets.T or None).
 
         A caller whose next op adds anyway (a post-norm becomes a SkipSimplifiedLayerNormalization) takes the
@@ -173,7 +191,7 @@ class _Graph:
             bsum = self.blocksum(x, k, w.block_size)
             offsets_t = self.act(f"{name}.block_offsets_t", w.offsets.T, dt)  # [K/bs, N]
             (correction,) = self.node("MatMul", [bsum, offsets_t], 1, f"{name}/offset_matmul")
-        inputs = [x, self.packed(f"{name}.qweight", w), self.act(f"{name}.scales", w.scales.reshape(-1), dt)]
+        inputs = [x, self.packed(f"{name}.qweight", w, share), self.act(f"{name}.scales", w.scales.reshape(-1), dt)]
         if bias is not None:
             inputs += ["", "", self.act(f"{name}.bias", bias, dt)]
         (y,) = self.node(
@@ -274,7 +292,7 @@ def _embedding(g: _Graph, emb: LinearWeight, tied: bool) -> str:
     # LM head of a tied model reads the same initializer.
     (x,) = g.node(
         "GatherBlockQuantized",
-        [g.packed("lm_head.qweight" if tied else "embed.qweight", emb), "input_ids",
+        [g.packed("lm_head.qweight" if tied else "embed.qweight", emb, TIED if tied else None), "input_ids",
          g.act("embed.scales", emb.scales[..., None], dt)],
         1, "embed", "com.microsoft", bits=emb.bits, block_size=emb.block_size, gather_axis=0, quantize_axis=2,
     )  # [B, S, nb, bs]
@@ -312,6 +330,8 @@ def build_graph(
     dtype: str = "float32",
     accuracy_level: int = 4,
     on_layer: Callable[[int], None] | None = None,
+    data: ExternalData | None = None,
+    kv_dtype: str | None = None,
 ) -> onnx.ModelProto:
     """Builds the decoder graph (I/O names and shapes as in docs/ARCHITECTURE.md).
 
@@ -324,11 +344,17 @@ def build_graph(
         dtype: activation and KV dtype, "float32" or "float16"; logits are always float32.
         accuracy_level: MatMulNBits accuracy_level (0 exact reference, 4 int8 activations).
         on_layer: called with the layer index after each decoder block is added (progress bars).
+        data: where the weights go as they are made (the model's external data file); None keeps them inside
+            the returned model.
+        kv_dtype: the KV cache's dtype when it differs from ``dtype`` (float16 KV beside float32 activations, as
+            llama.cpp keeps it on the CPU): attention then runs in ``kv_dtype`` between two Casts. None: ``dtype``.
     Returns:
-        The model; weights are still inside it (save with external data).
+        The model; without ``data`` its weights are still inside it (save with external data).
     """
     np_dtype, onnx_dtype = DTYPES[dtype]
-    g = _Graph(np_dtype, onnx_dtype, accuracy_level)
+    kv_np_dtype, kv_onnx_dtype = DTYPES[kv_dtype or dtype]
+    g = _Graph(np_dtype, onnx_dtype, accuracy_level, data)
+    tied = weights.tied
     hd, nh, kvh = spec.head_size, spec.num_heads, spec.num_kv_heads
 
     inputs = [
@@ -340,9 +366,9 @@ def build_graph(
     for i in range(spec.num_layers):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(
-                f"past_key_values.{i}.{kind}", onnx_dtype, ["batch_size", kvh, "past_sequence_length", hd]))
+                f"past_key_values.{i}.{kind}", kv_onnx_dtype, ["batch_size", kvh, "past_sequence_length", hd]))
             outputs.append(helper.make_tensor_value_info(
-                f"present.{i}.{kind}", onnx_dtype, ["batch_size", kvh, "present_sequence_length", hd]))
+                f"present.{i}.{kind}", kv_onnx_dtype, ["batch_size", kvh, "present_sequence_length", hd]))
 
     # 1. GQA's sequence lengths from the mask: seqlens_k = sum(mask) - 1, total = mask width (int32).
     # NOTE(builder): the sum runs in float32 (exact for counts below 2**24): GPU EPs such as WebGPU have no
@@ -358,13 +384,13 @@ def build_graph(
 
     # Rotary caches [context_length, hd/2]: the global one, and the sliding-window layers' own when they differ.
     cos, sin = rope_cache(spec, weights.rope_freq_factors)
-    rope_global = rope_local = (g.act("cos_cache", cos), g.act("sin_cache", sin))
+    rope_global = rope_local = (g.act("cos_cache", cos, kv_np_dtype), g.act("sin_cache", sin, kv_np_dtype))
     if any(spec.is_sliding(i) for i in range(spec.num_layers)) and (spec.rope_theta_local or spec.rope_scale != 1):
         cos, sin = rope_cache(spec, weights.rope_freq_factors, local=True)
-        rope_local = (g.act("cos_cache_local", cos), g.act("sin_cache_local", sin))
+        rope_local = (g.act("cos_cache_local", cos, kv_np_dtype), g.act("sin_cache_local", sin, kv_np_dtype))
 
     # 2. Embedding: [B, S] -> [B, S, H].
-    x = _embedding(g, weights.embedding, tied=weights.lm_head is weights.embedding)
+    x = _embedding(g, weights.embedding, tied=tied)
     if spec.embedding_multiplier is not None:
         (x,) = g.node("Mul", [x, g.act("embed.multiplier", np.array(spec.embedding_multiplier))], 1, "embed/scale")
 
@@ -389,6 +415,8 @@ def build_graph(
                              3, f"{p}/qkv_split", axis=-1)
             qkv_inputs = [_head_norm(g, q, lw.q_norm, nh, hd, eps, f"{p}/q_norm"),
                           _head_norm(g, k, lw.k_norm, kvh, hd, eps, f"{p}/k_norm"), v]
+        if kv_onnx_dtype != onnx_dtype:  # attention in the KV dtype: [B, S, (nh + 2*kvh)*hd] cast in
+            qkv_inputs = [x and g.node("Cast", [x], 1, f"{x}/to_kv", to=kv_onnx_dtype)[0] for x in qkv_inputs]
         sliding = spec.is_sliding(i)
         cos_name, sin_name = rope_local if sliding else rope_global
         # NOTE(builder): since ONNX Runtime 1.23 (PR 25927) GQA's window is local_window_size keys, the query's
@@ -405,6 +433,8 @@ def build_graph(
             [*qkv_inputs, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens_k, total_len,
              cos_name, sin_name, "position_ids"],
             [f"{p}/attn/out0", f"present.{i}.key", f"present.{i}.value"], f"{p}/attn", "com.microsoft", **attrs)
+        if kv_onnx_dtype != onnx_dtype:  # [B, S, nh*hd] back to the activation dtype
+            (attn,) = g.node("Cast", [attn], 1, f"{p}/attn/to_act", to=onnx_dtype)
         if spec.post_norms:  # the post-norm adds o_proj's offset correction (if any) on its way in
             o, correction = g.linear_parts(attn, lw.o, f"{p}.o_proj")  # [B, S, H]
             o = g.rms_norm(o, lw.post_attn_norm, f"{p}/post_attn_norm", eps, skip=correction)
@@ -437,7 +467,7 @@ def build_graph(
         "SkipSimplifiedLayerNormalization", [pending, residual, g.act("final_norm", weights.output_norm)],
         ["final_norm/out0", "", "", ""], "final_norm", "com.microsoft", epsilon=eps)
     h = _keep_last_positions(g, h)  # [B, S, H] -> [B, min(S, keep), H]
-    logits = g.linear(h, weights.lm_head, "lm_head")
+    logits = g.linear(h, weights.lm_head, "lm_head", share=TIED if tied else None)
     if onnx_dtype != TensorProto.FLOAT:
         (logits,) = g.node("Cast", [logits], 1, "logits/cast", to=TensorProto.FLOAT)
     if spec.final_logit_softcap:  # c * tanh(logits / c), in float32

@@ -25,8 +25,10 @@ from tqdm.auto import tqdm
 
 from engine.builder.convert import convert_gguf
 from engine.builder.encoder import convert_sentence_transformer
-from engine.builder.errors import ChecksumError, DownloadError, UnknownModelError
-from engine.builder.folder import MARKER_FILE, has_generation_defaults, marker_matches, write_generation_defaults
+from engine.builder.errors import ChecksumError, DownloadError, DtypeMismatchError, UnknownModelError
+from engine.builder.folder import (
+    MARKER_FILE, folder_dtype, has_generation_defaults, marker_matches, write_generation_defaults,
+)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 BUILDER_VERSION = 4  # bump when the graph changes so cached folders are rebuilt (4: embedding.onnx)
@@ -206,11 +208,19 @@ def fetch_gguf(name: str, dest_dir: str | Path, progress: bool = True) -> Path:
     return out
 
 
-def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
-    """A model folder for a folder path, a .gguf file (converted into the cache once) or a known name.
+def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None, progress: bool = True, *,
+                  dtype: str | None = None) -> Path:
+    """A model folder for a folder path, a .gguf file (converted into the cache once per dtype) or a known name.
 
+    Args:
+        dtype: the activation/KV dtype the folder must have ("float32" or "float16"; the device's, see
+            ``ep.model_dtype.choose_model_dtype``). A GGUF or a known name is converted to it, into a folder of its own
+            (float32: ``<stem>-<sha12>``, float16: ``<stem>-<sha12>-float16``). A folder of another dtype is
+            converted again from the source its marker names, when that is still there, else refused. None: any
+            dtype (float32 for a conversion), as before.
     Raises:
-        UnknownModelError when it is none of these; BuildErrors from pulling or converting.
+        UnknownModelError when it is none of these; DtypeMismatchError for a folder of another dtype that cannot
+        be converted again; BuildErrors from pulling or converting.
     """
     path = Path(name_or_path).expanduser()
     if path.is_dir() and (path / "model.safetensors").is_file() and (path / "config.json").is_file() \
@@ -220,26 +230,73 @@ def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None,
         if not (path / "genai_config.json").is_file() and not (path / "embedding_config.json").is_file():
             raise UnknownModelError(f"{path} is a folder without genai_config.json or embedding_config.json "
                                     f"(not a model folder)")
-        return path.resolve()
+        return _folder_of_dtype(path.resolve(), dtype, cache_dir, progress)
     if path.is_file() and path.suffix == ".gguf":
-        sha = sha256_file(path)
-        cache = Path(cache_dir) if cache_dir is not None else model_cache_dir()
-        target = cache / "gguf" / f"{path.stem}-{sha[:12]}"
-        marker = {"source": str(path.resolve()), "sha256": sha, "dtype": "float32", "accuracy_level": 4,
-                  "builder_version": BUILDER_VERSION}
-        if marker_matches(target, marker):
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(target.parent / f".{target.name}.lock"):
-            if marker_matches(target, marker):
-                return target
-            return convert_gguf(path, target, overwrite=True, progress=progress,
-                                marker=marker)
+        return _converted_gguf(path, cache_dir, progress, dtype or "float32")
     if str(name_or_path) in KNOWN_MODELS:
-        return pull_model(str(name_or_path), cache_dir, progress)
+        return pull_model(str(name_or_path), cache_dir, progress, dtype=dtype or "float32")
     raise UnknownModelError(
         f"{name_or_path!r} is not a model folder, a .gguf file or a known model name "
         f"(known: {', '.join(KNOWN_MODELS)})")
+
+
+def _converted_gguf(path: Path, cache_dir: str | Path | None, progress: bool, dtype: str) -> Path:
+    """A user's GGUF converted into the cache (once per file and dtype; the file's sha256 names the folder)."""
+    cache = Path(cache_dir) if cache_dir is not None else model_cache_dir()
+    found = _fresh_gguf_folder(path, cache, dtype)  # no hashing when a conversion of this file is there
+    if found is not None:
+        return found
+    sha = sha256_file(path)
+    target = cache / "gguf" / (f"{path.stem}-{sha[:12]}" + ("" if dtype == "float32" else f"-{dtype}"))
+    marker = {"source": str(path.resolve()), "sha256": sha, "dtype": dtype, "accuracy_level": 4,
+              "builder_version": BUILDER_VERSION}
+    if marker_matches(target, marker):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(target.parent / f".{target.name}.lock"):
+        if marker_matches(target, marker):
+            return target
+        return convert_gguf(path, target, overwrite=True, progress=progress, dtype=dtype, marker=marker)
+
+
+def _fresh_gguf_folder(path: Path, cache: Path, dtype: str) -> Path | None:
+    """A complete conversion of ``path`` in ``dtype`` by this builder, newer than the file (``local_model_folder``'s
+    test, plus the dtype and the folder's file sizes): found without hashing a file of gigabytes."""
+    source = str(path.resolve())
+    for folder in sorted((cache / "gguf").glob(f"{path.stem}-*")):
+        try:
+            marker = json.loads((folder / MARKER_FILE).read_text())
+            fresh = (folder / MARKER_FILE).stat().st_mtime >= path.stat().st_mtime
+        except (OSError, ValueError):
+            continue
+        if isinstance(marker, dict) and fresh and marker.get("source") == source and marker.get("dtype") == dtype \
+                and marker.get("builder_version") == BUILDER_VERSION and "files" in marker \
+                and marker_matches(folder, {k: v for k, v in marker.items() if k != "files"}):
+            return folder
+    return None
+
+
+def _folder_of_dtype(folder: Path, dtype: str | None, cache_dir: str | Path | None, progress: bool) -> Path:
+    """``folder`` when its dtype is ``dtype`` (or ``dtype`` is None, or it is an encoder); else its source converted
+    again to ``dtype`` (the GGUF or known model its marker names); else DtypeMismatchError."""
+    have = folder_dtype(folder)
+    if dtype is None or have is None or have == dtype:
+        return folder
+    try:
+        marker = json.loads((folder / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        marker = {}
+    source = Path(str(marker.get("source", ""))) if isinstance(marker, dict) else Path()
+    if source.suffix == ".gguf" and source.is_file():
+        return _converted_gguf(source, cache_dir, progress, dtype)
+    known = next((name for name, src in KNOWN_MODELS.items()
+                  if isinstance(marker, dict) and marker.get("sha256") == src.sha256), None)
+    if known is not None:
+        return pull_model(known, cache_dir, progress, dtype=dtype)
+    raise DtypeMismatchError(
+        f"{folder} holds a {have} model and this device serves {dtype}; its source is unknown, so it cannot be "
+        f"converted again. Serve it as it is with --dtype {have}, or convert its GGUF with "
+        f"`ortserve convert --dtype {dtype}`.")
 
 
 def local_model_folder(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path | None:

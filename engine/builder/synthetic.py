@@ -124,7 +124,10 @@ def build_synthetic(out_dir: str | Path, spec: SyntheticSpec, *, accuracy_level:
     """
     ms = spec.model_spec()
     weights = synthetic_weights(spec)
-    model = build_graph(ms, weights, dtype=spec.dtype, accuracy_level=accuracy_level)
+
+    def model(data):  # the weights go to the folder's data file as the graph is built
+        return build_graph(ms, weights, dtype=spec.dtype, accuracy_level=accuracy_level, data=data)
+
     tok, special = synthetic_tokenizer(spec.vocab_size, spec.added_tokens)
     tok_cfg = tokenizer_config(tok, special, chat_template=spec.chat_template or CHATML_TEMPLATE,
                                model_max_length=spec.max_length)

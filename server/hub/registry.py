@@ -277,8 +277,11 @@ class ModelRegistry:
             return self.settings  # a one-model server's own settings, resolved by its loader as they always were
         if model.folder is None:
             from engine.builder import resolve_model
+            from ep.model_dtype import choose_model_dtype
 
-            model.folder = Path(resolve_model(model.spec.model))
+            dtype = choose_model_dtype(model.spec.provider or self.settings.provider, self.settings.device,
+                                       self.settings.ep_library, self.settings.dtype)
+            model.folder = Path(resolve_model(model.spec.model, dtype=dtype.dtype))
             model.kind = model.kind or kind_of_folder(model.folder)
         settings = model.settings_for(self.settings)
         if not self.one_model:

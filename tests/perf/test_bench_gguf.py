@@ -72,3 +72,70 @@ def test_offset_codes_have_the_mean_that_makes_a_random_model_repeat():
     offset = gguf.quants.dequantize(q4_0_blocks(rng, 64, 512, std=0.02, offset=True), gguf.GGMLQuantizationType.Q4_0)
     assert abs(centred.mean()) < 6e-4 and offset.mean() < -1.5e-3  # -d/2 with d = 0.02 / 4.61
     assert offset.std() == pytest.approx(0.02, rel=0.05)
+
+
+def test_k_quant_blocks_dequantize_to_centred_weights_of_the_asked_scale():
+    from perf.gpu.bench_gguf import q4_k_blocks, q6_k_blocks
+
+    from engine.builder.ggml_quants import from_q4_k, from_q6_k
+
+    rng = np.random.default_rng(2)
+    for make, qtype, ours in ((q4_k_blocks, "Q4_K", from_q4_k), (q6_k_blocks, "Q6_K", from_q6_k)):
+        blocks = make(rng, 64, 1024, std=0.02)
+        w = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[qtype])
+        assert w.shape == (64, 1024) and np.isfinite(w).all()
+        assert w.std() == pytest.approx(0.02, rel=0.1) and abs(w.mean()) < 1e-3, qtype
+        assert np.array_equal(ours(blocks, 64, 1024).dequantize(), w.astype(np.float64))  # the converter agrees
+
+
+def test_the_q4_k_m_mix_puts_q6_k_where_llama_cpp_does():
+    from perf.gpu.bench_gguf import tensor_type, use_more_bits
+
+    assert [i for i in range(32) if use_more_bits(i, 32)] == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
+    assert tensor_type("output.weight", "Q4_K_M", 0, 32, tied=False) == "Q6_K"
+    assert tensor_type("token_embd.weight", "Q4_K_M", 0, 32, tied=False) == "Q4_K"
+    assert tensor_type("token_embd.weight", "Q4_K_M", 0, 32, tied=True) == "Q6_K"  # it is the LM head too
+    assert tensor_type("blk.6.ffn_down.weight", "Q4_K_M", 6, 32, tied=False) == "Q6_K"
+    assert tensor_type("blk.7.ffn_down.weight", "Q4_K_M", 7, 32, tied=False) == "Q4_K"
+    assert tensor_type("blk.0.attn_v.weight", "Q4_K_M", 0, 32, tied=False) == "Q6_K"
+    assert tensor_type("blk.0.attn_q.weight", "Q4_K_M", 0, 32, tied=False) == "Q4_K"
+    assert tensor_type("output.weight", "Q4_0", 0, 32, tied=False) == "Q6_K"
+    assert tensor_type("blk.0.ffn_down.weight", "Q4_0", 0, 32, tied=False) == "Q4_0"
+    assert tensor_type("output.weight", "Q4_0-all", 0, 32, tied=False) == "Q4_0"
+
+
+def test_a_qwen2_shape_pads_its_vocabulary_and_converts(tmp_path: Path):
+    """A Qwen2-shaped Q4_K_M file (biases, a vocabulary padded with unused tokens) that ortserve converts and runs."""
+    from engine.builder import convert_gguf
+    import onnxruntime as ort
+
+    from engine.builder.tokenizer import synthetic_vocab
+
+    tokens, merges, types = synthetic_vocab(300)  # a real byte-level BPE vocabulary (the converter builds it)
+    v = gguf.GGUFWriter(str(tmp_path / "vocab.gguf"), "qwen2")
+    v.add_tokenizer_model("gpt2")
+    v.add_tokenizer_pre("qwen2")
+    v.add_token_list(tokens)
+    v.add_token_types(types)
+    v.add_token_merges([f"{a} {b}" for a, b in merges])
+    v.add_bos_token_id(1)
+    v.add_eos_token_id(2)
+    v.write_header_to_file(); v.write_kv_data_to_file(); v.write_tensors_to_file(); v.close()
+    shape = dict(hidden_size=256, num_layers=8, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=320,
+                 arch="qwen2", rope_theta=1e6, context_length=4096, tied=False)
+    out = write_bench_gguf(tmp_path / "vocab.gguf", tmp_path / "qwen.gguf", shape, mix="Q4_K_M")
+    r = gguf.GGUFReader(str(out))
+    tokens = r.fields["tokenizer.ggml.tokens"]
+    assert len(tokens.data) == 320 and bytes(tokens.parts[tokens.data[-1]]).decode() == "[PAD319]"
+    types = {t.name: t.tensor_type.name for t in r.tensors}
+    assert types["output.weight"] == "Q6_K" and types["blk.0.ffn_down.weight"] == "Q6_K"
+    assert types["blk.2.ffn_down.weight"] == "Q4_K" and types["blk.0.attn_q.bias"] == "F32"
+    folder = convert_gguf(out, tmp_path / "qwen", progress=False)
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": np.array([[1, 5, 9]], np.int64), "attention_mask": np.ones((1, 3), np.int64),
+             "position_ids": np.arange(3)[None]}
+    for i in session.get_inputs():
+        if i.name.startswith("past_key_values."):
+            feeds[i.name] = np.zeros((1, 2, 3, 64), np.float32)
+    logits = session.run(["logits"], feeds)[0]
+    assert logits.shape == (1, 3, 320) and np.isfinite(logits).all() and 0.1 < logits.std() < 10

@@ -46,3 +46,24 @@ def test_a_budget_below_the_minimum_is_an_error_naming_the_settings():
 def test_without_a_budget_half_the_available_host_memory_is_used():
     choice = choose_context(1 << 20, requested=None, num_rows=1, kv_bytes_per_token=1024)
     assert choice.budget_bytes > 0 and "available" in choice.describe()
+
+
+def test_the_default_budget_is_half_of_what_the_weights_leave(monkeypatch):
+    monkeypatch.setattr("engine.context_length.available_host_memory_bytes", lambda: 20 * GIB)
+    choice = choose_context(131072, requested=None, num_rows=2, kv_bytes_per_token=QWEN_TOKEN,
+                            weights_bytes=6 * GIB)
+    assert choice.budget_bytes == 7 * GIB and "less the 6.0 GiB of weights" in choice.describe()
+
+
+def test_a_model_that_cannot_fit_is_refused_with_every_size_named():
+    from engine.context_length import ModelTooLargeError, check_fits
+
+    line = check_fits(weights_bytes=6 * GIB, kv_bytes=GIB, available_bytes=20 * GIB, where="host memory available")
+    assert "within the 20.00 GiB of host memory available" in line and "weights 6.00 GiB" in line
+    with pytest.raises(ModelTooLargeError) as kv:
+        check_fits(weights_bytes=6 * GIB, kv_bytes=16 * GIB, available_bytes=20 * GIB, where="host memory available")
+    assert "weights 6.00 GiB + KV cache 16.00 GiB" in str(kv.value) and "20.00 GiB" in str(kv.value)
+    assert "lower --max-model-len or --max-batch" in str(kv.value)
+    with pytest.raises(ModelTooLargeError, match="the weights alone do not fit"):
+        check_fits(weights_bytes=40 * GIB, kv_bytes=GIB, available_bytes=20 * GIB, where="CUDA device memory")
+    assert "not checked" in check_fits(weights_bytes=GIB, kv_bytes=GIB, available_bytes=None, where="device memory")
