@@ -98,7 +98,9 @@ class FunctionDefinition(OpenAIBaseModel):
     name: str = Field(description="a-z, A-Z, 0-9, '_' and '-', at most 64 characters.")
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="JSON Schema of the arguments (none: no arguments).")
-    strict: bool | None = Field(None, description="Accepted; calls always follow the schema when forced.")
+    strict: bool | None = Field(None, description="true: calls follow the schema exactly, or the request is a 400 "
+                                                  "naming the keyword the grammar cannot enforce; otherwise what "
+                                                  "cannot be enforced is left out (and logged).")
 
     @field_validator("name")
     @classmethod

@@ -103,10 +103,12 @@ def test_function_tools_and_tool_choice_map_onto_chat() -> None:
                    stream=True).to_chat_request()
     body = chat.model_dump(exclude_none=True)
     assert body["tools"] == [{"type": "function", "function": {
-        "name": "get_weather", "description": "Weather of a city", "parameters": TOOL["parameters"],
-        "strict": True}}]
+        "name": "get_weather", "description": "Weather of a city", "parameters": TOOL["parameters"]}}]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert body["parallel_tool_calls"] is False and body["stream"] is True
+    # only the client's own strict reaches the grammar's plan (a strict tool is enforced exactly or refused)
+    strict = request(tools=[{**TOOL, "strict": True}]).to_chat_request().model_dump(exclude_none=True)
+    assert strict["tools"][0]["function"]["strict"] is True
 
 
 def test_text_format_maps_onto_response_format() -> None:
