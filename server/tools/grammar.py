@@ -46,11 +46,13 @@ def has_ref(node: Any) -> bool:
 
 
 def rebase_refs(node: Any, base: str) -> Any:
-    """A copy of ``node`` whose local refs (``#...``) point under ``base`` (``#/$defs/tool0``)."""
+    """A copy of ``node`` whose local JSON-pointer refs (``#``, ``#/...``) point under ``base`` (``#/$defs/tool0``)."""
     if isinstance(node, dict):
         out = {k: rebase_refs(v, base) for k, v in node.items()}
         ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
+        # NOTE(tools): a JSON pointer (#/...) moves with the schema; an anchor (#name) names a $anchor, which
+        # is found anywhere in the document, so it stays as it is.
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
             out["$ref"] = base + ref[1:]
         return out
     if isinstance(node, list):

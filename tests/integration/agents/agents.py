@@ -1,0 +1,197 @@
+"""How each coding agent is pointed at a local OpenAI- or Anthropic-compatible server, as its own documentation sets
+it up: one recipe per agent (command, environment, config files in the run's own home), shared by the agent tests
+and by capture_tools.py (which records the tool schemas each release sends, tests/data/agent_tools/).
+
+The releases come from the Makefile (AGENT_CLIS, AGENT_PIPS), which writes them to manifests beside the installs:
+.cache/agent-clis/manifest.txt (npm, one prefix per release) and .cache/agent-venvs/manifest.txt (pip, one venv per
+release). Nothing here downloads anything; each run has its own HOME (no login, telemetry off).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+CLI_DIR = ROOT / ".cache" / "agent-clis"
+VENV_DIR = ROOT / ".cache" / "agent-venvs"
+TASK = "Read hello.py and tell me what it prints."
+HELLO_PY = 'print("hello from ortserve, 7316")\n'
+ANSWER = "7316"  # what hello.py prints: nothing in the prompt says it, the model has to read the file
+# The CLIs' stream watchdogs raised to their maximum: a cold 10k-token prefill takes minutes on two cores.
+WATCHDOG_MS = 1_800_000
+
+
+@dataclass(frozen=True)
+class Run:
+    """One agent run: the command, its environment (added to a clean one), and the API path it talks to."""
+
+    cmd: list[str]
+    env: dict[str, str]
+    path: str
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a run happens: the server's base URL (no /v1), the served model's name and key, the scratch folder
+    (hello.py in it, the working directory) and a fresh home."""
+
+    base: str
+    model: str
+    key: str
+    scratch: Path
+    home: Path
+
+
+def manifest(kind: str = "npm") -> list[str]:
+    """NAME@VERSION of every release the Makefile installs (`make agent-clis`), in its order."""
+    path = (CLI_DIR if kind == "npm" else VENV_DIR) / "manifest.txt"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: `make test` installs the agents (make agent-clis)")
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
+def releases(name: str, kind: str = "npm") -> list[str]:
+    """The versions of one agent the Makefile installs, newest first (by version number)."""
+    found = [entry.split("@", 1)[1] for entry in manifest(kind) if entry.split("@", 1)[0] == name]
+    return sorted(found, key=lambda v: tuple(int(p) if p.isdigit() else 0 for p in v.split(".")), reverse=True)
+
+
+def npm_prefix(name: str, version: str) -> Path:
+    return CLI_DIR / f"{name}@{version}" / "node_modules"
+
+
+def venv_bin(name: str, version: str) -> Path:
+    return VENV_DIR / f"{name}@{version}" / "bin"
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    keep = ("PATH", "LANG", "LC_ALL", "TERM", "TMPDIR", "SYSTEMROOT")
+    return {**{k: os.environ[k] for k in keep if k in os.environ}, "HOME": str(home), "NO_COLOR": "1",
+            "XDG_CONFIG_HOME": str(home / ".config"), "XDG_DATA_HOME": str(home / ".local" / "share"),
+            "XDG_CACHE_HOME": str(home / ".cache"), "XDG_STATE_HOME": str(home / ".local" / "state"), **extra}
+
+
+def claude_code(version: str, place: Place, *args: str) -> Run:
+    """Claude Code -p: ANTHROPIC_BASE_URL, the served model for both its main and small/fast model, dontAsk."""
+    cli = npm_prefix("claude-code", version) / "@anthropic-ai" / "claude-code" / "cli-wrapper.cjs"
+    env = clean_env(place.home, ANTHROPIC_BASE_URL=place.base, ANTHROPIC_API_KEY=place.key,
+                    ANTHROPIC_DEFAULT_HAIKU_MODEL=place.model, ANTHROPIC_SMALL_FAST_MODEL=place.model,
+                    DISABLE_TELEMETRY="1", DISABLE_ERROR_REPORTING="1", DISABLE_AUTOUPDATER="1",
+                    CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", API_TIMEOUT_MS=str(WATCHDOG_MS),
+                    CLAUDE_STREAM_IDLE_TIMEOUT_MS=str(WATCHDOG_MS),
+                    CLAUDE_STREAM_FIRST_BYTE_TIMEOUT_MS=str(WATCHDOG_MS))
+    cmd = ["node", str(cli), "-p", TASK, "--model", place.model, "--max-turns", "4", "--output-format", "json",
+           "--permission-mode", "dontAsk", *args]
+    return Run(cmd, env, "/v1/messages")
+
+
+def codex(version: str, place: Place, *args: str) -> Run:
+    """codex exec with a model provider whose base_url is the server's /v1 (wire_api responses), read-only."""
+    codex_home = place.home / ".codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    provider = (f'{{name="ortserve", base_url="{place.base}/v1", wire_api="responses", env_key="ORTSERVE_API_KEY", '
+                f'stream_idle_timeout_ms={WATCHDOG_MS}}}')
+    cmd = [str(npm_prefix("codex", version) / ".bin" / "codex"), "exec", "--skip-git-repo-check",
+           "--sandbox", "read-only", "--json", "-c", f"model={json.dumps(place.model)}",
+           "-c", 'model_provider="ortserve"', "-c", f"model_providers.ortserve={provider}",
+           "-c", "analytics.enabled=false", "-c", "check_for_update_on_startup=false", *args, TASK]
+    return Run(cmd, clean_env(place.home, CODEX_HOME=str(codex_home), ORTSERVE_API_KEY=place.key),
+               "/v1/responses")
+
+
+def opencode(version: str, place: Place) -> Run:
+    """opencode run, with an OpenAI-compatible provider (@ai-sdk/openai-compatible) in opencode.json (its
+    documented local-model set-up), the served model as the default, its permissions left as they are."""
+    config = {"$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
+              "model": f"ortserve/{place.model}", "small_model": f"ortserve/{place.model}",
+              "provider": {"ortserve": {"npm": "@ai-sdk/openai-compatible", "name": "ortserve",
+                                        "options": {"baseURL": f"{place.base}/v1", "apiKey": place.key},
+                                        "models": {place.model: {"name": place.model}}}}}
+    folder = place.home / ".config" / "opencode"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "opencode.json").write_text(json.dumps(config, indent=2))
+    binary = npm_prefix("opencode", version) / "opencode-linux-x64" / "bin" / "opencode"
+    env = clean_env(place.home, OPENCODE_DISABLE_AUTOUPDATE="1", OPENCODE_DISABLE_LSP_DOWNLOAD="1",
+                    OPENCODE_DISABLE_DEFAULT_PLUGINS="1", OPENCODE_DISABLE_MODELS_FETCH="1")
+    return Run([str(binary), "run", "--print-logs", TASK], env, "/v1/chat/completions")
+
+
+def qwen_code(version: str, place: Place) -> Run:
+    """qwen -p through OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL (its documented OpenAI-compatible set-up),
+    the auth type chosen in settings.json so that it asks nothing."""
+    folder = place.home / ".qwen"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "settings.json").write_text(json.dumps({
+        "security": {"auth": {"selectedType": "openai"}}, "privacy": {"usageStatisticsEnabled": False},
+        "general": {"disableAutoUpdate": True}, "telemetry": {"enabled": False}}))
+    cli = npm_prefix("qwen-code", version) / "@qwen-code" / "qwen-code" / "cli.js"
+    env = clean_env(place.home, OPENAI_BASE_URL=f"{place.base}/v1", OPENAI_API_KEY=place.key,
+                    OPENAI_MODEL=place.model)
+    return Run(["node", str(cli), "-p", TASK, "--model", place.model], env, "/v1/chat/completions")
+
+
+def continue_cli(version: str, place: Place) -> Run:
+    """cn -p with a config.yaml whose one model is provider openai at the server's /v1 (its local-model set-up)."""
+    config = place.home / "continue.yaml"
+    config.write_text(
+        "name: ortserve\nversion: 0.0.1\nschema: v1\nmodels:\n"
+        f"  - name: {place.model}\n    provider: openai\n    model: {place.model}\n"
+        f"    apiBase: {place.base}/v1\n    apiKey: {place.key}\n"
+        "    roles: [chat, edit, apply]\n    capabilities: [tool_use]\n")
+    cli = npm_prefix("continue-cli", version) / "@continuedev" / "cli" / "dist" / "cn.js"
+    env = clean_env(place.home, CONTINUE_CLI_DISABLE_TELEMETRY="1", CONTINUE_TELEMETRY_ENABLED="0")
+    return Run(["node", str(cli), "-p", TASK, "--config", str(config)], env, "/v1/chat/completions")
+
+
+def aider(version: str, place: Place) -> Run:
+    """aider through --openai-api-base (model openai/<name>), hello.py added to the chat, one message, no git."""
+    cmd = [str(venv_bin("aider", version) / "aider"), "--openai-api-base", f"{place.base}/v1",
+           "--openai-api-key", place.key, "--model", f"openai/{place.model}", "--no-git", "--yes-always",
+           "--no-check-update", "--no-show-model-warnings", "--no-analytics", "--no-pretty", "--no-stream",
+           "--map-tokens", "0", "--message", TASK, "hello.py"]
+    return Run(cmd, clean_env(place.home, AIDER_ANALYTICS="false", LITELLM_LOCAL_MODEL_COST_MAP="True"),
+               "/v1/chat/completions")
+
+
+def mini_swe_agent(version: str, place: Place) -> Run:
+    """mini (mini-swe-agent) with a litellm model openai/<name> at the server's /v1, exiting when done."""
+    cmd = [str(venv_bin("mini-swe-agent", version) / "mini"), "--model", f"openai/{place.model}", "--task", TASK,
+           "--yolo", "--exit-immediately", "--cost-limit", "0"]
+    env = clean_env(place.home, OPENAI_API_BASE=f"{place.base}/v1", OPENAI_BASE_URL=f"{place.base}/v1",
+                    OPENAI_API_KEY=place.key, MSWEA_CONFIGURED="true", MSWEA_COST_TRACKING="ignore_errors",
+                    MSWEA_SILENT_STARTUP="1", LITELLM_LOCAL_MODEL_COST_MAP="True")
+    return Run(cmd, env, "/v1/chat/completions")
+
+
+def smolagents(version: str, place: Place, kind: str = "ToolCallingAgent") -> Run:
+    """A smolagents ToolCallingAgent or CodeAgent on OpenAIServerModel(api_base=<server>/v1), with one tool
+    read_file(path) (smolagents ships no file tool), run in the scratch folder (smolagents_run.py)."""
+    script = Path(__file__).with_name("smolagents_run.py")
+    cmd = [str(venv_bin("smolagents", version) / "python"), str(script), kind, f"{place.base}/v1", place.model,
+           place.key, TASK]
+    return Run(cmd, clean_env(place.home), "/v1/chat/completions")
+
+
+RECIPES: dict[str, Callable[..., Run]] = {
+    "claude-code": claude_code, "codex": codex, "opencode": opencode, "qwen-code": qwen_code,
+    "continue-cli": continue_cli, "aider": aider, "mini-swe-agent": mini_swe_agent, "smolagents": smolagents,
+}
+PIP_AGENTS = ("aider", "mini-swe-agent", "smolagents")
+
+
+def scratch_folder(root: Path) -> tuple[Path, Path]:
+    """(scratch with hello.py, an empty home) under ``root``."""
+    scratch, home = root / "scratch", root / "home"
+    scratch.mkdir(parents=True)
+    home.mkdir(parents=True)
+    (scratch / "hello.py").write_text(HELLO_PY)
+    return scratch, home
+
+
+if __name__ == "__main__":  # print what is installed
+    print(manifest("npm"), manifest("pip"), file=sys.stderr)
