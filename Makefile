@@ -100,5 +100,9 @@ browser:
 test: venv browser agent-clis
 	$(BIN)/python -m pytest $(ARGS)
 
+# Every release of every agent (make test runs the newest of each): one warm server, tens of minutes on 2 cores.
+test-agents: venv agent-clis
+	AGENT_RELEASES=all $(BIN)/python -m pytest -m agents tests/integration/agents $(ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

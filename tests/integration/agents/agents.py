@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -195,3 +196,60 @@ def scratch_folder(root: Path) -> tuple[Path, Path]:
 
 if __name__ == "__main__":  # print what is installed
     print(manifest("npm"), manifest("pip"), file=sys.stderr)
+
+
+# --- what the server's log says about a run ------------------------------------------------------------------
+
+_FINISHED = re.compile(r"request (\S+) finished \((\w+)\): (\d+) prompt tokens, (\d+) cached, (\d+) generated")
+_ACCESS = re.compile(r'"(GET|POST|HEAD|PUT|DELETE) (/\S*?)(?:\?\S*)? HTTP/1\.1" (\d{3})')
+
+
+def statuses(log: str) -> list[tuple[str, str, int]]:
+    """(method, path, status) of every request in a piece of the server's access log."""
+    return [(m[1], m[2], int(m[3])) for m in _ACCESS.finditer(log)]
+
+
+def turns(log: str) -> list[dict[str, int | str]]:
+    """Every finished request in a piece of the server's log: prompt, cached and generated tokens."""
+    return [{"id": m[1], "finish": m[2], "prompt": int(m[3]), "cached": int(m[4]), "generated": int(m[5])}
+            for m in _FINISHED.finditer(log)]
+
+
+def tool_calls(log: str) -> list[str]:
+    """Each call the server parsed from the model's output: ``NAME ARGUMENTS``."""
+    return [c for _, c in re.findall(r"tool calls parsed \((\w+) format\): (.*)", log)]
+
+
+def report(name: str, log: str, wall_s: float) -> list[dict[str, int | str]]:
+    found = turns(log)
+    print(f"\n{name}: {wall_s:.0f} s, {len(found)} requests")
+    for t in found:
+        print(f"  {t['id']}: {t['prompt']} prompt tokens, {t['cached']} cached, {t['generated']} generated "
+              f"({t['finish']})")
+    return found
+
+
+def check_server_side(log: str, path: str, argument: str | None = "hello.py", tools: tuple[str, ...] = (),
+                      calls: bool = True) -> None:
+    """Every request answered 2xx, the API ``path`` used; with ``calls``, a call (to one of ``tools``, if given)
+    naming ``argument`` parsed from the model's own output and its result received in a later request; each later
+    turn of the conversation computing only what the previous one did not hold (a cached prefix of at least 90% of
+    its prompt)."""
+    answered = statuses(log)
+    assert any(p == path for _, p, _ in answered), (path, answered, log[-3000:])
+    assert answered and all(200 <= s < 300 for _, _, s in answered), (answered, log[-3000:])
+    if calls:
+        parsed = tool_calls(log)
+        assert any((argument is None or argument in c) and (not tools or c.split(" ", 1)[0] in tools)
+                   for c in parsed), (parsed, log[-3000:])
+        assert re.search(r"tool results received: \S+ \([1-9]\d* chars\)", log), log[-3000:]
+    assert len(conversation(log)) >= 2 and all(t["cached"] >= 0.9 * t["prompt"] for t in conversation(log)[1:]), \
+        turns(log)
+
+
+def conversation(log: str) -> list[dict[str, int | str]]:
+    """The turns of the agent's conversation: requests whose prompt is at least half the longest one's (an
+    agent's side requests, such as a title for the session, are short prompts of their own)."""
+    found = turns(log)
+    longest = max((int(t["prompt"]) for t in found), default=0)
+    return [t for t in found if int(t["prompt"]) >= longest / 2]
