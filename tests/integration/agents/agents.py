@@ -39,13 +39,15 @@ class Run:
 @dataclass(frozen=True)
 class Place:
     """Where a run happens: the server's base URL (no /v1), the served model's name and key, the scratch folder
-    (hello.py in it, the working directory) and a fresh home."""
+    (hello.py in it, the working directory), a fresh home, and the model's context window in tokens (what the
+    server's /v1/models/{id} says as max_model_len; each agent is told it its own way)."""
 
     base: str
     model: str
     key: str
     scratch: Path
     home: Path
+    context: int = 32768
 
 
 def manifest(kind: str = "npm") -> list[str]:
@@ -85,7 +87,8 @@ def claude_code(version: str, place: Place, *args: str) -> Run:
                     DISABLE_TELEMETRY="1", DISABLE_ERROR_REPORTING="1", DISABLE_AUTOUPDATER="1",
                     CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", API_TIMEOUT_MS=str(WATCHDOG_MS),
                     CLAUDE_STREAM_IDLE_TIMEOUT_MS=str(WATCHDOG_MS),
-                    CLAUDE_STREAM_FIRST_BYTE_TIMEOUT_MS=str(WATCHDOG_MS))
+                    CLAUDE_STREAM_FIRST_BYTE_TIMEOUT_MS=str(WATCHDOG_MS),
+                    CLAUDE_CODE_MAX_CONTEXT_TOKENS=str(place.context))  # else it assumes 1M for an unknown model
     cmd = ["node", str(cli), "-p", TASK, "--model", place.model, "--max-turns", "4", "--output-format", "json",
            "--permission-mode", "dontAsk", *args]
     return Run(cmd, env, "/v1/messages")
@@ -112,7 +115,9 @@ def opencode(version: str, place: Place) -> Run:
               "model": f"ortserve/{place.model}", "small_model": f"ortserve/{place.model}",
               "provider": {"ortserve": {"npm": "@ai-sdk/openai-compatible", "name": "ortserve",
                                         "options": {"baseURL": f"{place.base}/v1", "apiKey": place.key},
-                                        "models": {place.model: {"name": place.model}}}}}
+                                        "models": {place.model: {"name": place.model, "tool_call": True,
+                                                                 "limit": {"context": place.context,
+                                                                           "output": 32000}}}}}}
     folder = place.home / ".config" / "opencode"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "opencode.json").write_text(json.dumps(config, indent=2))
@@ -143,7 +148,8 @@ def continue_cli(version: str, place: Place) -> Run:
         "name: ortserve\nversion: 0.0.1\nschema: v1\nmodels:\n"
         f"  - name: {place.model}\n    provider: openai\n    model: {place.model}\n"
         f"    apiBase: {place.base}/v1\n    apiKey: {place.key}\n"
-        "    roles: [chat, edit, apply]\n    capabilities: [tool_use]\n")
+        "    roles: [chat, edit, apply]\n    capabilities: [tool_use]\n"
+        f"    defaultCompletionOptions:\n      contextLength: {place.context}\n")
     cli = npm_prefix("continue-cli", version) / "@continuedev" / "cli" / "dist" / "cn.js"
     env = clean_env(place.home, CONTINUE_CLI_DISABLE_TELEMETRY="1", CONTINUE_TELEMETRY_ENABLED="0")
     return Run(["node", str(cli), "-p", TASK, "--config", str(config)], env, "/v1/chat/completions")
