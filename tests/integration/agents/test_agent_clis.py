@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.agents.agents import (ANSWER, HELLO_PY, TASK, Place, check_server_side, claude_code, codex,
-                                             report, scratch_folder, statuses)
+from tests.integration.agents.agents import (ANSWER, Place, check_server_side, claude_code, codex,
+                                             report, run_to_end, scratch_folder, statuses)
 from tests.integration.agents.conftest import KEY, MODEL, release_params
 from tests.integration.server.conftest import ServeProcess, serve_process
 
@@ -43,11 +43,10 @@ def require(version: str | None) -> str:
     return version
 
 
-def _run_cli(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+def _run_cli(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     """Run an agent CLI to its end; one still running after RUN_TIMEOUT_S is an expected failure of the model."""
     try:
-        return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                              check=False, **kwargs)  # type: ignore[call-overload]
+        return run_to_end(cmd, cwd, env, RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         pytest.xfail(f"{Path(cmd[1] if cmd[0] == 'node' else cmd[0]).name} still ran after {RUN_TIMEOUT_S} s: "
                      "the model's answer ran on")
@@ -155,8 +154,7 @@ def test_on_the_default_model_each_cli_says_its_prompt_is_too_long(default_model
         scratch, home = scratch_folder(tmp_path)
         place = Place(smol.base, "smollm2", "unused", scratch, home)
         run = claude_code(version, place) if cli == "claude-code" else codex(version, place)
-        done = subprocess.run(run.cmd, cwd=scratch, env=run.env, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=RUN_TIMEOUT_S, check=False)
+        done = run_to_end(run.cmd, scratch, run.env, RUN_TIMEOUT_S)
         if cli == "claude-code":
             result = json.loads(done.stdout)
             assert result["api_error_status"] == 400 and result["result"].startswith("Prompt is too long"), result
