@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 CLI_DIR = ROOT / ".cache" / "agent-clis"
 VENV_DIR = ROOT / ".cache" / "agent-venvs"
@@ -249,6 +251,8 @@ def check_server_side(log: str, path: str, argument: str | None = "hello.py", to
     assert answered and all(200 <= s < 300 for _, _, s in answered), (answered, log[-3000:])
     if calls:
         parsed = tool_calls(log)
+        if not parsed:  # the model's choice, not the server's: quote what it wrote instead
+            pytest.xfail("the model answered without a tool call (its text is printed above)")
         assert any((argument is None or argument in c) and (not tools or c.split(" ", 1)[0] in tools)
                    for c in parsed), (parsed, log[-3000:])
         assert not results or re.search(r"tool results received: \S+ \([1-9]\d* chars\)", log), log[-3000:]
