@@ -121,7 +121,7 @@ def opencode(version: str, place: Place) -> Run:
                                         "options": {"baseURL": f"{place.base}/v1", "apiKey": place.key},
                                         "models": {place.model: {"name": place.model, "tool_call": True,
                                                                  "limit": {"context": place.context,
-                                                                           "output": 32000}}}}}}
+                                                                           "output": 4096}}}}}}
     folder = place.home / ".config" / "opencode"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "opencode.json").write_text(json.dumps(config, indent=2))
