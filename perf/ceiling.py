@@ -104,6 +104,11 @@ class BareLoop:
         self._ids[:, 0] = first
         self.position = start
 
+    @property
+    def last_logits(self) -> np.ndarray:
+        """The logits the last ``step`` chose from, ``[B, vocab]`` (a view, overwritten by the next step)."""
+        return self._logits[:, 0]
+
     def step(self) -> np.ndarray:
         """One greedy step of every row (after ``begin``); returns the tokens it produced, ``[B]``."""
         B, p = self.batch, self.position

@@ -22,8 +22,9 @@ import pytest
 from engine.types import StepInfo
 from server.app import create_app
 from server.settings import Settings
+from tests.greedy_close import TINY_MAX_GAP_NATS, TOP_K, GreedyRun, assert_greedy_close
 from tests.integration.server.conftest import (  # noqa: F401 (fault_loader and serve_process re-exported)
-    RunningServer, fault_loader, serve_app, serve_process,
+    RunningServer, fault_loader, keep_prior_draft_costs, serve_app, serve_process,
 )
 
 PROMPT = [{"role": "user", "content": "Tell me a story about a robot"}]
@@ -87,7 +88,7 @@ def rel_server(tiny_model: Path) -> Iterator[AbusedServer]:
     """The tiny model behind a server whose engine carries a FaultPlan (disarmed after every use)."""
     plan = FaultPlan()
     with serve_app(create_app(rel_settings(tiny_model), loader=fault_loader(plan))) as running:
-        yield AbusedServer(running, plan)
+        yield AbusedServer(keep_prior_draft_costs(running), plan)
 
 
 @pytest.fixture(autouse=True)
@@ -103,7 +104,7 @@ def _disarm_faults(request: pytest.FixtureRequest) -> Iterator[None]:
 def fresh_server(tiny_model: Path) -> Iterator[RunningServer]:
     """The same model on a server nothing else touches: the reference for 'output of a fresh server'."""
     with serve_app(create_app(rel_settings(tiny_model))) as running:
-        yield running
+        yield keep_prior_draft_costs(running)
 
 
 def greedy_chat(base_url: str, messages: list[dict] | None = None, max_tokens: int = 24,
@@ -115,6 +116,29 @@ def greedy_chat(base_url: str, messages: list[dict] | None = None, max_tokens: i
     assert r.status_code == 200, r.text
     data = r.json()
     return data["choices"][0]["message"]["content"], data["usage"]["completion_tokens"]
+
+
+def greedy_run(base_url: str, messages: list[dict] | None = None, max_tokens: int = 24) -> GreedyRun:
+    """``greedy_chat``'s answer as tokens with each step's top-k (tests/greedy_close.py)."""
+    body = {"model": "tiny", "messages": messages or PROMPT, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "logprobs": True, "top_logprobs": TOP_K}
+    r = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    run = GreedyRun.from_openai(choice["logprobs"], choice["finish_reason"])
+    assert len(run.tokens) == max_tokens and choice["message"]["content"]
+    return run
+
+
+def assert_answers_as_fresh(base_url: str, fresh_url: str, max_tokens: int = 24) -> None:
+    """The same greedy chat alone on each server: ``base_url`` answers as the fresh server does.
+
+    NOTE(tests): up to a near-tie of the tiny model (tests/greedy_close.py): each server times its own draft checks,
+    so the two may run the request's tokens in different row counts. What a fault could leave behind (a stale KV
+    row, a request's state in another's slot) parts the answers at a choice that is no near-tie.
+    """
+    assert_greedy_close(greedy_run(fresh_url, max_tokens=max_tokens), greedy_run(base_url, max_tokens=max_tokens),
+                        TINY_MAX_GAP_NATS, "the abused server against a fresh one")
 
 
 def assert_openai_error(status: int, body: bytes | str, *, expect_status: int | None = None) -> dict:

@@ -256,4 +256,5 @@ def test_a_vanishing_temperature_is_greedy(http: httpx.Client, temperature: floa
         assert r.status_code == 200, r.text
         return r.json()["choices"][0]["message"]["content"]
 
+    # NOTE(tests): exact: the same request alone twice, the same row counts (conftest.keep_prior_draft_costs)
     assert text(temperature) == text(0.0)

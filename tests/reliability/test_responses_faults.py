@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from tests.integration.server.conftest import RunningServer
-from tests.reliability.conftest import AbusedServer, greedy_chat, named_events, wait_idle_engine
+from tests.reliability.conftest import AbusedServer, assert_answers_as_fresh, named_events, wait_idle_engine
 
 BODY = {"model": "tiny", "input": "Tell me a story about a robot", "temperature": 0, "ignore_eos": True,
         "max_output_tokens": 200, "stream": True}
@@ -32,7 +32,7 @@ def test_a_failed_step_ends_the_stream_with_response_failed(rel_server: AbusedSe
     # Recovered: idle, every slot free, and a fresh server's output for the same greedy prompt.
     stats = wait_idle_engine(rel_server.engine)
     assert stats.num_running == 0 and stats.num_slots_free == stats.num_slots_total
-    assert greedy_chat(rel_server.base) == greedy_chat(fresh_server.base)
+    assert_answers_as_fresh(rel_server.base, fresh_server.base)
 
 
 def test_a_failed_non_streamed_response_is_a_500_in_the_openai_shape(rel_server: AbusedServer) -> None:

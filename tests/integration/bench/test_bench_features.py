@@ -52,6 +52,8 @@ def test_copy_compares_decode_speed_and_text_with_the_peer(tiny_model: Path, tmp
     for kind in ("copy", "free"):
         peer_summary = report["summary"]["targets"]["peer1"][kind]
         assert peer_summary["compared"] == 2
+        # NOTE(tests): the bench counts exact equality; the tiny model computes in float32, where drafts on and off
+        # part only at a choice closer than ~3e-5 nats (tests/greedy_close.py, TINY_MAX_GAP_NATS), on every CPU alike
         assert peer_summary["same_text"] == 2  # greedy: speculation never changes the text (float model)
 
 

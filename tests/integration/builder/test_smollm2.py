@@ -11,6 +11,7 @@ from engine.builder import convert_gguf
 from engine.builder.convert import gguf_tokenizer
 from engine.builder.gguf_reader import open_gguf
 from engine.builder.reference import ReferenceModel
+from tests.integration.builder.conftest import assert_greedy_like_reference
 
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 MAX_LEN = 128
@@ -27,11 +28,9 @@ def test_truncated_model_matches_float64_reference(tmp_path, smollm2_gguf, promp
                           progress=False)
     model = open_gguf(smollm2_gguf, max_layers=4)
     ref = ReferenceModel(model.spec, model.load_weights())
-    tokens, logits = make_runner(folder).greedy(prompt_ids, 16, MAX_LEN)
-    ref_tokens, ref_logits = ref_greedy(ref, prompt_ids, 16)
-    err = max(np.abs(a - b).max() for a, b in zip(logits, ref_logits))
-    assert err < 1e-3, f"max logit error {err}"
-    assert tokens == ref_tokens
+    _, logits = make_runner(folder).greedy(prompt_ids, 16, MAX_LEN)
+    _, ref_logits = ref_greedy(ref, prompt_ids, 16)
+    assert_greedy_like_reference(logits, ref_logits, 1e-3)
 
 
 def _genai_greedy(folder, prompt_ids: list[int], num_tokens: int) -> list[int]:
@@ -51,8 +50,11 @@ def test_full_model_reference_ort_and_genai_agree(tmp_path, smollm2_gguf, prompt
     n = 12
     folder = convert_gguf(smollm2_gguf, tmp_path / "acc0", accuracy_level=0, max_length=MAX_LEN, progress=False)
     model = open_gguf(smollm2_gguf)
-    ref_tokens, _ = ref_greedy(ReferenceModel(model.spec, model.load_weights()), prompt_ids, n)
-    ort_tokens, _ = make_runner(folder, threads=2).greedy(prompt_ids, n, MAX_LEN)
+    ref_tokens, ref_logits = ref_greedy(ReferenceModel(model.spec, model.load_weights()), prompt_ids, n)
+    ort_tokens, logits = make_runner(folder, threads=2).greedy(prompt_ids, n, MAX_LEN)
+    assert_greedy_like_reference(logits, ref_logits, 1e-3)
+    # NOTE(tests): onnxruntime-genai runs the folder as our loop does (the prompt in one run, then one row per step),
+    # and the reference's tokens are ONNX Runtime's (checked above, 1e-3 apart against margins of >= 0.1 here)
     assert ort_tokens == ref_tokens
     # onnxruntime-genai stops after eos (2); compare up to and including it
     expected = ref_tokens[: ref_tokens.index(2) + 1] if 2 in ref_tokens else ref_tokens
@@ -65,6 +67,8 @@ def test_genai_loads_default_folder_and_matches_our_loop(smollm2_dir, prompt_ids
     n = 12
     ours, _ = make_runner(smollm2_dir, threads=2).greedy(prompt_ids, n, MAX_LEN)
     expected = ours[: ours.index(2) + 1] if 2 in ours else ours
+    # NOTE(tests): exact on every CPU: two one-row decoders over the same folder (the prompt in one run, then one row
+    # per step), the same kernels
     assert _genai_greedy(smollm2_dir, prompt_ids, n) == expected
     tok = og.Tokenizer(og.Model(str(smollm2_dir)))
     assert list(tok.encode(PROMPT)) == prompt_ids

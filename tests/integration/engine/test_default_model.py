@@ -12,6 +12,7 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.tokenizer import Tokenizer
 from engine.types import FinishReason, SamplingParams
+from tests.greedy_close import TOP_K, GreedyRun, assert_decided, assert_greedy_close
 from tests.unit.engine.test_tokenizer_bound import TEXTS
 
 pytestmark = pytest.mark.slow
@@ -49,9 +50,22 @@ async def generate(engine, ids, params, rid):
     return [t for o in outs for t in o.token_ids], "".join(o.text for o in outs), outs[-1]
 
 
+async def collect_outputs(engine, ids, params, rid) -> list:
+    return [o async for o in engine.generate(ids, params, rid)]
+
+
+async def generate_run(engine, ids, params, rid) -> GreedyRun:
+    return GreedyRun.from_engine([o async for o in engine.generate(ids, params, rid)])
+
+
 def test_answers_a_question_and_stops_at_im_end(smol):
     ids = chat_ids(smol, QUESTIONS[0])
-    tokens, text, last = asyncio.run(generate(smol, ids, SamplingParams(max_tokens=48, temperature=0.0), "paris"))
+    params = SamplingParams(max_tokens=48, temperature=0.0, logprobs=True, top_logprobs=2)
+    outs = asyncio.run(collect_outputs(smol, ids, params, "paris"))
+    tokens, text, last = [t for o in outs for t in o.token_ids], "".join(o.text for o in outs), outs[-1]
+    # NOTE(tests): on every CPU: each choice of "The capital of France is Paris." and its end beats the runner-up
+    # by >= 0.85 nats (1.39 at "The"; measured at accuracy level 4 on AVX-512), wider than kernels move it
+    assert_decided(GreedyRun.from_engine(outs), len(tokens), what="the answer naming Paris and its end")
     assert "Paris" in text
     assert last.finish_reason is FinishReason.STOP and tokens[-1] in smol.eos_token_ids
     assert "<|im_end|>" not in text
@@ -71,20 +85,24 @@ def test_greedy_equals_onnxruntime_genai(smol, default_model):
             gen.generate_next_token()
             reference.append(int(gen.get_next_tokens()[0]))
         ours, _, _ = asyncio.run(generate(smol, ids, SamplingParams(max_tokens=24, temperature=0.0), f"og{i}"))
+        # NOTE(tests): exact on every CPU: two one-row decoders running the same rows (the prompt in one run, as
+        # it fits prefill_chunk; then one row per step; no drafts here), the same graph and kernels
+        assert len(ids) <= 64
         assert ours == reference
 
 
 def test_batched_greedy_equals_single_on_the_default_model(smol):
-    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, logprobs=True, top_logprobs=TOP_K)
     prompts = [chat_ids(smol, q) for q in QUESTIONS]
-    alone, _, _ = asyncio.run(generate(smol, prompts[0], params, "alone"))
+    alone = asyncio.run(generate_run(smol, prompts[0], params, "alone"))
 
     async def together():
-        return await asyncio.gather(*[generate(smol, p, params, f"t{i}") for i, p in enumerate(prompts)])
+        return await asyncio.gather(*[generate_run(smol, p, params, f"t{i}") for i, p in enumerate(prompts)])
 
     results = asyncio.run(together())
-    assert results[0][0] == alone
-    assert len({tuple(r[0]) for r in results}) == len(prompts)  # really different streams
+    # NOTE(tests): one row alone against a row of eight: INT4 kernels round these differently on AVX2
+    assert_greedy_close(alone, results[0], what="batched against alone")
+    assert len({r.tokens for r in results}) == len(prompts)  # really different streams
 
 
 @pytest.fixture(scope="module")

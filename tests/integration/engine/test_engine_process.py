@@ -22,7 +22,10 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.types import EngineDeadError, FinishReason, InvalidRequestError, SamplingParams, StructuredOutput
 from tests.conftest import DecodeGate
-from tests.integration.engine.test_engine import GREEDY, collect, prompts, run, token_ids, wait_idle
+from tests.greedy_close import TINY_MAX_GAP_NATS, GreedyRun, assert_greedy_close
+from tests.integration.engine.test_engine import (
+    GREEDY, GREEDY_TOP, assert_close, collect, prompts, run, token_ids, wait_idle,
+)
 from tests.pacing import ProcessDecodeGate
 
 # the session `engine` fixture's settings (tests/integration/engine/conftest.py), so the tokens can be compared
@@ -57,14 +60,19 @@ def test_in_process_by_default_on_the_cpu_and_the_runner_is_only_there(engine, p
 
 def test_greedy_and_seeded_tokens_equal_in_process(engine, proc_engine) -> None:
     ps = prompts(engine, 6, length=12, seed=3) + prompts(engine, 1, length=40, seed=4)  # the last one: 3 chunks
-    params = [SamplingParams(max_tokens=20, **GREEDY)] * 6 + [SamplingParams(max_tokens=12, seed=7, temperature=0.9)]
+    params = [SamplingParams(max_tokens=20, **GREEDY_TOP)] * 6 + \
+        [SamplingParams(max_tokens=12, seed=7, temperature=0.9)]
 
     async def batch(eng, tag):
         return await asyncio.gather(*[collect(eng, p, sp, f"{tag}{i}") for i, (p, sp) in enumerate(zip(ps, params))])
 
     inproc, proc = run(batch(engine, "i")), run(batch(proc_engine, "p"))
-    assert [token_ids(o) for o in proc] == [token_ids(o) for o in inproc]
-    assert ["".join(o.text for o in outs) for outs in proc] == ["".join(o.text for o in outs) for outs in inproc]
+    # NOTE(tests): which requests share a decode run depends on timing, here and there: greedy ones equal up to
+    # a near-tie; the seeded one exactly (seeded sampling across batches: docs/development.md)
+    for i in range(6):
+        assert_close(inproc[i], proc[i], f"greedy request {i}")
+    assert token_ids(proc[6]) == token_ids(inproc[6])
+    assert "".join(o.text for o in proc[6]) == "".join(o.text for o in inproc[6])
     assert all(outs[-1].finished and outs[-1].finish_reason is FinishReason.LENGTH for outs in proc)
 
 
@@ -76,6 +84,7 @@ def test_n_choices_equal_in_process(engine, proc_engine) -> None:
         return {i: [t for o in outs if o.index == i for t in o.token_ids] for i in range(3)}
 
     inproc, proc = run(collect(engine, p, params, "n-i")), run(collect(proc_engine, p, params, "n-p"))
+    # NOTE(tests): exact: seeded sampling, and the same request alone on both sides
     assert by_choice(proc) == by_choice(inproc) and len(set(map(tuple, by_choice(proc).values()))) > 1
     assert [o.finished for o in proc].count(True) == 1 and proc[-1].num_generated_tokens == 30
 
@@ -152,10 +161,13 @@ def test_a_stop_string_found_here_aborts_the_request_there(proc_engine, proc_gat
 def test_structured_output_equals_in_process_and_a_bad_schema_is_refused_first(engine, proc_engine) -> None:
     spec = StructuredOutput("json_schema", json.dumps(SCHEMA))
     prompt = engine.tokenizer.encode("Answer in JSON.")
-    params = SamplingParams(max_tokens=60, temperature=0.0, structured=spec)
+    # NOTE(tests): 20 alternatives: the grammar masks tokens the raw top-k may be full of
+    params = SamplingParams(max_tokens=60, temperature=0.0, structured=spec, logprobs=True, top_logprobs=20)
     inproc = run(collect(engine, prompt, params, "json-i"))
     proc = run(collect(proc_engine, prompt, params, "json-p"))
-    assert token_ids(proc) == token_ids(inproc)
+    # NOTE(tests): the engine process times its own draft checks, so its row counts may differ from in-process
+    assert_greedy_close(GreedyRun.from_engine(inproc), GreedyRun.from_engine(proc), TINY_MAX_GAP_NATS,
+                        "structured output in the engine process")
     jsonschema.validate(json.loads("".join(o.text for o in proc)), SCHEMA)
     assert proc[-1].finish_reason is FinishReason.STOP
 

@@ -11,6 +11,7 @@ from engine.kv_cache import HostKVAllocator, KVCache, KVShape
 from engine.model_loader import check_graph, create_session, read_model_folder
 from engine.bucket_runner import BucketRunner
 from engine.runner import Runner
+from tests.greedy_close import TINY_MAX_GAP_NATS, GreedyRun, assert_greedy_close
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +29,20 @@ def make_runner(model, whole_buffer=False, slots=4):
     return cls(session, io, kv, prefill_chunk=16, max_position=128)
 
 
-def greedy(runner, slot, prompt, steps, chunk=16):
+def greedy_run(runner, slot, prompt, steps, chunk=16) -> GreedyRun:
+    """``steps`` greedy tokens of ``prompt`` in ``slot``, with each step's top-k (tests/greedy_close.py)."""
     start = 0
     while start < len(prompt):
         logits = runner.prefill(slot, prompt[start:start + chunk], start)
         start += len(prompt[start:start + chunk])
-    out = [int(np.argmax(logits))]
+    rows = [logits.copy()]
     for i in range(steps - 1):
-        out.append(int(np.argmax(runner.decode([slot], [out[-1]], [len(prompt) + i])[0])))
-    return out
+        rows.append(runner.decode([slot], [int(np.argmax(rows[-1]))], [len(prompt) + i])[0].copy())
+    return GreedyRun.from_logits(rows)
+
+
+def greedy(runner, slot, prompt, steps, chunk=16):
+    return list(greedy_run(runner, slot, prompt, steps, chunk).tokens)
 
 
 def test_decode_with_an_idle_row_between_leaves_its_kv_alone(model):
@@ -57,6 +63,8 @@ def test_decode_with_an_idle_row_between_leaves_its_kv_alone(model):
 
 def test_slot_does_not_change_the_result(model):
     prompt = np.random.default_rng(1).integers(3, 500, 37).tolist()
+    # NOTE(tests): exact: the same row counts on both (prompt runs of >= 2 rows: 16 + 16 + 5 against 7 x 5 + 2,
+    # a row's result doesn't depend on how many >= 2 share its run; then one row alone)
     assert greedy(make_runner(model), 0, prompt, 12) == greedy(make_runner(model), 3, prompt, 12, chunk=5)
 
 
@@ -64,11 +72,13 @@ def test_whole_buffer_mode_equals_row_views(model):
     prompt = np.random.default_rng(2).integers(3, 500, 21).tolist()
     rows = make_runner(model)
     whole = make_runner(model, whole_buffer=True)
-    assert greedy(whole, 2, prompt, 10) == greedy(rows, 2, prompt, 10)
+    # NOTE(tests): slot 2 decodes in the 4-row bucket there, alone here: equal up to a near-tie
+    expected = greedy_run(rows, 2, prompt, 10)
+    assert_greedy_close(expected, greedy_run(whole, 2, prompt, 10), TINY_MAX_GAP_NATS, "whole buffer, slot 2")
     # and beside another stream in the same batch
     other = np.random.default_rng(3).integers(3, 500, 9).tolist()
     greedy(whole, 0, other, 3)
-    assert greedy(whole, 1, prompt, 10) == greedy(rows, 2, prompt, 10)
+    assert_greedy_close(expected, greedy_run(whole, 1, prompt, 10), TINY_MAX_GAP_NATS, "whole buffer, slot 1")
 
 
 def test_prefill_chunk_bounds(model):

@@ -19,6 +19,7 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.types import StepInfo
 from engine.types import FinishReason, InvalidRequestError, SamplingParams, StructuredOutput
+from tests.greedy_close import TINY_MAX_GAP_NATS, TOP_K, GreedyRun, assert_decided, assert_greedy_close
 
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
@@ -70,7 +71,7 @@ def test_schemas_at_temperature_one_in_one_batch_all_validate(engine):
 
 def test_free_rows_beside_constrained_rows_are_untouched(engine):
     prompt = prompt_for(engine, "Say anything.")
-    free = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    free = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, logprobs=True, top_logprobs=TOP_K)
     alone = asyncio.run(collect(engine, prompt, free, "free-alone"))
 
     async def mixed():
@@ -81,7 +82,10 @@ def test_free_rows_beside_constrained_rows_are_untouched(engine):
               for i in range(3)])
 
     free_out, *constrained = asyncio.run(mixed())
-    assert ids_of(free_out) == ids_of(alone)
+    # NOTE(tests): alone it decodes as one row, mixed as a row of four: equal up to a near-tie (a mask that
+    # leaked into the free row would part it from its lone run at a choice that is no near-tie)
+    assert_greedy_close(GreedyRun.from_engine(alone), GreedyRun.from_engine(free_out), TINY_MAX_GAP_NATS,
+                        "the free row beside constrained ones")
     for outputs in constrained:
         assert re.fullmatch("[a-z]{30}", text_of(outputs)) and outputs[-1].finish_reason is FinishReason.STOP
 
@@ -248,13 +252,22 @@ def smol(default_model):
 
 @pytest.mark.slow
 def test_the_default_model_tempted_to_repeat_a_key_writes_each_key_once(smol):
-    """JSONSchemaBench's "ContentType" twice, on the real default model: asked to repeat a key, SmolLM2 does so
-    when free; under json_object or an open schema each key comes once and the answer is still JSON."""
-    question = ('Write HTTP headers as a JSON object. Repeat the key "ContentType" three times: '
-                '{"ContentType":"a","ContentType":"b","ContentType":"c"}')
-    prompt = smol.tokenizer.encode(smol.chat_template.render([{"role": "user", "content": question}]))
-    free = text_of(asyncio.run(collect(smol, prompt, SamplingParams(max_tokens=120, temperature=0.0), "free")))
-    assert free.count('"ContentType"') >= 2  # the temptation works on this model (greedy, exact INT4)
+    """JSONSchemaBench's "ContentType" twice, on the real default model: shown a repeated key and asked for
+    another, SmolLM2 repeats the key when free; under json_object or an open schema each key comes once and the
+    answer is still JSON."""
+    messages = [{"role": "user", "content": 'Repeat the key "Accept" twice in a JSON object.'},
+                {"role": "assistant", "content": '{"Accept":"a","Accept":"b"}'},
+                {"role": "user", "content": 'Repeat the key "ContentType" three times in a JSON object.'}]
+    prompt = smol.tokenizer.encode(smol.chat_template.render(messages))
+    outputs = asyncio.run(collect(smol, prompt, SamplingParams(max_tokens=40, temperature=0.0, logprobs=True,
+                                                               top_logprobs=2), "free"))
+    free = text_of(outputs)
+    assert free.count('"ContentType"') >= 2, free  # the temptation works on this model
+    # NOTE(tests): and on every CPU: each greedy choice up to the second "ContentType" wins by a margin that no
+    # kernel's rounding closes (tests/greedy_close.py), so the precondition does not depend on the machine
+    ids = ids_of(outputs)
+    upto = next(n for n in range(1, len(ids) + 1) if smol.tokenizer.decode(ids[:n]).count('"ContentType"') >= 2)
+    assert_decided(GreedyRun.from_engine(outputs), upto, what="the free answer's repeated key")
     with pytest.raises(AssertionError, match="repeated key"):
         json.loads(free[free.index("{"):free.rindex("}") + 1], object_pairs_hook=unique_pairs)
     for spec in (StructuredOutput("json_object"),

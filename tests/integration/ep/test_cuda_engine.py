@@ -217,6 +217,7 @@ def test_cuda_row_2_of_a_shared_buffer_equals_a_buffer_of_its_own(cuda_device, i
         greedy(shared, slot, LONG_PROMPTS[2][:20 + slot], 3)
     before = host(shared.kv.keys[0])
     tokens = greedy(shared, 2, prompt, 12)
+    # NOTE(tests): exact: both run the same shapes on the same device (32-token chunks, then one row per step)
     assert tokens == greedy(alone, 0, prompt, 12)
     n = len(prompt) + 11
     after, solo = host(shared.kv.keys[0]), host(alone.kv.keys[0])

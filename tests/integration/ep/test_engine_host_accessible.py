@@ -24,6 +24,7 @@ from engine.types import SamplingParams
 from ep.device import DeviceRecord, SelectedDevice, select_device
 from ep.host_memory import SOURCE_EP
 from ep.names import DeviceNotFoundError
+from tests.greedy_close import TINY_MAX_GAP_NATS, TOP_K, GreedyRun, assert_greedy_close
 
 STEPS = 24
 
@@ -75,15 +76,12 @@ def test_runner_decode_inputs_in_host_accessible_memory_stands_in_for_amd(model)
     rng = np.random.default_rng(7)
     prompts = [rng.integers(3, 500, n).tolist() for n in (9, 14, 5)]
     plain = _greedy(_runner(model, None), [0, 1, 3], prompts)
-    assert _greedy(runner, [0, 1, 3], prompts) == plain
+    assert _greedy(runner, [0, 1, 3], prompts) == plain  # NOTE(tests): exact: one session, the same rows
 
 
-async def _generate(engine: AsyncEngine, prompt: list[int]) -> list[int]:
-    ids: list[int] = []
-    async for out in engine.generate(prompt, SamplingParams(max_tokens=STEPS, temperature=0.0,
-                                                            ignore_eos=True), "r"):
-        ids.extend(out.token_ids)
-    return ids
+async def _generate(engine: AsyncEngine, prompt: list[int]) -> GreedyRun:
+    params = SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True, logprobs=True, top_logprobs=TOP_K)
+    return GreedyRun.from_engine([out async for out in engine.generate(prompt, params, "r")])
 
 
 def test_engine_on_openvino_takes_the_host_accessible_path(tiny_model) -> None:
@@ -100,6 +98,9 @@ def test_engine_on_openvino_takes_the_host_accessible_path(tiny_model) -> None:
     ov = AsyncEngine.from_model_dir(tiny_model, EngineConfig(provider="openvino", max_batch=2))
     try:
         assert ov.placement.decode_inputs == SOURCE_EP
-        assert asyncio.run(_generate(ov, prompt)) == expected
+        # NOTE(tests): OpenVINO's kernels against ONNX Runtime's own: equal up to a near-tie (tests/greedy_close.py)
+        got = asyncio.run(_generate(ov, prompt))
+        assert len(got.tokens) == STEPS
+        assert_greedy_close(expected, got, TINY_MAX_GAP_NATS, "OpenVINO against the CPU EP")
     finally:
         ov.shutdown()

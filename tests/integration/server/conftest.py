@@ -200,6 +200,17 @@ def serve_app(app: FastAPI, ready_timeout_s: float = 120.0) -> Iterator[RunningS
         sock.close()
 
 
+def keep_prior_draft_costs(running: RunningServer) -> RunningServer:
+    """Make the in-process engine of ``running`` price draft checks by the prior law, never by this machine's clock.
+
+    NOTE(tests): whether a request drafts (and so whether its tokens run as one row or as a draft check of several)
+    then depends on its tokens alone, not on how loaded the machine is; the same request sent alone twice runs the
+    same row counts and gets the same greedy text on every CPU (docs/development.md, "Tests on model output").
+    """
+    running.engine._core.scheduler.check_cost.freeze()  # test only: before any request
+    return running
+
+
 @pytest.fixture(scope="session")
 def api_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small synthetic model with a 2048-token context (long streams for disconnect/concurrency tests)."""
@@ -231,7 +242,7 @@ def api_settings(model: Path, **overrides: Any) -> Settings:
 def api_server(api_model: Path) -> Iterator[RunningServer]:
     """The synthetic model served by an app that loads its own engine (lifespan loader, real sessions)."""
     with serve_app(create_app(api_settings(api_model))) as running:
-        yield running
+        yield keep_prior_draft_costs(running)
 
 
 def parse_chunks(events: list[str]) -> list[dict]:

@@ -47,6 +47,7 @@ def test_chat_stream_is_well_formed_with_usage(api_server: RunningServer) -> Non
     assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
     assert all(c.usage is None for c in chunks[:-1])
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    # NOTE(tests): exact: the same request alone twice, the same row counts (conftest.keep_prior_draft_costs)
     assert text == full.choices[0].message.content  # greedy: streaming changes nothing
 
 
@@ -76,6 +77,7 @@ def test_completions_text_and_token_ids(api_server: RunningServer) -> None:
     assert r.usage.completion_tokens == 9
     ids = api_server.engine.tokenizer.encode("Once upon a time")
     r2 = client.completions.create(model="tiny", prompt=ids, max_tokens=9, **GREEDY)
+    # NOTE(tests): exact: the same request alone twice, the same row counts (conftest.keep_prior_draft_costs)
     assert r2.choices[0].text == r.choices[0].text
     assert r2.usage.prompt_tokens == len(ids)
     chunks = list(client.completions.create(model="tiny", prompt=ids, max_tokens=9, stream=True,
@@ -142,6 +144,8 @@ def test_partial_stop_strings_never_leak(api_server: RunningServer) -> None:
     client = api_server.client()
     text = client.chat.completions.create(model="tiny", messages=HI, max_tokens=60, **GREEDY) \
         .choices[0].message.content
+    # NOTE(tests): every request below is that one alone again, the same row counts: the same greedy text
+    # (conftest.keep_prior_draft_costs)
     # A 4-character window (ASCII letters only) whose first occurrence is well inside the text.
     k = next(i for i in range(3, len(text) - 4)
              if text[i:i + 4].isascii() and text[i:i + 4].isalpha() and text.find(text[i:i + 4]) == i)
@@ -234,6 +238,7 @@ def test_keepalive_pings_are_sse_comments(api_server: RunningServer, api_model) 
         streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
             model="tiny", messages=HI, max_tokens=600, stream=True, **GREEDY))
         plain = api_server.client().chat.completions.create(model="tiny", messages=HI, max_tokens=600, **GREEDY)
+        # NOTE(tests): exact: one engine, the same request alone twice (conftest.keep_prior_draft_costs)
         assert streamed == plain.choices[0].message.content
 
 

@@ -107,6 +107,8 @@ def test_same_probabilities_alone_and_batched(api_server: RunningServer) -> None
     for other in batched:
         for a, b in zip(alone["answers"], other["answers"]):
             for pa, pb in zip(a["probabilities"], b["probabilities"]):
+                # NOTE(tests): on every CPU: the tiny model's rows part by float rounding only, alone or batched
+                # (at most 3e-5 nats on AVX-512 and AVX2: docs/perf/kernel-rows.md)
                 assert abs(pa["probability"] - pb["probability"]) < 1e-4
 
 

@@ -38,7 +38,8 @@ def test_continue_final_message_continues_the_prefill(api_server: RunningServer)
     assert r.usage.prompt_tokens == len(engine.tokenizer.encode(continued))
     assert _tokenize(api_server, messages=PREFILL, add_generation_prompt=False,
                      continue_final_message=True)["count"] == r.usage.prompt_tokens
-    # echo: the answer starts with the continued message, streamed or not
+    # echo: the answer starts with the continued message, streamed or not (NOTE(tests): exact: the same request
+    # alone each time, the same row counts: conftest.keep_prior_draft_costs)
     echoed = client.chat.completions.create(model="tiny", messages=PREFILL, max_tokens=3, temperature=0,
                                             extra_body={**extra, "echo": True})
     assert echoed.choices[0].message.content == "Whill" + r.choices[0].message.content

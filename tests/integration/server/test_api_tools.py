@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from server.app import create_app
-from tests.integration.server.conftest import RunningServer, api_settings, serve_app
+from tests.integration.server.conftest import RunningServer, api_settings, keep_prior_draft_costs, serve_app
 
 WEATHER_PARAMS = {
     "type": "object",
@@ -36,7 +36,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 @pytest.fixture(scope="module")
 def smol(default_model: Path) -> Iterator[RunningServer]:
     with serve_app(create_app(api_settings(default_model, served_model_name="smollm2"))) as running:
-        yield running
+        yield keep_prior_draft_costs(running)
 
 
 def _ask(server: RunningServer, **kwargs):
@@ -117,6 +117,7 @@ def test_streamed_calls_reassemble_to_the_non_streamed_ones(smol: RunningServer)
         final = stream.get_final_completion()
     streamed = final.choices[0]
     assert streamed.finish_reason == "tool_calls"
+    # NOTE(tests): exact: the same request alone twice, the same row counts (conftest.keep_prior_draft_costs)
     assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == \
         [(c.function.name, c.function.arguments) for c in whole.tool_calls]
     assert not streamed.message.content  # nothing of the JSON leaked into content
@@ -213,6 +214,7 @@ def test_langchain_bind_tools_invoke_and_stream(smol: RunningServer) -> None:
     for chunk in bound.stream("What is the weather in Paris?"):
         merged = chunk if merged is None else merged + chunk
     assert merged is not None and merged.content == ""
+    # NOTE(tests): exact: the same request alone twice, the same row counts (conftest.keep_prior_draft_costs)
     assert [(c["name"], c["args"]) for c in merged.tool_calls] == [(c["name"], c["args"]) for c in whole.tool_calls]
 
 
@@ -259,7 +261,10 @@ def test_a_schema_keyword_the_grammar_cannot_enforce_is_relaxed_unless_the_tool_
 def test_a_call_cut_by_max_tokens_keeps_what_was_written(smol: RunningServer) -> None:
     """Greedy forced calls cut after 1..18 tokens: once the call's name has begun it is there, named after the
     one tool it can be (completed from its prefix when the cut falls inside the name), with the arguments
-    written so far; the streamed deltas add up to the same call, and finish_reason stays 'length'."""
+    written so far; the streamed deltas add up to the same call, and finish_reason stays 'length'.
+
+    NOTE(tests): exact: each cut is the same request alone, the same row counts up to the cut
+    (conftest.keep_prior_draft_costs)."""
     final = _ask(smol, tool_choice="required", temperature=0, max_tokens=96).choices[0].message.tool_calls[0]
     seen_call = False
     for max_tokens in range(1, 19):
