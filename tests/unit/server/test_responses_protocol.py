@@ -71,7 +71,7 @@ def test_items_with_text_parts_and_function_calls_become_chat_messages() -> None
     ])
     messages = chat_messages(items)
     assert messages == [
-        {"role": "system", "content": "be nice"},
+        {"role": "system", "content": "be \nnice"},  # parts joined by a newline, as vLLM and llama.cpp join them
         {"role": "user", "content": "weather in Paris and Rome?"},
         {"role": "assistant", "content": "Let me look.", "tool_calls": [
             {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
