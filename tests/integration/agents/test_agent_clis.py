@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.agents.agents import (ANSWER, Place, check_server_side, claude_code, codex,
+from tests.integration.agents.agents import (ANSWER, Clock, Place, check_server_side, claude_code, codex,
                                              report, run_to_end, scratch_folder, statuses)
 from tests.integration.agents.conftest import KEY, MODEL, release_params
 from tests.integration.server.conftest import ServeProcess, serve_process
@@ -73,10 +72,10 @@ def _claude(server: ServeProcess, tmp_path: Path, version: str, *args: str) -> t
     """Claude Code -p TASK in a scratch folder with hello.py; returns (its JSON result, the server's log of it)."""
     scratch, home = scratch_folder(tmp_path)
     run = claude_code(require(version), Place(server.base, MODEL, KEY, scratch, home), *args)
-    before, start = len(server.stderr()), time.monotonic()
+    before, clock = len(server.stderr()), Clock(server.proc.pid)
     done = _run_cli(run.cmd, cwd=scratch, env=run.env)
     log = server.stderr()[before:]
-    report(f"claude code {version} {' '.join(args)}", log, time.monotonic() - start)
+    report(f"claude code {version} {' '.join(args)}", log, clock)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], log[-3000:])
     result = json.loads(done.stdout)
     print(f"  answer: {result.get('result', '')[-400:]!r}")
@@ -118,10 +117,10 @@ def test_codex_reads_a_file(qwen: ServeProcess, tmp_path: Path, version: str | N
     scratch, home = scratch_folder(tmp_path)
     run = codex(require(version), Place(qwen.base, MODEL, KEY, scratch, home), "--disable", "view_image",
                 "--disable", "goals", "--disable", "multi_agent")
-    before, start = len(qwen.stderr()), time.monotonic()
+    before, clock = len(qwen.stderr()), Clock(qwen.proc.pid)
     done = _run_cli(run.cmd, cwd=scratch, env=run.env)
     log = qwen.stderr()[before:]
-    report(f"codex {version}", log, time.monotonic() - start)
+    report(f"codex {version}", log, clock)
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-2000:], log[-3000:])
     kinds = [e["type"] for e in events]

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.agents.agents import (ANSWER, RECIPES, Place, Run, check_server_side, report, run_to_end,
-                                             scratch_folder, statuses, tool_calls, turns)
+from tests.integration.agents.agents import (ANSWER, RECIPES, Clock, Place, Run, check_server_side, report,
+                                             run_to_end, scratch_folder, statuses, tool_calls, turns)
 from tests.integration.agents.conftest import KEY, MODEL, release_params
 from tests.integration.server.conftest import ServeProcess
 
@@ -38,15 +37,15 @@ def _run(server: ServeProcess, tmp_path: Path, name: str, version: str | None,
         pytest.fail(f"{name} is not installed: `make test` installs the agents (make agent-clis)")
     scratch, home = scratch_folder(tmp_path)
     run = RECIPES[name](version, Place(server.base, MODEL, KEY, scratch, home), *variant)
-    before, start = len(server.stderr()), time.monotonic()
+    before, clock = len(server.stderr()), Clock(server.proc.pid)
     try:
         done = run_to_end(run.cmd, scratch, run.env, RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
         log = server.stderr()[before:]
-        report(f"{name} {version} {' '.join(variant)}", log, time.monotonic() - start)
+        report(f"{name} {version} {' '.join(variant)}", log, clock)
         pytest.xfail(f"{name} still ran after {RUN_TIMEOUT_S} s: {str(exc.stdout)[-300:]!r}")
     log = server.stderr()[before:]
-    report(f"{name} {version} {' '.join(variant)}", log, time.monotonic() - start)
+    report(f"{name} {version} {' '.join(variant)}", log, clock)
     print(f"  calls: {tool_calls(log)}\n  stdout: {done.stdout[-600:]!r}\n  stderr: {done.stderr[-400:]!r}")
     return done, log, run
 
