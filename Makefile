@@ -8,13 +8,16 @@ PORT ?= 8000
 MODEL ?=
 ARGS ?=
 
-# The agents the tests drive (tests/integration/agents), pinned, each installed under .cache/ by `make test`:
-# NAME@VERSION, NAME one of the AGENT_NPM_* / AGENT_PIP_* below. CLAUDE_CODE_NEWEST and CODEX_NEWEST track the newest
-# release on npm (`make agents-newest` says when npm has a newer one); the others are releases people still run.
+# The agents the tests drive (tests/integration/agents), pinned, each installed under .cache/: NAME@VERSION, NAME one
+# of the AGENT_NPM_* / AGENT_PIP_* below. `make test` installs and runs one release of each (AGENT_CLIS_NEWEST,
+# AGENT_PIPS); `make test-agents` the older releases people still run too (AGENT_CLIS_OLDER). CLAUDE_CODE_NEWEST and
+# CODEX_NEWEST track the newest release on npm (`make agents-newest` says when npm has a newer one).
 CLAUDE_CODE_NEWEST := 2.1.332
 CODEX_NEWEST := 0.171.0
-AGENT_CLIS := $(sort claude-code@$(CLAUDE_CODE_NEWEST) claude-code@2.1.332 claude-code@2.1.197 \
-	codex@$(CODEX_NEWEST) codex@0.169.0 opencode@1.18.33 qwen-code@0.24.4 continue-cli@1.5.47)
+AGENT_CLIS_NEWEST := claude-code@$(CLAUDE_CODE_NEWEST) codex@$(CODEX_NEWEST) opencode@1.18.33 qwen-code@0.24.4 \
+	continue-cli@1.5.47
+AGENT_CLIS_OLDER := claude-code@2.1.332 claude-code@2.1.197 codex@0.169.0
+AGENT_CLIS := $(sort $(AGENT_CLIS_NEWEST) $(AGENT_CLIS_OLDER))
 AGENT_PIPS := aider@0.86.2 mini-swe-agent@2.4.6 smolagents@1.26.0
 AGENT_NPM_claude-code := @anthropic-ai/claude-code
 AGENT_NPM_codex := @openai/codex
@@ -29,7 +32,7 @@ AGENT_VENVS := .cache/agent-venvs
 agent_name = $(firstword $(subst @, ,$1))
 agent_version = $(lastword $(subst @, ,$1))
 
-.PHONY: serve test install venv browser pull lint clean bench-cpu agent-clis agents-newest test-agents
+.PHONY: serve test install venv browser pull lint clean bench-cpu agent-clis agent-clis-all agents-newest test-agents
 
 $(BIN)/activate:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ortserve needs Python 3.11+, found " + sys.version.split()[0] + " (set PYTHON=python3.12 or similar)")'
@@ -75,8 +78,15 @@ $(AGENT_VENVS)/%/.installed:
 	$(@D)/bin/python -m pip install -q '$(AGENT_PIP_$(call agent_name,$*))==$(call agent_version,$*)'
 	touch $@
 
-# The tests read which releases to run from the manifests (written on every run: cheap).
-agent-clis: $(foreach a,$(AGENT_CLIS),$(AGENT_DIR)/$(a)/.installed) $(foreach a,$(AGENT_PIPS),$(AGENT_VENVS)/$(a)/.installed)
+# The tests read which releases to run from the manifests (written on every run: cheap). agent-clis: one release of
+# each agent (what `make test` runs); agent-clis-all: every release (`make test-agents`).
+agent-clis: $(foreach a,$(sort $(AGENT_CLIS_NEWEST)),$(AGENT_DIR)/$(a)/.installed) \
+		$(foreach a,$(AGENT_PIPS),$(AGENT_VENVS)/$(a)/.installed)
+	@printf '%s\n' $(sort $(AGENT_CLIS_NEWEST)) > $(AGENT_DIR)/manifest.txt
+	@printf '%s\n' $(AGENT_PIPS) > $(AGENT_VENVS)/manifest.txt
+
+agent-clis-all: $(foreach a,$(AGENT_CLIS),$(AGENT_DIR)/$(a)/.installed) \
+		$(foreach a,$(AGENT_PIPS),$(AGENT_VENVS)/$(a)/.installed)
 	@printf '%s\n' $(AGENT_CLIS) > $(AGENT_DIR)/manifest.txt
 	@printf '%s\n' $(AGENT_PIPS) > $(AGENT_VENVS)/manifest.txt
 
@@ -101,7 +111,7 @@ test: venv browser agent-clis
 	$(BIN)/python -m pytest $(ARGS)
 
 # Every release of every agent (make test runs the newest of each): one warm server, tens of minutes on 2 cores.
-test-agents: venv agent-clis
+test-agents: venv agent-clis-all
 	AGENT_RELEASES=all $(BIN)/python -m pytest -m agents tests/integration/agents $(ARGS)
 
 clean:

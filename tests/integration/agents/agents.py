@@ -2,7 +2,8 @@
 it up: one recipe per agent (command, environment, config files in the run's own home), shared by the agent tests
 and by capture_tools.py (which records the tool schemas each release sends, tests/data/agent_tools/).
 
-The releases come from the Makefile (AGENT_CLIS, AGENT_PIPS), which writes them to manifests beside the installs:
+The releases come from the Makefile (AGENT_CLIS_NEWEST and AGENT_PIPS for `make test`, AGENT_CLIS_OLDER besides for
+`make test-agents`), which writes what it installed to manifests beside the installs:
 .cache/agent-clis/manifest.txt (npm, one prefix per release) and .cache/agent-venvs/manifest.txt (pip, one venv per
 release). Nothing here downloads anything; each run has its own HOME (no login, telemetry off).
 """
