@@ -8,11 +8,31 @@ PORT ?= 8000
 MODEL ?=
 ARGS ?=
 
-# The agent CLIs the tests drive (tests/integration/agents), from npm, pinned; installed under .cache/ (ignored).
-AGENT_CLIS := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0
+# The agents the tests drive (tests/integration/agents), pinned, each installed under .cache/: NAME@VERSION, NAME one
+# of the AGENT_NPM_* / AGENT_PIP_* below. `make test` installs and runs one release of each (AGENT_CLIS_NEWEST,
+# AGENT_PIPS); `make test-agents` the older releases people still run too (AGENT_CLIS_OLDER). CLAUDE_CODE_NEWEST and
+# CODEX_NEWEST track the newest release on npm (`make agents-newest` says when npm has a newer one).
+CLAUDE_CODE_NEWEST := 2.1.332
+CODEX_NEWEST := 0.171.0
+AGENT_CLIS_NEWEST := claude-code@$(CLAUDE_CODE_NEWEST) codex@$(CODEX_NEWEST) opencode@1.18.33 qwen-code@0.24.4 \
+	continue-cli@1.5.47
+AGENT_CLIS_OLDER := claude-code@2.1.332 claude-code@2.1.197 codex@0.169.0
+AGENT_CLIS := $(sort $(AGENT_CLIS_NEWEST) $(AGENT_CLIS_OLDER))
+AGENT_PIPS := aider@0.86.2 mini-swe-agent@2.4.6 smolagents@1.26.0
+AGENT_NPM_claude-code := @anthropic-ai/claude-code
+AGENT_NPM_codex := @openai/codex
+AGENT_NPM_opencode := opencode-ai
+AGENT_NPM_qwen-code := @qwen-code/qwen-code
+AGENT_NPM_continue-cli := @continuedev/cli
+AGENT_PIP_aider := aider-chat
+AGENT_PIP_mini-swe-agent := mini-swe-agent
+AGENT_PIP_smolagents := smolagents[openai]
 AGENT_DIR := .cache/agent-clis
+AGENT_VENVS := .cache/agent-venvs
+agent_name = $(firstword $(subst @, ,$1))
+agent_version = $(lastword $(subst @, ,$1))
 
-.PHONY: serve test install venv browser pull lint clean bench-cpu agent-clis
+.PHONY: serve test install venv browser pull lint clean bench-cpu agent-clis agent-clis-all agents-newest test-agents
 
 $(BIN)/activate:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ortserve needs Python 3.11+, found " + sys.version.split()[0] + " (set PYTHON=python3.12 or similar)")'
@@ -41,16 +61,42 @@ pull: install
 serve: install
 	$(BIN)/ortserve serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
-# NOTE: the packages bring their native binaries as optional dependencies (about 400 MB each); their install
-# scripts are not needed (the tests run the platform package's binary).
-$(AGENT_DIR)/.installed-$(subst /,_,$(subst @,,$(subst $() ,+,$(AGENT_CLIS)))):
+# One npm prefix per release (several releases of one CLI side by side). NOTE: the packages bring their native
+# binaries as optional dependencies (about 400 MB each, from npm like the rest); their install scripts are not
+# needed (the tests run the platform package's binary), so none runs: nothing is downloaded from elsewhere.
+$(AGENT_DIR)/%/.installed:
 	@command -v npm >/dev/null || { echo "make test needs Node.js and npm (for the agent CLI tests)"; exit 1; }
-	mkdir -p $(AGENT_DIR)
-	npm install --prefix $(AGENT_DIR) --no-audit --no-fund --no-save --ignore-scripts $(AGENT_CLIS)
-	rm -f $(AGENT_DIR)/.installed-*
+	mkdir -p $(@D)
+	npm install --prefix $(@D) --no-audit --no-fund --no-save --ignore-scripts \
+		$(AGENT_NPM_$(call agent_name,$*))@$(call agent_version,$*)
 	touch $@
 
-agent-clis: $(AGENT_DIR)/.installed-$(subst /,_,$(subst @,,$(subst $() ,+,$(AGENT_CLIS))))
+# The Python agents, each in a venv of its own (their pins would fight the test extras' and each other's).
+$(AGENT_VENVS)/%/.installed:
+	$(PYTHON) -m venv $(@D)
+	$(@D)/bin/python -m pip install -q --upgrade pip
+	$(@D)/bin/python -m pip install -q '$(AGENT_PIP_$(call agent_name,$*))==$(call agent_version,$*)'
+	touch $@
+
+# The tests read which releases to run from the manifests (written on every run: cheap). agent-clis: one release of
+# each agent (what `make test` runs); agent-clis-all: every release (`make test-agents`).
+agent-clis: $(foreach a,$(sort $(AGENT_CLIS_NEWEST)),$(AGENT_DIR)/$(a)/.installed) \
+		$(foreach a,$(AGENT_PIPS),$(AGENT_VENVS)/$(a)/.installed)
+	@printf '%s\n' $(sort $(AGENT_CLIS_NEWEST)) > $(AGENT_DIR)/manifest.txt
+	@printf '%s\n' $(AGENT_PIPS) > $(AGENT_VENVS)/manifest.txt
+
+agent-clis-all: $(foreach a,$(AGENT_CLIS),$(AGENT_DIR)/$(a)/.installed) \
+		$(foreach a,$(AGENT_PIPS),$(AGENT_VENVS)/$(a)/.installed)
+	@printf '%s\n' $(AGENT_CLIS) > $(AGENT_DIR)/manifest.txt
+	@printf '%s\n' $(AGENT_PIPS) > $(AGENT_VENVS)/manifest.txt
+
+# Whether npm has a newer Claude Code or Codex than the pins (a look-up of two versions; installs nothing).
+agents-newest:
+	@for p in "$(AGENT_NPM_claude-code) $(CLAUDE_CODE_NEWEST)" "$(AGENT_NPM_codex) $(CODEX_NEWEST)"; do \
+		set -- $$p; newest=$$(npm view "$$1" version); \
+		if [ "$$newest" = "$$2" ]; then echo "$$1: $$2 is the newest"; \
+		else echo "$$1: npm has $$newest, the Makefile pins $$2 (bump it)"; fi; \
+	done
 
 # The browser tests (tests/integration/ui) drive Debian's chromium through its chromedriver: installed once
 # from Debian's packages when missing (never a browser download by a test tool).
@@ -63,6 +109,10 @@ browser:
 
 test: venv browser agent-clis
 	$(BIN)/python -m pytest $(ARGS)
+
+# Every release of every agent (make test runs the newest of each): one warm server, tens of minutes on 2 cores.
+test-agents: venv agent-clis-all
+	AGENT_RELEASES=all $(BIN)/python -m pytest -m agents tests/integration/agents $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

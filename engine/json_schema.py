@@ -20,6 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
+# NOTE(engine): llguidance's own lenient mode (x-guidance options), for the schemas a request did not ask to have
+# enforced exactly (tool parameters, unless the tool is strict): a keyword it cannot enforce (propertyNames,
+# if/then/else, not, ...) is left out of the grammar and the rest enforced, and a oneOf it cannot prove exclusive is
+# enforced as an anyOf. engine.structured_output.check_schema says what a schema loses this way.
+LENIENT_JSON_OPTIONS = {"lenient": True, "coerce_one_of": True}
+
 _OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 # Keywords whose value is one subschema / a list of subschemas / a mapping of name -> subschema.
 _ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames")

@@ -16,12 +16,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import llguidance
@@ -29,7 +32,7 @@ import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
 from engine.json_keys import KeyTracker
-from engine.json_schema import close_objects
+from engine.json_schema import LENIENT_JSON_OPTIONS, close_objects
 from engine.types import InvalidRequestError, StructuredOutput
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,10 @@ _TIMEOUT_CODE = "grammar_compile_timeout"
 _INVALID_CODE = "invalid_structured_output"
 _JSON_KINDS = ("json_object", "json_schema")
 _QUOTE_BYTE = 0x22
+
+
+_UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[.*?\])")
+_UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
 
 
 class GrammarError(Exception):
@@ -95,6 +102,67 @@ def to_grammar(kind: str, spec: str) -> str:
         except Exception as exc:  # the converter raises its own GbnfToLarkError and plain ValueErrors
             raise GrammarError(f"the GBNF grammar does not parse: {exc}") from None
     raise GrammarError(f"unknown structured output kind {kind!r}")
+
+
+@dataclass(frozen=True)
+class SchemaCheck:
+    """What llguidance makes of one JSON Schema (objects closed, as every grammar here closes them).
+
+    Attributes:
+        relaxed: what a lenient grammar leaves unenforced, each once: keywords
+            (``"propertyNames"``, ``"if"``), ``"oneOf"`` (enforced as an anyOf), ``"format: <name>"`` (any
+            string); empty when the schema is enforced as written.
+        error: why even a lenient grammar cannot be built (a ref that does not resolve, an unsatisfiable or
+            unsupported combination), or None.
+    """
+
+    relaxed: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def exact(self) -> bool:
+        """The grammar enforces the schema as written (a strict tool or response_format needs this)."""
+        return not self.relaxed and self.error is None
+
+
+def check_schema(schema: Any) -> SchemaCheck:
+    """How a grammar would enforce ``schema`` (a JSON Schema: dict or bool); no tokenizer needed, cached.
+
+    Usage::
+
+        check_schema({"type": "object", "propertyNames": {"pattern": "^a"}})
+        # SchemaCheck(relaxed=("propertyNames",), error=None)
+    """
+    if schema is False:
+        return SchemaCheck(error="the schema is false: no value is valid")
+    return _check_schema_text(json.dumps({} if schema is True else schema))
+
+
+@functools.lru_cache(maxsize=512)
+def _check_schema_text(text: str) -> SchemaCheck:
+    schema = json.loads(text)
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            close_objects(schema), defaults={**JSON_OPTIONS, **LENIENT_JSON_OPTIONS})
+        failed, warnings = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    except ValueError as exc:
+        return SchemaCheck(error=_clip(str(exc)))
+    if failed:
+        return SchemaCheck(error=_clip("; ".join(warnings)))
+    relaxed: list[str] = []
+    for warning in warnings:
+        found = _UNIMPLEMENTED.search(warning)
+        fmt = _UNKNOWN_FORMAT.search(warning)
+        if found:
+            names = json.loads(found.group(1))
+        elif fmt:
+            names = [f"format: {fmt.group(1)}"]
+        elif warning.startswith("oneOf"):
+            names = ["oneOf"]
+        else:
+            names = [_clip(warning)]
+        relaxed += [n for n in names if n not in relaxed]
+    return SchemaCheck(tuple(relaxed))
 
 
 def _short(value: Any) -> str:

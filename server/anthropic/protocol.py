@@ -198,6 +198,8 @@ class ToolParam(OpenAIBaseModel):
     description: str | None = None
     input_schema: dict[str, Any] | None = None
     type: str | None = None
+    strict: bool | None = Field(None, description="true: calls follow input_schema exactly, or the request is a 400 "
+                                                  "naming what cannot be enforced.")
 
 
 class ThinkingConfig(OpenAIBaseModel):
@@ -312,6 +314,8 @@ class _MessagesFields(OpenAIBaseModel):
             function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
             if tool.description is not None:
                 function["description"] = tool.description
+            if tool.strict is not None:
+                function["strict"] = tool.strict
             tools.append({"type": "function", "function": function})
         if skipped:
             logger.warning("messages: skipping tools this server cannot run (Anthropic-defined and server tools "

@@ -27,8 +27,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     prepared = await prepare_chat(engine, settings, body)
     params = prepared.params
 
+    # NOTE(server): a streamed answer whose prompt is still being computed after --sse-ping-s starts anyway (its
+    # role chunk, then keep-alives), as /v1/messages and /v1/responses do: opencode gives up after 5 minutes
+    # without response headers, and an agent's 7-13k-token first prompt takes that long on two CPU cores.
     run, ctx = await start_run(request, state, engine, tracker, "chatcmpl", prepared.prompt_ids, params,
-                               body.include_usage)
+                               body.include_usage,
+                               accept_s=(settings.sse_ping_s or None) if body.stream else None)
     readers = None if prepared.plain else prepared.delta_sources()  # one per choice
     if body.stream:
         return stream_chat(run, ctx, settings.sse_ping_s, settings.shutdown_grace_s, readers=readers)

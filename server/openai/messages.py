@@ -70,12 +70,18 @@ class ChatMessage(OpenAIBaseModel):
         return self
 
     def text(self) -> str:
-        """The content as one string (text parts joined without separator, as OpenAI does)."""
+        """The content as one string: text parts joined by a newline.
+
+        NOTE(chat): the chat template takes a string, so the parts must be joined, and how shapes what the model
+        reads: vLLM and llama.cpp's server put a newline between them, and so does this server (joined without
+        one, Qwen Code's ``</system-reminder>`` part ran straight into the user's task, and the 1.5B model went on
+        writing reminders instead of answering; docs/agents.md).
+        """
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part["text"] for part in self.content)
+        return "\n".join(part["text"] for part in self.content)
 
 
 _FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -98,7 +104,9 @@ class FunctionDefinition(OpenAIBaseModel):
     name: str = Field(description="a-z, A-Z, 0-9, '_' and '-', at most 64 characters.")
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="JSON Schema of the arguments (none: no arguments).")
-    strict: bool | None = Field(None, description="Accepted; calls always follow the schema when forced.")
+    strict: bool | None = Field(None, description="true: calls follow the schema exactly, or the request is a 400 "
+                                                  "naming the keyword the grammar cannot enforce; otherwise what "
+                                                  "cannot be enforced is left out (and logged).")
 
     @field_validator("name")
     @classmethod

@@ -74,10 +74,10 @@ def _part_text(part: Any, param: str) -> str:
 
 
 def _content_text(content: str | list[Any], param: str) -> str:
-    """String content, or text parts joined without separator (as the chat path joins them)."""
+    """String content, or text parts joined by a newline (as the chat path joins them, and vLLM and llama.cpp)."""
     if isinstance(content, str):
         return content
-    return "".join(_part_text(part, f"{param}[{index}]") for index, part in enumerate(content))
+    return "\n".join(_part_text(part, f"{param}[{index}]") for index, part in enumerate(content))
 
 
 class MessageItem(OpenAIBaseModel):

@@ -60,8 +60,11 @@ class FunctionTool(OpenAIBaseModel):
             function["description"] = self.description
         if self.parameters is not None:
             function["parameters"] = self.parameters
-        # NOTE(server): the Responses API makes function tools strict unless told otherwise (chat does not).
-        function["strict"] = True if self.strict is None else self.strict
+        # NOTE(server): the Responses API calls function tools strict unless told otherwise (and echoes them so), but
+        # only a tool the client itself marks strict must be enforced exactly, else be refused (a 400): one it
+        # leaves unmarked is enforced as far as the grammar can, as a chat tool is (server.tools.plan).
+        if self.strict is not None:
+            function["strict"] = self.strict
         return {"type": "function", "function": function}
 
     def echo(self) -> dict[str, Any]:

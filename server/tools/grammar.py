@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.json_schema import close_objects
+from engine.json_schema import LENIENT_JSON_OPTIONS, close_objects
 
 # NOTE(tools): one JSON style everywhere: no free whitespace (a small model could spend its tokens on it),
 # and ", " / ": " separators, as the models' own tool-call examples and json.dumps write JSON.
@@ -46,11 +46,13 @@ def has_ref(node: Any) -> bool:
 
 
 def rebase_refs(node: Any, base: str) -> Any:
-    """A copy of ``node`` whose local refs (``#...``) point under ``base`` (``#/$defs/tool0``)."""
+    """A copy of ``node`` whose local JSON-pointer refs (``#``, ``#/...``) point under ``base`` (``#/$defs/tool0``)."""
     if isinstance(node, dict):
         out = {k: rebase_refs(v, base) for k, v in node.items()}
         ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
+        # NOTE(tools): a JSON pointer (#/...) moves with the schema; an anchor (#name) names a $anchor, which
+        # is found anywhere in the document, so it stays as it is.
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
             out["$ref"] = base + ref[1:]
         return out
     if isinstance(node, list):
@@ -94,13 +96,20 @@ def call_schema(tools: Sequence[dict[str, Any]], args_key: str = "arguments") ->
     return schema
 
 
-def json_rule(schema: dict[str, Any]) -> str:
-    return "%json " + json.dumps({**close_objects(schema), "x-guidance": _JSON_STYLE}, ensure_ascii=False)
+def json_rule(schema: dict[str, Any], *, lenient: bool = True) -> str:
+    """``%json`` of ``schema`` in the tools' JSON style, objects closed.
+
+    NOTE(tools): lenient by default (llguidance's lenient mode: what it cannot enforce is left out, the rest
+    enforced): a tool's schema never refuses a turn. What must be exact (a strict tool, a response_format) is
+    checked before the grammar is built (server.tools.plan), so lenient changes nothing for it.
+    """
+    style = {**_JSON_STYLE, **LENIENT_JSON_OPTIONS} if lenient else _JSON_STYLE
+    return "%json " + json.dumps({**close_objects(schema), "x-guidance": style}, ensure_ascii=False)
 
 
 def json_answer_grammar(schema: dict[str, Any]) -> str:
-    """The whole answer is one JSON value following ``schema`` (objects closed, the tools' JSON style)."""
-    return f"start: {json_rule(schema)}\n"
+    """The whole answer is one JSON value following ``schema`` exactly (objects closed, the tools' JSON style)."""
+    return f"start: {json_rule(schema, lenient=False)}\n"
 
 
 def hoist_defs(schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -3,21 +3,27 @@
 A model whose chat template renders tools gets its native format (tools and tool history through the
 template, its own call markup parsed, a lazily triggered grammar for `auto`). Any other model gets the
 generic format: the tools described in a system message and the whole answer enforced as JSON, as
-llama.cpp's generic handler does. Imports engine.types only; the grammar library stays in the engine.
+llama.cpp's generic handler does. The grammar library stays in the engine: engine.structured_output.check_schema
+says what a grammar makes of a schema.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from engine.structured_output import SchemaCheck, check_schema
 from engine.types import InvalidRequestError, StructuredOutput
 from server.tools import grammar
 from server.tools.formats import FORMATS, GENERIC, choose_format
 from server.tools.grammar import Trigger
 
+logger = logging.getLogger(__name__)
+# What a tool whose schema no grammar can be built for is held to: a JSON object (its arguments).
+ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
 
 class _Template(Protocol):
     supports_tools: bool
@@ -107,8 +113,7 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
     rendered = _native_history(messages) if native else _generic_history(messages, request)
     if not request.calls_possible:
         return ToolPlan(fmt, rendered, template_tools(request.tools) if native and request.tools else None)
-    targets = [t for t in request.tools if t["function"]["name"] == request.function] if request.function \
-        else list(request.tools)
+    targets = enforceable_tools(request)
     required = request.choice in ("required", "function")
     parallel = request.allows_parallel(native)
     if request.response_schema is not None and fmt == "llama3_json" and not required:
@@ -125,6 +130,54 @@ def plan_tools(messages: Sequence[dict[str, Any]], request: ToolRequest, templat
         parser=fmt, preserved_tokens=FORMATS[fmt].preserved_tokens, max_calls=None if parallel else 1,
         whole_answer=required or not native or request.response_schema is not None,
         tool_names=tuple(t["function"]["name"] for t in targets))
+
+
+def enforceable_tools(request: ToolRequest) -> list[dict[str, Any]]:
+    """The tools a call may name (the named one, or all), as the grammar enforces them.
+
+    NOTE(tools): a tool's schema never refuses a turn unless the client asked for it to be exact. A keyword the
+    grammar cannot enforce (Claude Code 2.1.197's ``propertyNames``, a ``oneOf`` llguidance cannot prove exclusive,
+    ``if``/``then``/``else``, ...) is left out and the rest enforced (the grammar is lenient, json_rule); a schema
+    no grammar can be built for at all holds the call to a JSON object. Either is logged once per request, naming
+    the tool and the keyword, as llama.cpp loosens what it cannot convert and vLLM leaves ``auto`` unconstrained.
+    A ``strict: true`` tool (and a response_format beside the tools) must be enforced as written, or it is a 400
+    naming the keyword, as OpenAI refuses keywords outside its strict subset.
+
+    Raises:
+        InvalidRequestError: (param "tools" or "response_format") a strict schema the grammar cannot enforce.
+    """
+    if request.response_schema is not None:
+        check = check_schema(request.response_schema)
+        if not check.exact:
+            raise InvalidRequestError(f"response_format: the JSON schema cannot be enforced: {_what(check)}",
+                                      param="response_format", code="invalid_structured_output")
+    targets, relaxed = [], []
+    for index, tool in enumerate(request.tools):
+        function = tool["function"]
+        strict = function.get("strict") is True
+        if not strict and request.function is not None and function["name"] != request.function:
+            continue
+        check = check_schema(grammar.parameters_of(tool))
+        if strict and not check.exact:
+            raise InvalidRequestError(
+                f"tools[{index}]: the tool {function['name']!r} is strict, and its parameters cannot be enforced: "
+                f"{_what(check)} (leave out strict to have the rest enforced)", param="tools",
+                code="invalid_structured_output")
+        if request.function is not None and function["name"] != request.function:
+            continue
+        if check.error is not None:
+            relaxed.append(f"{function['name']}: any JSON object ({check.error})")
+            tool = {**tool, "function": {**function, "parameters": ANY_ARGUMENTS}}
+        elif check.relaxed:
+            relaxed.append(f"{function['name']}: {', '.join(check.relaxed)}")
+        targets.append(tool)
+    if relaxed:
+        logger.info("tools: not enforced (the grammar cannot; the rest of each schema is): %s", "; ".join(relaxed))
+    return targets
+
+
+def _what(check: SchemaCheck) -> str:
+    return check.error if check.error is not None else "the keywords " + ", ".join(check.relaxed)
 
 
 def _grammar(fmt: str, tools: list[dict[str, Any]], *, required: bool, parallel: bool, template: _Template,

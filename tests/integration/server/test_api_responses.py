@@ -72,12 +72,12 @@ def test_string_input_with_instructions(smol: RunningServer) -> None:
 def test_item_input_is_the_same_conversation_as_chat(smol: RunningServer) -> None:
     items = [
         {"role": "developer", "content": [{"type": "input_text", "text": "You are terse."}]},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi! "},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi!"},
                                                         {"type": "input_text", "text": "Count to three."}]},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "1, 2, 3."}]},
         {"role": "user", "content": "Now to five."},
     ]
-    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi! Count to three."},
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!\nCount to three."},
                 {"role": "assistant", "content": "1, 2, 3."}, {"role": "user", "content": "Now to five."}]
     client = smol.client()
     r = client.responses.create(model=MODEL, input=items, max_output_tokens=16, **GREEDY)

@@ -10,7 +10,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from engine.structured_output import StructuredOutputBackend, bitmask_words
+from engine.structured_output import StructuredOutputBackend, bitmask_words, check_schema
 from engine.types import InvalidRequestError, StructuredOutput
 
 EOS = 0  # <|endoftext|> in the fixture tokenizer
@@ -343,3 +343,21 @@ def test_the_parallel_fill_masks_repeats_too(backend, bpe_tokenizer):
     np.testing.assert_array_equal(batched[1], single[0])
     assert bpe_tokenizer.token_to_id('"') is not None
     assert not (batched[0][bpe_tokenizer.token_to_id('"') >> 5] >> (bpe_tokenizer.token_to_id('"') & 31)) & 1
+
+
+@pytest.mark.parametrize("schema, relaxed", [
+    ({"type": "object", "propertyNames": {"pattern": "^a"}}, ("propertyNames",)),
+    ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, ("if", "then")),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, ("oneOf",)),
+    ({"type": "string", "format": "credit-card"}, ("format: credit-card",)),
+    ({"type": "object", "properties": {"a": {"type": "string"}}}, ()),
+])
+def test_check_schema_names_what_a_lenient_grammar_leaves_out(schema, relaxed):
+    check = check_schema(schema)
+    assert check.relaxed == relaxed and check.error is None and check.exact == (not relaxed)
+
+
+def test_check_schema_says_why_no_grammar_can_be_built():
+    check = check_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/nowhere"}}})
+    assert check.error is not None and "nowhere" in check.error and not check.exact
+    assert check_schema(False).error is not None and check_schema(True).exact

@@ -71,7 +71,7 @@ def test_items_with_text_parts_and_function_calls_become_chat_messages() -> None
     ])
     messages = chat_messages(items)
     assert messages == [
-        {"role": "system", "content": "be nice"},
+        {"role": "system", "content": "be \nnice"},  # parts joined by a newline, as vLLM and llama.cpp join them
         {"role": "user", "content": "weather in Paris and Rome?"},
         {"role": "assistant", "content": "Let me look.", "tool_calls": [
             {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
@@ -103,10 +103,12 @@ def test_function_tools_and_tool_choice_map_onto_chat() -> None:
                    stream=True).to_chat_request()
     body = chat.model_dump(exclude_none=True)
     assert body["tools"] == [{"type": "function", "function": {
-        "name": "get_weather", "description": "Weather of a city", "parameters": TOOL["parameters"],
-        "strict": True}}]
+        "name": "get_weather", "description": "Weather of a city", "parameters": TOOL["parameters"]}}]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert body["parallel_tool_calls"] is False and body["stream"] is True
+    # only the client's own strict reaches the grammar's plan (a strict tool is enforced exactly or refused)
+    strict = request(tools=[{**TOOL, "strict": True}]).to_chat_request().model_dump(exclude_none=True)
+    assert strict["tools"][0]["function"]["strict"] is True
 
 
 def test_text_format_maps_onto_response_format() -> None:

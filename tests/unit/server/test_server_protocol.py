@@ -93,7 +93,7 @@ def test_content_parts_and_roles() -> None:
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": None},
     ]})
-    assert req.template_messages() == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"},
+    assert req.template_messages() == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a\nb"},
                                        {"role": "assistant", "content": ""}]
     with pytest.raises(ValidationError, match="only 'text' content parts"):
         ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
