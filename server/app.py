@@ -170,12 +170,16 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                         len(registry.entries), ", ".join(registry.served_names()),
                         format_bytes(registry.budget_bytes or 0), registry.budget_source)
 
+    await state.store.start()
+    jobs_task = asyncio.create_task(_start_jobs(state))
     if state.status != "ready" and (registry.chat_loader is not None or not registry.one_model):
         load_task = asyncio.create_task(load())
     try:
         yield
     finally:
         state.status = "stopping"
+        jobs_task.cancel()
+        await state.jobs.stop()
         if load_task is not None and not load_task.done():
             await asyncio.wait({load_task}, timeout=None)  # a half-loaded session cannot be cancelled
         if lag_task is not None:
@@ -185,6 +189,20 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             loop_trace.close()
         logger.info("shutting the engines down")
         await registry.stop()
+        await state.store.close()
+
+
+async def _start_jobs(state: ServerState) -> None:
+    """Once the server is ready: run this process's background responses and batches, and take over those of
+    processes that died (server.jobs)."""
+    from server.batches.runner import run_batch
+    from server.responses.background import resume_response
+
+    while state.status != "ready":
+        if state.status in ("failed", "stopping"):
+            return
+        await asyncio.sleep(0.1)
+    state.jobs.start({"responses": partial(resume_response, state), "batches": partial(run_batch, state)})
 
 
 def create_app(settings: Settings, engine: EngineClient | None = None, *,

@@ -68,15 +68,38 @@ class ModelCannotError(ServerError):
         super().__init__(message, param="model", code="model_not_supported")
 
 
-class ResponseNotFoundError(ServerError):
-    """GET/DELETE /v1/responses/{id} for an id the store does not hold (never stored, deleted or evicted)."""
+class NotFoundError(ServerError):
+    """An id the state store does not hold (never made, deleted, or past the retention): 404."""
 
     status_code = 404
     error_type = "invalid_request_error"
 
+    def __init__(self, kind: str, object_id: str, param: str) -> None:
+        super().__init__(f"No {kind} found with id {object_id!r}.", param=param, code="not_found")
+
+
+class ResponseNotFoundError(NotFoundError):
+    """GET/DELETE /v1/responses/{id} for an id the store does not hold (never stored, deleted or swept)."""
+
     def __init__(self, response_id: str) -> None:
-        super().__init__(f"Response with id {response_id!r} not found (responses are kept in memory, in a "
-                         f"bounded store, only while this server runs).", param="response_id", code="not_found")
+        super().__init__("response", response_id, "response_id")
+
+
+class TooLargeError(ServerError):
+    """An upload past --file-max-bytes: 413."""
+
+    status_code = 413
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, param: str = "file") -> None:
+        super().__init__(message, param=param, code="file_too_large")
+
+
+class ConflictError(ServerError):
+    """The object is not in a state the request can act on (cancel a finished batch): 400, as OpenAI answers."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
 
 
 class EngineNotReadyError(ServerError):
