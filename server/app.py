@@ -30,6 +30,8 @@ from server.state import ServerState, serves_one_model
 logger = logging.getLogger("ortserve")
 
 EngineLoader = Callable[[Settings], EngineClient]
+# NOTE(server): what a multipart upload carries beside the file (its boundaries and the purpose field), at most
+UPLOAD_FORM_BYTES = 64 * 1024
 EmbeddingLoader = Callable[[Settings, Any], EmbedderClient]
 
 
@@ -226,6 +228,9 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     """
     from server import __version__
     from server.anthropic import route as messages
+    from server.batches import route as batches
+    from server.conversations import route as conversations
+    from server.files import route as files
     from server.decisions import route as decisions
     from server.embeddings import route as embeddings
     from server.http.prepare import refuse_uncontainable_chat
@@ -256,11 +261,12 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
             entry.model.pinned = True
     registry.on_unload.append(lambda entry: state.metrics.forget_model(entry.name))
     app.state.ortserve = state
+    state.app = app
     app.state.ortserve_body_check = partial(refuse_uncontainable_chat, state)
 
     install_error_handlers(app)
-    for module in (chat, completions, responses, messages, tokenize, embeddings, decisions, rerank, models, health,
-                   metrics, admin, ollama):
+    for module in (chat, completions, responses, conversations, files, batches, messages, tokenize, embeddings,
+                   decisions, rerank, models, health, metrics, admin, ollama):
         app.include_router(module.router)
     if settings.ui:
         from server.routes.ui import install_ui
@@ -270,7 +276,8 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     # Middleware: the last added runs first. Order seen by a request: CORS -> auth -> body limit -> leases.
     app.add_middleware(LeaseMiddleware, registry=lambda: state.registry)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
-                       body_timeout_s=settings.body_timeout_s)
+                       body_timeout_s=settings.body_timeout_s,
+                       upload_paths={"/v1/files": settings.file_max_bytes + UPLOAD_FORM_BYTES})
     app.add_middleware(AuthMiddleware, api_key=settings.api_key_value(),
                        open_paths=_open_paths(settings))
     if settings.cors_origins:

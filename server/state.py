@@ -47,6 +47,8 @@ class ServerState:
     # What outlives a request (stored responses, conversations, files, batches): started by the app's lifespan.
     store: Store = field(init=False)
     jobs: Jobs = field(init=False)  # this process's background responses and batches
+    # The app itself (ASGI): a batch line is a request to it, through the same routes (server.batches.runner).
+    app: Any = None
     registry: ModelRegistry = field(init=False)
 
     def __post_init__(self) -> None:

@@ -245,6 +245,17 @@ COMPACTION_REQUEST = ("Write a concise summary of the conversation above for a c
                       "file paths and code identifiers exactly. Write only the summary.")
 
 
+def check_metadata(metadata: dict[str, str] | None, param: str = "metadata") -> None:
+    """OpenAI's bounds on ``metadata`` (16 pairs, keys of 64 and values of 512 characters); a 400 naming it."""
+    metadata = metadata or {}
+    if len(metadata) > _METADATA_MAX_PAIRS:
+        raise _invalid(f"{param} holds at most {_METADATA_MAX_PAIRS} pairs, got {len(metadata)}", param)
+    for key, value in metadata.items():
+        if len(key) > _METADATA_KEY_CHARS or len(value) > _METADATA_VALUE_CHARS:
+            raise _invalid(f"{param} keys are at most {_METADATA_KEY_CHARS} characters and values at most "
+                           f"{_METADATA_VALUE_CHARS}, got key {key[:80]!r}", param)
+
+
 # --- the request ------------------------------------------------------------------------------------
 
 
@@ -342,13 +353,7 @@ class ResponsesRequest(IdleTTLField):
         return self._names
 
     def _check_metadata(self) -> None:
-        metadata = self.metadata or {}
-        if len(metadata) > _METADATA_MAX_PAIRS:
-            raise _invalid(f"metadata holds at most {_METADATA_MAX_PAIRS} pairs, got {len(metadata)}", "metadata")
-        for key, value in metadata.items():
-            if len(key) > _METADATA_KEY_CHARS or len(value) > _METADATA_VALUE_CHARS:
-                raise _invalid(f"metadata keys are at most {_METADATA_KEY_CHARS} characters and values at most "
-                               f"{_METADATA_VALUE_CHARS}, got key {key[:80]!r}", "metadata")
+        check_metadata(self.metadata)
 
     def input_items(self) -> list[InputItem]:
         """The input as items (a string input is one user message)."""

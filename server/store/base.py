@@ -238,7 +238,8 @@ class Store(abc.ABC):
     # --- batches ----------------------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    async def put_batch(self, record: BatchRecord) -> None: ...
+    async def put_batch(self, record: BatchRecord, lease_s: float | None = None) -> None:
+        """Keep a new batch; ``lease_s``: its ``owner`` runs it (claimed for that long)."""
 
     @abc.abstractmethod
     async def get_batch(self, batch_id: str) -> BatchRecord | None: ...

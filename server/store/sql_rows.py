@@ -269,10 +269,12 @@ class FileRows(_Rows):
 class BatchRows(_Rows):
     # --- batches ----------------------------------------------------------------------------------------------
 
-    async def put_batch(self, record: BatchRecord) -> None:
+    async def put_batch(self, record: BatchRecord, lease_s: float | None = None) -> None:
+        lease_until = time.time() + lease_s if lease_s is not None and record.owner is not None else None
         async with self._write() as conn:
             await conn.execute(t.batches.insert().values(id=record.id, created_at=record.created_at,
-                                                         status=record.status, body=record.body, owner=record.owner))
+                                                         status=record.status, body=record.body, owner=record.owner,
+                                                         lease_until=lease_until))
 
     async def get_batch(self, batch_id: str) -> BatchRecord | None:
         async with self._read() as conn:
