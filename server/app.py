@@ -239,6 +239,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     from server.openai import chat, completions, models
     from server.rerank import route as rerank
     from server.responses import route as responses
+    from server.responses import websocket as responses_socket
     from server.routes import health, metrics
     from server.tokenize import route as tokenize
 
@@ -265,7 +266,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     app.state.ortserve_body_check = partial(refuse_uncontainable_chat, state)
 
     install_error_handlers(app)
-    for module in (chat, completions, responses, conversations, files, batches, messages, tokenize, embeddings,
+    for module in (chat, completions, responses, responses_socket, conversations, files, batches, messages, tokenize, embeddings,
                    decisions, rerank, models, health, metrics, admin, ollama):
         app.include_router(module.router)
     if settings.ui:

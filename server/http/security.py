@@ -41,7 +41,7 @@ class AuthMiddleware:
         # NOTE(server): OPTIONS needs the key like any other method, or its 405-versus-404 would tell a client
         # without one which routes exist. CORS preflights (which carry no credentials) never get here: when
         # CORS is on, its middleware runs first and answers them. "/health/" is "/health".
-        if (self._key is None or scope["type"] != "http"
+        if (self._key is None or scope["type"] not in ("http", "websocket")
                 or (scope["path"].rstrip("/") or "/") in self._open_paths):
             await self.app(scope, receive, send)
             return
@@ -56,6 +56,10 @@ class AuthMiddleware:
         if (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)) or \
                 (api_key and hmac.compare_digest(api_key.strip(), self._key)):
             await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # NOTE(server): closing before accepting answers the handshake with 403
+            await receive()
+            await send({"type": "websocket.close", "code": 1008})
             return
         message = ("Missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')."
                    if not header and not api_key else "Invalid API key.")

@@ -39,10 +39,12 @@ class ResponseJob:
 
 
 async def prepare_response(state: ServerState, engine: EngineClient, body: wire.ResponsesRequest,
-                           response_id: str) -> ResponseJob:
-    """History, chat prompt and input items of ``body``; its errors name the Responses fields (400/404)."""
+                           response_id: str, before: list[dict[str, Any]] | None = None) -> ResponseJob:
+    """History, chat prompt and input items of ``body``; its errors name the Responses fields (400/404).
+    ``before``: the history, when the caller has it (a WebSocket connection's last response)."""
     with wire.as_responses_errors():
-        before = await history(state.store, body)
+        if before is None:
+            before = await history(state.store, body)
         chat = body.to_chat_request(before)
         prepared = await prepare_chat(engine, state.settings, chat)
     return ResponseJob(body, response_id, before, prepared, wire.input_item_objects(body.input_items()))
