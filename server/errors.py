@@ -244,8 +244,16 @@ def shaped_error(status: int, body: dict[str, Any], path: str, exc: BaseExceptio
     return body
 
 
+# NOTE(server): System One (as Jev and llama.cpp define it) answers a request it cannot validate with 422
+# unprocessable_entity_error, where OpenAI's APIs answer 400.
+UNPROCESSABLE_PATHS = frozenset({"/v1/systemone"})
+
+
 def _response(status: int, body: dict[str, Any], headers: dict[str, str], path: str,
               exc: BaseException | None = None) -> JSONResponse:
+    if status == 400 and path in UNPROCESSABLE_PATHS:
+        status = 422
+        body = {"error": {**body["error"], "type": "unprocessable_entity_error"}}
     return JSONResponse(shaped_error(status, body, path, exc), status_code=status, headers=headers)
 
 
