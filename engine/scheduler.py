@@ -20,6 +20,8 @@ from engine.types import EngineOverloadedError, FinishReason, SamplingParams
 # NOTE(engine): a step's second and later prefill chunks that do not finish their prompt are at least this
 # long: each chunk is a model run of its own, and a few tokens of a long prompt would cost a run for little.
 MIN_EXTRA_CHUNK = 32
+# The most prompt chunks of requests of priority > 0 (batch lines) in one step.
+LOW_PRIORITY_PREFILLS = 1
 
 
 @dataclass(eq=False)
@@ -317,7 +319,14 @@ class Scheduler:
                 break
             released.append(self._preempt(victim))
         # 2. Decode: one token for each request past its prompt, in slot order; alone, it may check a draft.
-        decode = tuple(r for r in self._by_slot if r is not None and not r.in_prefill)
+        #    NOTE(engine): while an interactive request computes its prompt, requests of a higher priority number
+        #    (batch lines) sit the step out, decode and prompt alike: the step is the interactive prompt's alone,
+        #    as on an idle server, so a batch costs an arriving request's first token no more than the step that
+        #    was running when it came.
+        yielding = any(r.priority for r in self.running.values())
+        urgent = yielding and any(r.priority == 0 and r.in_prefill for r in self.running.values())
+        decode = tuple(r for r in self._by_slot if r is not None and not r.in_prefill
+                       and not (urgent and r.priority))
         budget = self.token_budget - len(decode)
         verify: tuple[Verify, ...] = ()
         if self.speculative_tokens and 0 < len(decode) <= self.speculative_max_batch:
@@ -332,13 +341,20 @@ class Scheduler:
         prefills = []
         prompt_budget = self.prompt_budget
         running: Iterable[Request] = self.running.values()
-        if any(r.priority for r in self.running.values()):  # interactive prompts before batch lines'
+        if yielding:  # interactive prompts before batch lines'
             running = sorted(running, key=_priority)
+        num_low = 0
         for request in running:
             if len(prefills) >= self.max_prefills or (budget <= 0 and prompt_budget <= 0):
                 break
-            if not request.in_prefill or request.parent is not None:
+            if not request.in_prefill or request.parent is not None or (urgent and request.priority):
                 continue
+            if request.priority:
+                # NOTE(engine): one batch line's prompt chunk per step (each chunk is a run of its own): steps stay
+                # short, so an interactive request that arrives waits less for the step in flight
+                if num_low >= LOW_PRIORITY_PREFILLS:
+                    continue
+                num_low += 1
             start = request.num_computed_tokens
             remaining = len(request.prompt_ids) - start
             if start == 0 and not request.forks and 2 <= remaining <= min(self.batched_prompt_len, prompt_budget):

@@ -90,3 +90,23 @@ def test_interactive_prompt_chunks_go_before_batch_lines_prompt_chunks():
     sched.add(make("i0", prompt_len=30))
     out = sched.schedule()
     assert out.prefill.request.request_id == "i0" and out.prefill.num_tokens == 30
+
+
+def test_batch_lines_sit_out_the_steps_of_an_interactive_prompt():
+    sched = Scheduler(num_slots=3, max_waiting=4, token_budget=64)
+    sched.add(make("b0", priority=1))
+    sched.add(make("b1", priority=1, prompt_len=40))
+    step(sched)  # b0's prompt whole, b1's first chunk... both in one step
+    sched.add(make("i0", prompt_len=30))
+    out, _ = step(sched)
+    assert [c.request.request_id for c in out.prefills] == ["i0"] and out.decode == ()
+    out, _ = step(sched)  # i0 decodes now: the batch lines go on beside it
+    assert {r.request_id for r in out.decode} >= {"i0", "b0"}
+
+
+def test_one_batch_line_prompt_per_step():
+    sched = Scheduler(num_slots=4, max_waiting=8, token_budget=64)
+    for i in range(3):
+        sched.add(make(f"b{i}", priority=1))
+    firsts = [[c.request.request_id for c in step(sched)[0].prefills] for _ in range(3)]
+    assert firsts == [["b0"], ["b1"], ["b2"]]
