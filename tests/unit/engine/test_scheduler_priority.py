@@ -52,8 +52,8 @@ def test_an_interactive_request_preempts_the_last_batch_line_which_resumes_with_
     sched = Scheduler(num_slots=2, max_waiting=4, token_budget=32, prefix_caching=True, can_copy=True)
     sched.add(make("b0", priority=1))
     sched.add(make("b1", priority=1))
-    for _ in range(3):
-        step(sched)  # both lines: prompt, then two decode steps -> 3 tokens each
+    for _ in range(4):
+        step(sched)  # b0's prompt, then b1's (one batch line's prompt per step), then decode steps
     b1 = sched.running[("b1", 0)]
     assert b1.output_ids == [100, 101, 102]
     slot = b1.slot
