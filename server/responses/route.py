@@ -24,6 +24,7 @@ from server.responses.background import start_background
 from server.responses.job import prepare_response
 from server.responses.store import history, keep
 from server.responses.stream import collect_response, replay_stream, stream_response
+from server.responses.tools import validated
 from server.state import ServerState, get_state
 from server.store import ResponseRecord
 
@@ -67,7 +68,7 @@ async def compact(body: CompactRequest, request: Request) -> Response:
     response_id = wire.new_id("resp")
     items = [] if body.input is None else ([{"role": "user", "content": body.input}]
                                            if isinstance(body.input, str) else list(body.input))
-    summarize = wire.ResponsesRequest.model_validate({
+    summarize = validated(wire.ResponsesRequest, {
         "model": body.model, "instructions": body.instructions, "previous_response_id": body.previous_response_id,
         "input": [*items, {"role": "user", "content": wire.COMPACTION_REQUEST}], "temperature": 0,
         "max_output_tokens": _summary_tokens(engine), "store": False})

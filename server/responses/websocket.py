@@ -14,7 +14,6 @@ import logging
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from pydantic import ValidationError
 
 from engine.types import InvalidRequestError
 from server.errors import error_for
@@ -22,6 +21,7 @@ from server.http.prepare import start_run
 from server.responses import protocol as wire
 from server.responses.job import Leases, ResponseJob, prepare_response
 from server.responses.store import keep
+from server.responses.tools import validated
 from server.responses.stream import fail_events, response_event_lists
 from server.state import ServerState
 
@@ -78,16 +78,7 @@ async def _one_turn(state: ServerState, socket: WebSocket, text: str, thread: _T
     if fields.get("background"):
         raise InvalidRequestError("background is not supported over WebSocket (POST /v1/responses takes it)",
                                        param="background", code="unsupported_parameter")
-    try:
-        body = wire.ResponsesRequest.model_validate(fields)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        cause = (first.get("ctx") or {}).get("error")
-        if isinstance(cause, InvalidRequestError):
-            raise cause from None
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise InvalidRequestError(f"{where}: {first.get('msg')}", param=where or None,
-                                       code="invalid_value") from None
+    body = validated(wire.ResponsesRequest, fields)
     leases = Leases()
     try:
         model, engine = await leases.engine(state, body.model)
