@@ -181,9 +181,9 @@ def compare_alone(server: Server, outputs: list[dict[str, Any]], max_tokens: int
     return {"exact": exact, "near_tie": near, "differ": far, "differences": worst[:20]}
 
 
-def kill_run(model: str, state: Path, num_lines: int, max_tokens: int) -> dict[str, Any]:
+def kill_run(model: str, state: Path, num_lines: int, max_tokens: int, server_args: list[str]) -> dict[str, Any]:
     """A batch killed with SIGKILL at about 40%, then finished by a restarted server on the same state file."""
-    server = Server(model, state, [])
+    server = Server(model, state, server_args)
     client = server.client()
     upload = client.files.create(file=("lines.jsonl", io.BytesIO(batch_lines(num_lines, max_tokens))),
                                  purpose="batch")
@@ -192,7 +192,7 @@ def kill_run(model: str, state: Path, num_lines: int, max_tokens: int) -> dict[s
         time.sleep(0.2)
     before = client.batches.retrieve(batch.id).request_counts.completed
     server.stop(signal.SIGKILL)
-    server = Server(model, state, [])
+    server = Server(model, state, server_args)
     client = server.client()
     while (b := client.batches.retrieve(batch.id)).status != "completed":
         time.sleep(0.5)
@@ -242,6 +242,7 @@ def main() -> None:
     parser.add_argument("--stream-requests", type=int, default=64, help="requests of the 8-stream bench per round")
     parser.add_argument("--no-compare", action="store_true", help="skip the comparison with each request alone")
     parser.add_argument("--kill", action="store_true", help="also the SIGKILL-and-restart run")
+    parser.add_argument("--server-args", default="", help="more `ortserve serve` flags, e.g. '--engine-process'")
     parser.add_argument("--out", type=Path, default=ROOT / "docs/perf/batch-priority.json")
     args = parser.parse_args()
     from engine.builder import pull_model
@@ -251,7 +252,9 @@ def main() -> None:
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     report: dict[str, Any] = {"git_sha": sha, "num_lines": args.lines, "max_tokens": args.max_tokens,
                               "model": MODEL, "cpu_count": os.cpu_count(), "load_before": os.getloadavg()[0]}
-    server = Server(model, work / "state.db", [])
+    server_args = args.server_args.split()
+    report["server_args"] = server_args
+    server = Server(model, work / "state.db", server_args)
     try:
         report["idle_before"] = asyncio.run(idle_round(server, args.ttft_samples, args.stream_requests,
                                                        args.max_tokens))
@@ -270,7 +273,7 @@ def main() -> None:
         server.stop()
     report["batch"]["outputs"] = len(report["batch"]["outputs"])
     if args.kill:
-        report["kill"] = kill_run(model, work / "kill.db", args.lines, args.max_tokens)
+        report["kill"] = kill_run(model, work / "kill.db", args.lines, args.max_tokens, server_args)
         print("kill:", json.dumps(report["kill"]), flush=True)
     report["load_after"] = os.getloadavg()[0]
     args.out.write_text(json.dumps(report, indent=1))
