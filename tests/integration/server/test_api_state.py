@@ -21,6 +21,7 @@ from tests.greedy_close import TOP_K, GreedyRun, assert_greedy_close
 from tests.integration.server.conftest import RunningServer, api_settings, serve_app
 
 MODEL = "smol"
+EMBEDDER = "all-minilm-l6-v2"
 FILE_MAX_BYTES = 256 * 1024
 GREEDY = {"temperature": 0}
 
@@ -30,8 +31,12 @@ def smol(request: pytest.FixtureRequest, default_model: Path,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     state_url = (str(tmp_path_factory.mktemp("state") / "state.db") if request.param == "sqlite"
                  else request.getfixturevalue("postgres_url"))
+    from engine.builder import pull_model
+
+    minilm = pull_model(EMBEDDER, progress=False)
     settings = api_settings(default_model, served_model_name=MODEL, state_url=state_url,
-                            file_max_bytes=FILE_MAX_BYTES, max_batch=4)
+                            file_max_bytes=FILE_MAX_BYTES, max_batch=4, embedding_model=str(minilm),
+                            served_embedding_model_name=EMBEDDER)
     with serve_app(create_app(settings)) as running:
         yield running
 
@@ -122,7 +127,8 @@ def test_a_batch_answers_as_each_request_alone_and_bad_lines_go_to_the_error_fil
 def test_a_batch_of_every_endpoint_kind(smol: RunningServer) -> None:
     client = smol.client()
     for endpoint, body in (("/v1/completions", {"model": MODEL, "prompt": "Once upon", "max_tokens": 4, **GREEDY}),
-                           ("/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 4, **GREEDY})):
+                           ("/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 4, **GREEDY}),
+                           ("/v1/embeddings", {"model": EMBEDDER, "input": ["a cat", "a dog"]})):
         line = json.dumps({"custom_id": "one", "method": "POST", "url": endpoint, "body": body})
         upload = client.files.create(file=("in.jsonl", io.BytesIO(line.encode())), purpose="batch")
         batch = client.batches.create(input_file_id=upload.id, endpoint=endpoint,  # type: ignore[arg-type]
@@ -130,7 +136,10 @@ def test_a_batch_of_every_endpoint_kind(smol: RunningServer) -> None:
         done = wait_for(lambda: (b := client.batches.retrieve(batch.id)).status == "completed" and b)
         [out] = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
         assert out["response"]["status_code"] == 200 and done.error_file_id is None
-        assert out["response"]["body"]["object"] == ("text_completion" if "completions" in endpoint else "response")
+        kind = {"/v1/completions": "text_completion", "/v1/responses": "response", "/v1/embeddings": "list"}
+        assert out["response"]["body"]["object"] == kind[endpoint]
+    direct = client.embeddings.create(model=EMBEDDER, input=["a cat", "a dog"])
+    assert [len(e["embedding"]) for e in out["response"]["body"]["data"]] == [len(e.embedding) for e in direct.data]
 
 
 def test_batch_errors_are_openai_shaped(smol: RunningServer) -> None:
