@@ -110,6 +110,9 @@ async def _run_lines(state: ServerState, batch: dict[str, Any]) -> dict[str, Any
                 if current is None or current.status != "in_progress":
                     cancelled = True
                     break
+                if time.time() > current.body["expires_at"]:  # past its completion window: no line is sent now
+                    await _expire_pending(store, batch_id)
+                    break
                 batch = {**current.body, "request_counts": await store.line_counts(batch_id)}
                 await store.update_batch(batch_id, batch, only_if=("in_progress",))
             if len(running) >= concurrency:
@@ -137,6 +140,15 @@ async def _run_lines(state: ServerState, batch: dict[str, Any]) -> dict[str, Any
     finalizing = wire.moved(current.body, "finalizing", request_counts=await store.line_counts(batch_id))
     await store.update_batch(batch_id, finalizing, only_if=("in_progress",))
     return (await store.get_batch(batch_id)).body
+
+
+async def _expire_pending(store: Store, batch_id: str) -> None:
+    """The lines not sent within the completion window go to the error file (code batch_expired)."""
+    while lines := await store.pending_lines(batch_id, 500):
+        for line in lines:
+            custom_id = (line.request or {}).get("custom_id")
+            await store.finish_line(batch_id, line.line_no, "failed", wire.error_line(
+                custom_id, "batch_expired", "This request could not be run within the batch's completion window."))
 
 
 async def _run_line(state: ServerState, batch: dict[str, Any], line: BatchLine) -> None:
@@ -218,7 +230,8 @@ async def _finalize(store: Store, batch: dict[str, Any]) -> None:
         if not record.bytes:
             await store.delete_file(file_id)
     counts = await store.line_counts(batch_id)
-    end = "cancelled" if batch["status"] == "cancelling" else "completed"
+    end = ("cancelled" if batch["status"] == "cancelling" else "expired" if time.time() > batch["expires_at"]
+           else "completed")
     await store.update_batch(batch_id, wire.moved(batch, end, request_counts=counts, **ids))
     logger.info("batch %s %s: %d completed, %d failed of %d", batch_id, end, counts["completed"], counts["failed"],
                 counts["total"])
