@@ -5,8 +5,10 @@ Responses routes' order and WebSocket mode. Greedy text is compared with the sui
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -332,3 +334,21 @@ def _until_done(connection: Any) -> Iterator[Any]:
         yield event
         if event.type in ("response.completed", "response.incomplete", "response.failed", "error"):
             return
+
+
+def test_a_batch_past_its_window_ends_expired_with_the_rest_in_the_error_file(smol: RunningServer) -> None:
+    state_url = smol.app.state.ortserve.settings.state_url
+    if state_url.startswith("postgresql"):
+        pytest.skip("the window is moved in the SQLite file directly")
+    client = smol.client()
+    lines = [json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {**chat_body(i), "max_tokens": 100, "ignore_eos": True}}) for i in range(40)]
+    upload = client.files.create(file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    wait_for(lambda: client.batches.retrieve(batch.id).status == "in_progress")
+    with contextlib.closing(sqlite3.connect(state_url)) as db, db:  # 24 hours later
+        db.execute("UPDATE batches SET body = json_set(body, '$.expires_at', 0) WHERE id = ?", (batch.id,))
+    done = wait_for(lambda: (b := client.batches.retrieve(batch.id)).status == "expired" and b)
+    assert done.expired_at and done.request_counts.failed > 0 and done.request_counts.total == 40
+    errors = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
