@@ -53,9 +53,8 @@ async def count_input_tokens(body: InputTokensRequest, request: Request) -> Resp
     state, engine = await engine_for(request, body.model, body.ttl)
     with wire.as_responses_errors():
         chat = body.to_chat_request(await history(state.store, body))
-        chat_body = chat.model_copy()
-        _, _, prompt_ids = await chat_prompt(engine, chat_body.template_messages(), chat_body.tool_request(),
-                                             chat_body.template_options(), state.settings.tool_call_parser)
+        _, _, prompt_ids = await chat_prompt(engine, chat.template_messages(), chat.tool_request(),
+                                             chat.template_options(), state.settings.tool_call_parser)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt_ids)})
 
 
