@@ -81,3 +81,22 @@ def test_a_client_leaving_a_non_streamed_request_aborts_it(api_model: Path, tmp_
         assert m["ortserve_generation_tokens_total"] - before["ortserve_generation_tokens_total"] < 1900 / 2
         with contextlib.closing(sqlite3.connect(state_db)) as db:  # an aborted response is not stored
             assert db.execute("SELECT count(*) FROM responses").fetchone()[0] == 0
+
+
+def test_websocket_mode_needs_the_api_key(api_model: Path, tmp_path: Path) -> None:
+    import websockets.sync.client as ws_client
+    from websockets.exceptions import InvalidStatus
+
+    settings = api_settings(api_model, api_key="sekrit", state_url=str(tmp_path / "state.db"))
+    with serve_app(create_app(settings)) as running:
+        url = running.base.replace("http://", "ws://") + "/v1/responses"
+        try:
+            ws_client.connect(url, open_timeout=10).close()
+        except InvalidStatus as exc:
+            assert exc.response.status_code == 403
+        else:
+            raise AssertionError("a WebSocket without the key was accepted")
+        client = running.client(api_key="sekrit")
+        with client.responses.connect() as connection:
+            connection.response.create(model="tiny", input="hi", max_output_tokens=2)
+            assert next(iter(connection)).type == "response.created"
