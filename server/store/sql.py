@@ -168,6 +168,9 @@ class SQLiteStore(SQLStore):
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
             cursor.execute(f"PRAGMA busy_timeout = {self.BUSY_TIMEOUT_MS}")
+            # NOTE(store): WAL: readers never block the writer (a batch's output file is written while its lines
+            # are read; in the rollback journal the writer's spill waits for the reader, which waits for it)
+            cursor.execute("PRAGMA journal_mode = WAL")
             cursor.execute("PRAGMA foreign_keys = ON")
             cursor.execute("PRAGMA synchronous = NORMAL")
             cursor.close()
