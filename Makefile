@@ -32,7 +32,7 @@ AGENT_VENVS := .cache/agent-venvs
 agent_name = $(firstword $(subst @, ,$1))
 agent_version = $(lastword $(subst @, ,$1))
 
-.PHONY: serve test install venv browser pull lint clean bench-cpu agent-clis agent-clis-all agents-newest test-agents
+.PHONY: serve test install venv browser postgres pull lint clean bench-cpu agent-clis agent-clis-all agents-newest test-agents
 
 $(BIN)/activate:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ortserve needs Python 3.11+, found " + sys.version.split()[0] + " (set PYTHON=python3.12 or similar)")'
@@ -107,7 +107,16 @@ browser:
 			chromium chromium-driver; \
 	fi
 
-test: venv browser agent-clis
+# The state store's tests run on SQLite and on a PostgreSQL cluster that their fixture makes in a temporary folder
+# (tests/postgres.py): Debian's postgresql package, installed once when missing (the server is not started here).
+postgres:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+		$$sudo apt-get update && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends \
+			postgresql; \
+	fi
+
+test: venv browser agent-clis postgres
 	$(BIN)/python -m pytest $(ARGS)
 
 # Every release of every agent (make test runs the newest of each): one warm server, tens of minutes on 2 cores.

@@ -58,6 +58,7 @@ class AsyncEngine:
         self.config = config
         self.folder = folder
         self._processor = OutputProcessor()
+        self._num_low = 0  # requests of priority > 0 in flight (not counted against max_queue)
         self._closed = False
         # NOTE(engine): with an engine process the session, KV cache, scheduler and samplers live there
         # (engine.core_process); this one keeps tokenizing, detokenizing, stop strings and HTTP. ``core_factory``:
@@ -152,8 +153,11 @@ class AsyncEngine:
     # -- requests --------------------------------------------------------------------------------------
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+                       request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs: text deltas, exactly one with ``finished=True``.
+
+        ``priority`` 0 is an interactive request; a higher number (a batch line) runs in the rows interactive requests
+        leave, gives its row up to them, and is not counted against ``max_queue`` (its sender bounds it).
 
         With ``params.n > 1`` the outputs of the n choices interleave (``RequestOutput.index``); the prompt is
         computed once, and each choice has its own grammar state. Raises (at the first iteration):
@@ -172,7 +176,7 @@ class AsyncEngine:
                                       f"at once, --max-batch), got {params.n}", param="n",
                                       code="invalid_value")
         # NOTE(engine): in flight = running + waiting; the waiting part is bounded by max_queue.
-        if len(states) >= self.config.max_batch + self.config.max_queue:
+        if priority == 0 and len(states) - self._num_low >= self.config.max_batch + self.config.max_queue:
             raise EngineOverloadedError()
         if params.label_token_ids and max(params.label_token_ids) >= self.vocab_size:
             raise InvalidRequestError(f"label_token_ids must be in [0, {self.vocab_size}), got "
@@ -196,11 +200,13 @@ class AsyncEngine:
                              seq=self._seq, more_detokenizers=detoks[1:])
         self._processor.add(state)
         try:
-            self._core.add(AddRequest(request_id, prompt_ids, params, self._seq, time.monotonic()), constraints)
+            self._core.add(AddRequest(request_id, prompt_ids, params, self._seq, time.monotonic(), priority),
+                           constraints)
         except EngineDeadError:  # the core ended between the check above and now
             self._processor.remove(request_id)
             raise
         finished = False
+        self._num_low += priority > 0
         try:
             while not finished:
                 items = [await state.queue.get()]
@@ -217,6 +223,7 @@ class AsyncEngine:
                 self._abort_now([request_id])
             raise
         finally:
+            self._num_low -= priority > 0
             if not finished and self._processor.states.get(request_id) is state:
                 self._processor.remove(request_id)
 

@@ -163,6 +163,8 @@ class EngineCore:
         t0 = clock()
         before = phase.as_tuple() if self._trace is not None else ()
         out = self.scheduler.schedule()
+        for slot, keep in out.released:  # rows of preempted requests, before anything reads or writes them
+            self.runner.release(slot, keep)
         for copy in out.copies:  # NOTE(engine): before any run: a copy reads rows this step may overwrite
             self.runner.copy_kv(copy.src, copy.dst, copy.start, copy.end)
         t = clock()

@@ -55,6 +55,7 @@ class AddRequest(NamedTuple):
     params: SamplingParams
     seq: int  # unique per engine: tells a reused request_id's outputs apart
     arrival_s: float  # time.monotonic() seconds when the engine took it
+    priority: int = 0  # 0: interactive; higher runs later and gives its row up to lower (Request.priority)
 
     def to_request(self, eos_token_ids: frozenset[int], max_model_len: int,
                    constraints: Sequence[Any] = ()) -> Request:
@@ -62,7 +63,7 @@ class AddRequest(NamedTuple):
         choice, or none at all) goes to choice i. The one place a Request is built from a caller's request."""
         request = Request(self.request_id, self.prompt_ids, self.params, eos_token_ids=eos_token_ids,
                           max_model_len=max_model_len, seq=self.seq, arrival_s=self.arrival_s,
-                          constraint=constraints[0] if constraints else None)
+                          constraint=constraints[0] if constraints else None, priority=self.priority)
         if self.params.n > 1:
             for fork, constraint in zip(request.fork(self.params.n), constraints[1:]):
                 fork.constraint = constraint

@@ -20,6 +20,8 @@ from engine.types import EngineOverloadedError, FinishReason, SamplingParams
 # NOTE(engine): a step's second and later prefill chunks that do not finish their prompt are at least this
 # long: each chunk is a model run of its own, and a few tokens of a long prompt would cost a run for little.
 MIN_EXTRA_CHUNK = 32
+# The most prompt chunks of requests of priority > 0 (batch lines) in one step.
+LOW_PRIORITY_PREFILLS = 1
 
 
 @dataclass(eq=False)
@@ -51,6 +53,10 @@ class Request:
     parent: Request | None = None  # on a fork: choice 0
     num_cached_tokens: int = 0  # prompt tokens whose KV was reused at admission (usage.cached_tokens)
     drafter: NgramDrafter | None = None  # speculative decoding state (scheduler-owned), None = no drafts
+    # 0: interactive. A request of a higher number (a batch line) is admitted after every lower one waiting, and
+    # gives its slot up to one that finds no free slot (recompute preemption: ``Scheduler._preempt``).
+    priority: int = 0
+    num_preemptions: int = 0
 
     def __post_init__(self) -> None:
         # Prompt + output never passes the context; max_tokens caps the output.
@@ -109,6 +115,10 @@ class Request:
         return None
 
 
+def _priority(request: Request) -> int:
+    return request.priority
+
+
 @dataclass(frozen=True)
 class PrefillChunk:
     """Prompt tokens ``[start, start + num_tokens)`` of one request; ``is_last`` -> sample after it."""
@@ -155,6 +165,8 @@ class SchedulerOutput:
     verify: tuple[Verify, ...] = ()
     copies: tuple[KVCopy, ...] = ()  # run in order, before any model run of the step
     more_prefills: tuple[PrefillChunk, ...] = ()  # chunks of other requests after ``prefill``, oldest first
+    # (slot, valid KV positions) of the rows preempted requests gave up this step: the runner releases them first
+    released: tuple[tuple[int, int], ...] = ()
 
     @property
     def prefills(self) -> tuple[PrefillChunk, ...]:
@@ -223,8 +235,11 @@ class Scheduler:
         self.max_prefills = max_prefills if max_prefills > 0 else num_slots
         self.prompt_budget = prompt_budget if batched_prompt_len >= 2 else 0
         self.batched_prompt_len = batched_prompt_len
+        # NOTE(engine): ordered by priority, then arrival (a preempted request goes first among its priority)
         self.waiting: deque[Request] = deque()
+        self._num_low_waiting = 0  # of them, requests of priority > 0 (they do not count against max_waiting)
         self.running: dict[tuple[str, int], Request] = {}  # by Request.key, in admission order
+        self.num_preemptions_total = 0
         self.cache = SlotPrefixCache(num_slots, enabled=prefix_caching, can_copy=can_copy, low_slots=low_slots,
                                      min_reuse=min_prefix_reuse)
         self._free: set[int] = set(range(num_slots))
@@ -235,12 +250,28 @@ class Scheduler:
     # -- requests in and out ---------------------------------------------------------------------------
 
     def add(self, request: Request) -> None:
-        """Queue a request (with its ``forks``); raises EngineOverloadedError when ``max_waiting`` wait."""
-        if len(self.waiting) >= self.max_waiting:
+        """Queue a request (with its ``forks``); raises EngineOverloadedError when ``max_waiting`` interactive
+        requests wait (requests of priority > 0 are bounded by their sender: a batch keeps a few lines in flight)."""
+        if request.priority == 0 and len(self.waiting) - self._num_low_waiting >= self.max_waiting:
             raise EngineOverloadedError()
         if len(request.forks) + 1 > self.num_slots:
             raise ValueError(f"{len(request.forks) + 1} choices need as many slots; there are {self.num_slots}")
-        self.waiting.append(request)
+        self._queue(request)
+
+    def _queue(self, request: Request, first: bool = False) -> None:
+        """Into the waiting queue after every request of its priority or lower (``first``: before those of its own
+        priority)."""
+        waiting = self.waiting
+        if request.priority:
+            self._num_low_waiting += 1
+        if not first and (not waiting or waiting[-1].priority <= request.priority):
+            waiting.append(request)
+            return
+        i = len(waiting)
+        while i > 0 and (waiting[i - 1].priority > request.priority
+                         or (first and waiting[i - 1].priority == request.priority)):
+            i -= 1
+        waiting.insert(i, request)
 
     def abort(self, request_ids: Iterable[str], index: int | None = None) -> list[Request]:
         """Drop requests (every choice, or only choice ``index``) wherever they are, freeing their slots at
@@ -251,6 +282,7 @@ class Scheduler:
             dropped = [r for r in self.waiting if r.request_id in ids]
             if dropped:
                 self.waiting = deque(r for r in self.waiting if r.request_id not in ids)
+                self._num_low_waiting -= sum(1 for r in dropped if r.priority)
         for request in [r for r in self.running.values()
                         if r.request_id in ids and (index is None or r.index == index)]:
             self._release(request)
@@ -270,13 +302,31 @@ class Scheduler:
         chunk each (as vLLM's scheduler gives prefills what decode leaves): requests that arrive together get
         their first tokens in the same step instead of one step each behind the running streams.
         """
-        # 1. Admission, FIFO: each request into the slot the prefix cache picks; a request with n choices
-        #    waits until n slots are free (and holds the queue meanwhile, so it can't starve).
+        # 1. Admission, by priority then FIFO: each request into the slot the prefix cache picks; a request with n
+        #    choices waits until n slots are free (and holds the queue meanwhile, so it can't starve). One that
+        #    finds no free slot takes the slot of a running request of a higher priority number (preemption).
         copies: list[KVCopy] = []
-        while self.waiting and len(self._free) > len(self.waiting[0].forks):
-            self._admit(self.waiting.popleft(), copies)
+        released: list[tuple[int, int]] = []
+        while self.waiting:
+            head = self.waiting[0]
+            if len(self._free) > len(head.forks):
+                self._admit(self.waiting.popleft(), copies)
+                if head.priority:
+                    self._num_low_waiting -= 1
+                continue
+            victim = self._victim(head.priority)
+            if victim is None:
+                break
+            released.append(self._preempt(victim))
         # 2. Decode: one token for each request past its prompt, in slot order; alone, it may check a draft.
-        decode = tuple(r for r in self._by_slot if r is not None and not r.in_prefill)
+        #    NOTE(engine): while an interactive request computes its prompt, requests of a higher priority number
+        #    (batch lines) sit the step out, decode and prompt alike: the step is the interactive prompt's alone,
+        #    as on an idle server, so a batch costs an arriving request's first token no more than the step that
+        #    was running when it came.
+        yielding = any(r.priority for r in self.running.values())
+        urgent = yielding and any(r.priority == 0 and r.in_prefill for r in self.running.values())
+        decode = tuple(r for r in self._by_slot if r is not None and not r.in_prefill
+                       and not (urgent and r.priority))
         budget = self.token_budget - len(decode)
         verify: tuple[Verify, ...] = ()
         if self.speculative_tokens and 0 < len(decode) <= self.speculative_max_batch:
@@ -290,11 +340,21 @@ class Scheduler:
         #    New requests' whole short prompts take the prompt budget first, where there is one (run together).
         prefills = []
         prompt_budget = self.prompt_budget
-        for request in self.running.values():
+        running: Iterable[Request] = self.running.values()
+        if yielding:  # interactive prompts before batch lines'
+            running = sorted(running, key=_priority)
+        num_low = 0
+        for request in running:
             if len(prefills) >= self.max_prefills or (budget <= 0 and prompt_budget <= 0):
                 break
-            if not request.in_prefill or request.parent is not None:
+            if not request.in_prefill or request.parent is not None or (urgent and request.priority):
                 continue
+            if request.priority:
+                # NOTE(engine): one batch line's prompt chunk per step (each chunk is a run of its own): steps stay
+                # short, so an interactive request that arrives waits less for the step in flight
+                if num_low >= LOW_PRIORITY_PREFILLS:
+                    continue
+                num_low += 1
             start = request.num_computed_tokens
             remaining = len(request.prompt_ids) - start
             if start == 0 and not request.forks and 2 <= remaining <= min(self.batched_prompt_len, prompt_budget):
@@ -314,7 +374,38 @@ class Scheduler:
         for chunk in prefills:
             if chunk.request.first_scheduled_s is None:
                 chunk.request.first_scheduled_s = now
-        return SchedulerOutput(prefills[0] if prefills else None, decode, verify, tuple(copies), tuple(prefills[1:]))
+        return SchedulerOutput(prefills[0] if prefills else None, decode, verify, tuple(copies), tuple(prefills[1:]),
+                               tuple(released))
+
+    def _victim(self, priority: int) -> Request | None:
+        """The running request a waiting one of ``priority`` may preempt: of the highest priority number above it,
+        the one admitted last (it has the least work to redo); never one with n > 1 choices."""
+        victim = None
+        for request in self.running.values():
+            if (request.priority > priority and not request.forks and request.parent is None
+                    and (victim is None or request.priority >= victim.priority)):
+                victim = request
+        return victim
+
+    def _preempt(self, request: Request) -> tuple[int, int]:
+        """Give ``request``'s slot up and queue it again, first among its priority; returns (slot, valid KV).
+
+        NOTE(engine): recompute preemption, as vLLM's: the tokens it has so far (prompt and output) become its
+        prompt, computed again when it is admitted again (from the longest prefix a free slot still holds: its own
+        row, if no one took it). Its sampler, grammar and drafter keep their state; its output continues from the
+        same token, and ``max_num_tokens`` (prompt + max_tokens) is unchanged.
+        """
+        slot, keep = request.slot, request.num_computed_tokens
+        assert slot is not None
+        self._release(request)
+        request.prompt_ids = request.prompt_ids + request.output_ids
+        request.output_ids = []
+        request.slot = None
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self._queue(request, first=True)
+        return slot, keep
 
     def update_from_output(self, out: SchedulerOutput, sampled: Mapping[Request, int | Sequence[int]],
                            complete: Collection[Request] = ()) -> list[Finished]:
@@ -391,7 +482,9 @@ class Scheduler:
         if placement.copy is not None:
             copies.append(placement.copy)
         self._take(request, placement.slot)
-        request.num_computed_tokens = request.num_cached_tokens = placement.num_reused
+        request.num_computed_tokens = placement.num_reused
+        if not request.num_preemptions:  # usage counts the prompt's first admission
+            request.num_cached_tokens = placement.num_reused
         self.prefix_queries_total += len(request.prompt_ids)
         self.prefix_hits_total += placement.num_reused
         for fork in request.forks:

@@ -30,6 +30,8 @@ from server.state import ServerState, serves_one_model
 logger = logging.getLogger("ortserve")
 
 EngineLoader = Callable[[Settings], EngineClient]
+# NOTE(server): what a multipart upload carries beside the file (its boundaries and the purpose field), at most
+UPLOAD_FORM_BYTES = 64 * 1024
 EmbeddingLoader = Callable[[Settings, Any], EmbedderClient]
 
 
@@ -170,12 +172,16 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                         len(registry.entries), ", ".join(registry.served_names()),
                         format_bytes(registry.budget_bytes or 0), registry.budget_source)
 
+    await state.store.start()
+    jobs_task = asyncio.create_task(_start_jobs(state))
     if state.status != "ready" and (registry.chat_loader is not None or not registry.one_model):
         load_task = asyncio.create_task(load())
     try:
         yield
     finally:
         state.status = "stopping"
+        jobs_task.cancel()
+        await state.jobs.stop()
         if load_task is not None and not load_task.done():
             await asyncio.wait({load_task}, timeout=None)  # a half-loaded session cannot be cancelled
         if lag_task is not None:
@@ -185,6 +191,20 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             loop_trace.close()
         logger.info("shutting the engines down")
         await registry.stop()
+        await state.store.close()
+
+
+async def _start_jobs(state: ServerState) -> None:
+    """Once the server is ready: run this process's background responses and batches, and take over those of
+    processes that died (server.jobs)."""
+    from server.batches.runner import run_batch
+    from server.responses.background import resume_response
+
+    while state.status != "ready":
+        if state.status in ("failed", "stopping"):
+            return
+        await asyncio.sleep(0.1)
+    state.jobs.start({"responses": partial(resume_response, state), "batches": partial(run_batch, state)})
 
 
 def create_app(settings: Settings, engine: EngineClient | None = None, *,
@@ -208,6 +228,9 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     """
     from server import __version__
     from server.anthropic import route as messages
+    from server.batches import route as batches
+    from server.conversations import route as conversations
+    from server.files import route as files
     from server.decisions import route as decisions
     from server.embeddings import route as embeddings
     from server.http.prepare import refuse_uncontainable_chat
@@ -216,6 +239,7 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     from server.openai import chat, completions, models
     from server.rerank import route as rerank
     from server.responses import route as responses
+    from server.responses import websocket as responses_socket
     from server.routes import health, metrics
     from server.tokenize import route as tokenize
 
@@ -238,11 +262,12 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
             entry.model.pinned = True
     registry.on_unload.append(lambda entry: state.metrics.forget_model(entry.name))
     app.state.ortserve = state
+    state.app = app
     app.state.ortserve_body_check = partial(refuse_uncontainable_chat, state)
 
     install_error_handlers(app)
-    for module in (chat, completions, responses, messages, tokenize, embeddings, decisions, rerank, models, health,
-                   metrics, admin, ollama):
+    for module in (chat, completions, responses, responses_socket, conversations, files, batches, messages, tokenize, embeddings,
+                   decisions, rerank, models, health, metrics, admin, ollama):
         app.include_router(module.router)
     if settings.ui:
         from server.routes.ui import install_ui
@@ -252,7 +277,8 @@ def create_app(settings: Settings, engine: EngineClient | None = None, *,
     # Middleware: the last added runs first. Order seen by a request: CORS -> auth -> body limit -> leases.
     app.add_middleware(LeaseMiddleware, registry=lambda: state.registry)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
-                       body_timeout_s=settings.body_timeout_s)
+                       body_timeout_s=settings.body_timeout_s,
+                       upload_paths={"/v1/files": settings.file_max_bytes + UPLOAD_FORM_BYTES})
     app.add_middleware(AuthMiddleware, api_key=settings.api_key_value(),
                        open_paths=_open_paths(settings))
     if settings.cors_origins:

@@ -68,15 +68,38 @@ class ModelCannotError(ServerError):
         super().__init__(message, param="model", code="model_not_supported")
 
 
-class ResponseNotFoundError(ServerError):
-    """GET/DELETE /v1/responses/{id} for an id the store does not hold (never stored, deleted or evicted)."""
+class NotFoundError(ServerError):
+    """An id the state store does not hold (never made, deleted, or past the retention): 404."""
 
     status_code = 404
     error_type = "invalid_request_error"
 
+    def __init__(self, kind: str, object_id: str, param: str) -> None:
+        super().__init__(f"No {kind} found with id {object_id!r}.", param=param, code="not_found")
+
+
+class ResponseNotFoundError(NotFoundError):
+    """GET/DELETE /v1/responses/{id} for an id the store does not hold (never stored, deleted or swept)."""
+
     def __init__(self, response_id: str) -> None:
-        super().__init__(f"Response with id {response_id!r} not found (responses are kept in memory, in a "
-                         f"bounded store, only while this server runs).", param="response_id", code="not_found")
+        super().__init__("response", response_id, "response_id")
+
+
+class TooLargeError(ServerError):
+    """An upload past --file-max-bytes: 413."""
+
+    status_code = 413
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, param: str = "file") -> None:
+        super().__init__(message, param=param, code="file_too_large")
+
+
+class ConflictError(ServerError):
+    """The object is not in a state the request can act on (cancel a finished batch): 400, as OpenAI answers."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
 
 
 class EngineNotReadyError(ServerError):
@@ -221,8 +244,16 @@ def shaped_error(status: int, body: dict[str, Any], path: str, exc: BaseExceptio
     return body
 
 
+# NOTE(server): System One (as Jev and llama.cpp define it) answers a request it cannot validate with 422
+# unprocessable_entity_error, where OpenAI's APIs answer 400.
+UNPROCESSABLE_PATHS = frozenset({"/v1/systemone"})
+
+
 def _response(status: int, body: dict[str, Any], headers: dict[str, str], path: str,
               exc: BaseException | None = None) -> JSONResponse:
+    if status == 400 and path in UNPROCESSABLE_PATHS:
+        status = 422
+        body = {"error": {**body["error"], "type": "unprocessable_entity_error"}}
     return JSONResponse(shaped_error(status, body, path, exc), status_code=status, headers=headers)
 
 

@@ -1,5 +1,5 @@
-"""ServerState, what one app instance owns (settings, the model registry, load status, metrics, stored responses),
-and get_state(request).
+"""ServerState, what one app instance owns (settings, the model registry, load status, metrics, the state store and
+this process's jobs), and get_state(request).
 
 Routes reach the state through get_state, so they never import server.app (which imports them). No
 onnxruntime import.
@@ -19,8 +19,9 @@ from server.errors import EngineNotReadyError
 from server.hub.catalog import CatalogModel, build_catalog
 from server.hub.registry import READY, ModelEntry, ModelRegistry
 from server.metrics import ServerMetrics
-from server.responses.store import ResponseStore
+from server.jobs import Jobs
 from server.settings import ModelSpec, Settings
+from server.store import Store, open_store
 
 
 def serves_one_model(settings: Settings) -> bool:
@@ -43,12 +44,16 @@ class ServerState:
     started_at: int = field(default_factory=lambda: int(time.time()))
     # Called (from the event loop) when loading fails, e.g. by the CLI to stop the server with exit 1.
     on_load_failed: Callable[[str], None] | None = None
-    # Stored Responses (POST /v1/responses with store=true); bounded by the settings, not persistent.
-    responses: ResponseStore = field(init=False)
+    # What outlives a request (stored responses, conversations, files, batches): started by the app's lifespan.
+    store: Store = field(init=False)
+    jobs: Jobs = field(init=False)  # this process's background responses and batches
+    # The app itself (ASGI): a batch line is a request to it, through the same routes (server.batches.runner).
+    app: Any = None
     registry: ModelRegistry = field(init=False)
 
     def __post_init__(self) -> None:
-        self.responses = ResponseStore(self.settings.response_store_size, self.settings.response_store_bytes)
+        self.store = open_store(self.settings.state_url)
+        self.jobs = Jobs(self.store, self.settings)
         one = serves_one_model(self.settings)
         self.registry = ModelRegistry(self.settings, build_catalog(self.settings, one), one_model=one,
                                       chat_loader=None, embedder_loader=None)

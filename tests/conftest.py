@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,12 @@ def qwen_model(qwen_gguf: Path) -> Path:
     from engine.builder import pull_model
 
     return pull_model("qwen2.5-coder-1.5b", progress=False, gguf_file=qwen_gguf)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A throw-away PostgreSQL cluster (Debian's package, which `make test` installs) for the whole session."""
+    from tests.postgres import postgres_server
+
+    with postgres_server() as url:
+        yield url

@@ -290,11 +290,17 @@ class SystemOneRequest(OpenAIBaseModel):
     state: Any = Field(description="What the questions are about: a string, or a JSON object or list.")
     questions: Any = Field(description="Question name -> noul, choice or score question (1 to 400).")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="More chat template variables.")
+    images: Any = Field(None, description="Refused: this server's models read text only.")
+    videos: Any = Field(None, description="Refused: this server's models read text only.")
     _messages: list[dict[str, Any]] = PrivateAttr(default_factory=list)
     _questions: list[tuple[str, Question]] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
     def _parse(self) -> SystemOneRequest:
+        for name in ("images", "videos"):
+            if getattr(self, name):  # NOTE(server): refused, never dropped: the answer would ignore what was sent
+                raise _bad(f"{name} cannot be read: this server's models read text only", name,
+                           "unsupported_content")
         self._messages = [{"role": "user", "content": _state_text(self.state)}]
         if not isinstance(self.questions, dict):
             raise _bad("questions must be an object mapping names to questions", "questions", "invalid_type")
@@ -317,8 +323,8 @@ def systemone_answer(question: Question, answer: tuple[Distribution, LabelSet]) 
         return {"type": "noul", "noul": p[0]}
     if question.kind == "choice":
         keys = [o.text for o in question.options]
-        return {"type": "choice", "choice": keys[dist.best], "confidence": dist.confidence,
+        return {"type": "choice", "choice": keys[dist.best], "confidence": dist.margin_confidence,
                 "probabilities": dict(zip(keys, p))}
-    return {"type": "score", "score": dist.expected_index, "confidence": dist.confidence,
+    return {"type": "score", "score": dist.expected_index, "confidence": dist.margin_confidence,
             "legend": {str(i): o.text for i, o in enumerate(question.options)},
             "probabilities": {str(i): p[i] for i in range(len(p))}}

@@ -171,6 +171,15 @@ class Distribution:
         return float(min(1.0, max(0.0, 1.0 - entropy / math.log(len(p)))))
 
     @property
+    def margin_confidence(self) -> float:
+        """System One's confidence (as Jev and llama.cpp define it): how far the likeliest outcome is above a uniform
+        guess, (p_max - 1/k) / (1 - 1/k); 1 when it holds all the probability, 0 when all k are equally likely."""
+        k = len(self.probabilities)
+        if k < 2:
+            return 1.0
+        return float(min(1.0, max(0.0, (max(self.probabilities) - 1 / k) / (1 - 1 / k))))
+
+    @property
     def expected_index(self) -> float:
         """The expected outcome index (a score's expected level, counting from 0)."""
         return float(np.dot(np.arange(len(self.probabilities)), self.probabilities))

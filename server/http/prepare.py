@@ -276,17 +276,27 @@ async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.
     return PreparedChat(prompt_ids, params, plan, fmt, rendered.echo)
 
 
-async def start_run(request: Request, state: ServerState, engine: EngineClient, tracker: RequestTracker,
+def request_priority(request: Request) -> int:
+    """The engine priority of a request: 0 (interactive), or a batch line's (server.batches.runner runs its lines
+    through the app with ``ortserve.priority`` in the ASGI scope, which no HTTP client can set)."""
+    return int(request.scope.get("ortserve.priority", 0))
+
+
+async def start_run(request: Request | None, state: ServerState, engine: EngineClient, tracker: RequestTracker,
                     id_prefix: str, prompt_ids: list[int], params: SamplingParams,
                     include_usage: bool, request_id: str | None = None,
-                    accept_s: float | None = None) -> tuple[EngineRun, StreamContext]:
+                    accept_s: float | None = None, model: str | None = None) -> tuple[EngineRun, StreamContext]:
     """Hand the request to the engine (429/503 still become HTTP statuses here) and build its response
     context; the caller streams it or collects it. `request_id` defaults to a new `<id_prefix>-<hex>`;
-    `accept_s`: EngineRun.start's (a stream may start before the first output)."""
+    `accept_s`: EngineRun.start's (a stream may start before the first output). ``request`` None: work that no
+    client waits for (a background response), of ``model``."""
     request_id = request_id or protocol.new_id(id_prefix)
-    model = getattr(request.state, "ortserve_model", None) or state.served_model_name
+    if request is not None:
+        model = getattr(request.state, "ortserve_model", None) or model
+    model = model or state.served_model_name
     tracker.model_name = model
-    run = EngineRun(engine, request_id, prompt_ids, params, tracker)
+    run = EngineRun(engine, request_id, prompt_ids, params, tracker,
+                    request_priority(request) if request is not None else 0)
     await run.start(request, accept_s)
     ctx = StreamContext(
         request_id=request_id,

@@ -49,8 +49,11 @@ async def _until_disconnected(request: Request) -> None:
             return
 
 
-async def _race_disconnect(request: Request, awaitable: Any) -> Any:
-    """Await `awaitable`, but cancel it and raise ClientDisconnectedError if the client leaves first."""
+async def _race_disconnect(request: Request | None, awaitable: Any) -> Any:
+    """Await `awaitable`, but cancel it and raise ClientDisconnectedError if the client leaves first (no request:
+    work no client waits for, a background response)."""
+    if request is None:
+        return await awaitable
     task = asyncio.ensure_future(awaitable)
     watcher = asyncio.ensure_future(_until_disconnected(request))
     try:
@@ -96,19 +99,21 @@ class EngineRun:
     """
 
     def __init__(self, engine: EngineClient, request_id: str, prompt_ids: list[int], params: Any,
-                 tracker: RequestTracker) -> None:
+                 tracker: RequestTracker, priority: int = 0) -> None:
         self.engine = engine
         self.request_id = request_id
         self.tracker = tracker
         self.finished = False
         self._closed = False
-        self._agen = engine.generate(prompt_ids, params, request_id)
+        # priority > 0: a batch line (engine.async_engine.AsyncEngine.generate)
+        self._agen = (engine.generate(prompt_ids, params, request_id, priority=priority) if priority
+                      else engine.generate(prompt_ids, params, request_id))
         self._first: RequestOutput | None = None
         self._next: asyncio.Future[RequestOutput] | None = None  # the first output, still on its way (accept_s)
         self._cut: ServerError | None = None
         tracker.submitted()
 
-    async def start(self, request: Request, accept_s: float | None = None) -> None:
+    async def start(self, request: Request | None, accept_s: float | None = None) -> None:
         """Wait for the first output so that 400/429/503 can still be HTTP statuses.
 
         Args:

@@ -41,7 +41,7 @@ class AuthMiddleware:
         # NOTE(server): OPTIONS needs the key like any other method, or its 405-versus-404 would tell a client
         # without one which routes exist. CORS preflights (which carry no credentials) never get here: when
         # CORS is on, its middleware runs first and answers them. "/health/" is "/health".
-        if (self._key is None or scope["type"] != "http"
+        if (self._key is None or scope["type"] not in ("http", "websocket")
                 or (scope["path"].rstrip("/") or "/") in self._open_paths):
             await self.app(scope, receive, send)
             return
@@ -56,6 +56,10 @@ class AuthMiddleware:
         if (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)) or \
                 (api_key and hmac.compare_digest(api_key.strip(), self._key)):
             await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # NOTE(server): closing before accepting answers the handshake with 403
+            await receive()
+            await send({"type": "websocket.close", "code": 1008})
             return
         message = ("Missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')."
                    if not header and not api_key else "Invalid API key.")
@@ -91,30 +95,35 @@ class BodyLimitMiddleware:
     content type; bad JSON then gets the same 400 whatever the client claimed.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = 30.0) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = 30.0,
+                 upload_paths: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        # POST paths that take multipart uploads (POST /v1/files), with their own bound; their content type stays
+        self.upload_paths = dict(upload_paths or {})
         self._reclaim = MemoryReclaim()
 
-    def _too_large(self) -> dict:
-        return error_body(f"The request body is larger than {self.max_body_bytes} bytes.",
+    def _too_large(self, limit: int) -> dict:
+        return error_body(f"The request body is larger than {limit} bytes.",
                           "invalid_request_error", None, "request_too_large")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        upload = scope["method"] == "POST" and scope["path"] in self.upload_paths
+        limit = self.upload_paths[scope["path"]] if upload else self.max_body_bytes
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = 0
-                if declared > self.max_body_bytes:
-                    await _send_json(send, 413, self._too_large(), path=scope["path"])
+                if declared > limit:
+                    await _send_json(send, 413, self._too_large(limit), path=scope["path"])
                     return
-        if scope["method"] == "POST":
+        if scope["method"] == "POST" and not upload:
             headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         received = 0
@@ -128,8 +137,8 @@ class BodyLimitMiddleware:
                 message = await receive()
                 if message["type"] == "http.request":
                     received += len(message.get("body", b""))
-                    if received > self.max_body_bytes:
-                        raise _BodyTooLarge(self.max_body_bytes)
+                    if received > limit:
+                        raise _BodyTooLarge(limit)
                 body_complete = message["type"] != "http.request" or not message.get("more_body", False)
                 return message
             raise _BodyTimedOut(self.body_timeout_s)
@@ -142,7 +151,7 @@ class BodyLimitMiddleware:
         try:
             await self.app(scope, limited_receive, send)
         except _BodyTooLarge:
-            await _send_json(send, 413, self._too_large(), path=scope["path"])
+            await _send_json(send, 413, self._too_large(limit), path=scope["path"])
         except _BodyTimedOut as exc:
             await _send_json(send, 408, error_body(exc.detail, "invalid_request_error", None, "request_timeout"),
                              [(b"connection", b"close")], path=scope["path"])

@@ -7,6 +7,7 @@ I/O, no engine import; wire objects come from server.responses.protocol.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,7 @@ class ResponseAssembler:
     _usage: dict[str, Any] | None = field(default=None, init=False)
     _error: dict[str, Any] | None = field(default=None, init=False)
     _incomplete_reason: str | None = field(default=None, init=False)
+    _completed_at: int | None = field(default=None, init=False)
 
     def _event(self, kind: str, **fields: Any) -> Event:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -81,12 +83,13 @@ class ResponseAssembler:
     def response(self) -> dict[str, Any]:
         """The Response object as it stands (status in_progress until finish() or fail())."""
         return wire.response_object(self.skeleton, self._status, [item.wire() for item in self._items],
-                                    self._usage, self._error, self._incomplete_reason)
+                                    self._usage, self._error, self._incomplete_reason, self._completed_at)
 
     def start(self) -> list[Event]:
-        snapshot = self.response()
-        return [self._event("response.created", response=snapshot),
-                self._event("response.in_progress", response=snapshot)]
+        created = self.response()  # queued, for a background response
+        self._status = "in_progress"
+        return [self._event("response.created", response=created),
+                self._event("response.in_progress", response=self.response())]
 
     # --- items --------------------------------------------------------------------------------------
 
@@ -196,7 +199,7 @@ class ResponseAssembler:
         if cut:
             self._status, self._incomplete_reason = "incomplete", "max_output_tokens"
             return [*events, self._event("response.incomplete", response=self.response())]
-        self._status = "completed"
+        self._status, self._completed_at = "completed", int(time.time())
         return [*events, self._event("response.completed", response=self.response())]
 
     def fail(self, message: str, usage: dict[str, Any] | None = None) -> list[Event]:
@@ -206,6 +209,22 @@ class ResponseAssembler:
         self._error = {"code": "server_error", "message": message}
         return [self._event("response.failed", response=self.response())]
 
+    def cancel(self) -> None:
+        """End the response as cancelled (POST .../cancel of a background response): no event, as OpenAI's."""
+        if self._open is not None:
+            self._open.status, self._open = "incomplete", None
+        self._status = "cancelled"
+
+    def queued(self) -> dict[str, Any]:
+        """The Response as a background request first answers it: queued, nothing run yet."""
+        self._status = "queued"
+        return self.response()
+
     @property
     def status(self) -> str:
         return self._status
+
+    @property
+    def sequence_number(self) -> int:
+        """The next event's sequence_number."""
+        return self._sequence

@@ -130,14 +130,33 @@ class FunctionCallOutputItem(OpenAIBaseModel):
     status: str | None = None
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+# NOTE(server): what starts the ``encrypted_content`` of the compaction items this server makes (POST
+# /v1/responses/compact): the summary follows as plain text. Compaction items of other servers are encrypted for
+# them, and carry nothing this model can read.
+COMPACTION_PREFIX = "ortserve-summary:v1:"
+
+
+class CompactionItem(OpenAIBaseModel):
+    """A compacted conversation sent back as input (Codex keeps the items POST /v1/responses/compact returned)."""
+
+    type: Literal["compaction", "compaction_summary"]
+    encrypted_content: str | None = None
+    id: str | None = None
+
+    @property
+    def summary(self) -> str | None:
+        """The summary this server wrote (None: another server's, encrypted)."""
+        content = self.encrypted_content or ""
+        return content[len(COMPACTION_PREFIX):] if content.startswith(COMPACTION_PREFIX) else None
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | CompactionItem
 _ITEM_MODELS: dict[str, type[OpenAIBaseModel]] = {
     "message": MessageItem, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem,
-    "reasoning": ReasoningItem,
+    "reasoning": ReasoningItem, "compaction": CompactionItem, "compaction_summary": CompactionItem,
 }
-# Item types a client may send back that carry nothing a local model uses (Codex's compaction summaries are
-# encrypted for OpenAI's servers, its web searches ran there).
-_DROPPED_ITEMS = ("compaction", "compaction_summary", "web_search_call", "item_reference")
+# Item types a client may send back that carry nothing a local model uses (its web searches ran elsewhere).
+_DROPPED_ITEMS = ("web_search_call", "item_reference")
 
 
 def parse_items(raw: Sequence[Any], param: str = "input") -> list[InputItem]:
@@ -178,7 +197,12 @@ def chat_messages(items: Sequence[InputItem], names: ToolNames | None = None) ->
         if isinstance(item, ReasoningItem):
             thinking = "\n".join(t for t in (thinking, item.text()) if t)
             continue
-        if isinstance(item, MessageItem):
+        if isinstance(item, CompactionItem):
+            if item.summary is None:
+                logger.debug("dropping a compaction item this server did not make (encrypted for another)")
+                continue
+            messages.append({"role": "user", "content": f"{COMPACTION_INTRO}\n\n{item.summary}"})
+        elif isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
             messages.append({"role": role, "content": _content_text(item.content, "input")})
         elif isinstance(item, FunctionCallItem):
@@ -211,6 +235,25 @@ def merge_leading_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
         return messages
     text = "\n\n".join(m["content"] for m in messages[:head] if m["content"])
     return [{"role": "system", "content": text}, *messages[head:]]
+
+
+# The message a kept summary is read back as (the summary follows it).
+COMPACTION_INTRO = "Summary of the conversation so far:"
+# What the model is asked when a conversation is compacted (POST /v1/responses/compact).
+COMPACTION_REQUEST = ("Write a concise summary of the conversation above for a continuation of it: the user's goals, "
+                      "the decisions made, the facts and results found, and what is left to do. Keep names, numbers, "
+                      "file paths and code identifiers exactly. Write only the summary.")
+
+
+def check_metadata(metadata: dict[str, str] | None, param: str = "metadata") -> None:
+    """OpenAI's bounds on ``metadata`` (16 pairs, keys of 64 and values of 512 characters); a 400 naming it."""
+    metadata = metadata or {}
+    if len(metadata) > _METADATA_MAX_PAIRS:
+        raise _invalid(f"{param} holds at most {_METADATA_MAX_PAIRS} pairs, got {len(metadata)}", param)
+    for key, value in metadata.items():
+        if len(key) > _METADATA_KEY_CHARS or len(value) > _METADATA_VALUE_CHARS:
+            raise _invalid(f"{param} keys are at most {_METADATA_KEY_CHARS} characters and values at most "
+                           f"{_METADATA_VALUE_CHARS}, got key {key[:80]!r}", param)
 
 
 # --- the request ------------------------------------------------------------------------------------
@@ -265,14 +308,17 @@ class ResponsesRequest(IdleTTLField):
     parallel_tool_calls: bool | None = Field(None, description="Allow several calls in one answer (default true).")
     text: TextConfig | None = Field(None, description="text.format: text, json_object or json_schema.")
     stream: bool = Field(False, description="Stream semantic events (`event: response.*`) as server-sent events.")
-    store: bool = Field(True, description="Keep the response in this process's bounded in-memory store.")
+    store: bool = Field(True, description="Keep the response (GET /v1/responses/{id}, previous_response_id).")
     metadata: dict[str, str] | None = Field(None, description="Up to 16 string pairs, echoed back.")
     reasoning: dict[str, Any] | None = Field(None, description="`effort` reaches chat templates that take "
                                              "`reasoning_effort` ('none' also sets enable_thinking false); "
                                              "`summary` is accepted (the thinking is returned as it is).")
     user: str | None = None
-    background: bool = Field(False, description="Not supported (no background mode).")
-    conversation: Any = Field(None, description="Not supported (use previous_response_id).")
+    background: bool = Field(False, description="Run in the background: the answer is `queued` at once, then "
+                             "polled (GET), cancelled (POST .../cancel) or streamed and resumed (starting_after).")
+    conversation: str | dict[str, Any] | None = Field(
+        None, description="A conversation (its id, or {'id'}) whose items come before the input; the input and the "
+        "output are added to it.")
     prompt: Any = Field(None, description="Not supported (no stored prompt templates).")
     _items: list[InputItem] = PrivateAttr(default_factory=list)
     _tools: list[FunctionTool] = PrivateAttr(default_factory=list)
@@ -280,12 +326,14 @@ class ResponsesRequest(IdleTTLField):
 
     @model_validator(mode="after")
     def _check_request(self) -> ResponsesRequest:
-        if self.background:
-            raise _invalid("background mode is not supported: ask without background (or stream)", "background",
+        if self.background and not self.store:
+            raise _invalid("background mode needs store=true (its result is kept to be fetched)", "background",
                            "unsupported_parameter")
-        if self.conversation is not None:
-            raise _invalid("conversation objects are not supported; continue a conversation with "
-                           "previous_response_id", "conversation", "unsupported_parameter")
+        if self.conversation is not None and self.previous_response_id is not None:
+            raise _invalid("conversation and previous_response_id cannot be used together", "conversation",
+                           "mutually_exclusive_parameters")
+        if isinstance(self.conversation, dict) and not isinstance(self.conversation.get("id"), str):
+            raise _invalid("conversation must be a conversation id or {'id': ...}", "conversation.id", "invalid_type")
         if self.prompt is not None:
             raise _invalid("stored prompt templates are not supported; send input and instructions",
                            "prompt", "unsupported_parameter")
@@ -305,13 +353,7 @@ class ResponsesRequest(IdleTTLField):
         return self._names
 
     def _check_metadata(self) -> None:
-        metadata = self.metadata or {}
-        if len(metadata) > _METADATA_MAX_PAIRS:
-            raise _invalid(f"metadata holds at most {_METADATA_MAX_PAIRS} pairs, got {len(metadata)}", "metadata")
-        for key, value in metadata.items():
-            if len(key) > _METADATA_KEY_CHARS or len(value) > _METADATA_VALUE_CHARS:
-                raise _invalid(f"metadata keys are at most {_METADATA_KEY_CHARS} characters and values at most "
-                               f"{_METADATA_VALUE_CHARS}, got key {key[:80]!r}", "metadata")
+        check_metadata(self.metadata)
 
     def input_items(self) -> list[InputItem]:
         """The input as items (a string input is one user message)."""
@@ -371,11 +413,31 @@ class ResponsesRequest(IdleTTLField):
         if self.parallel_tool_calls is not None:
             body["parallel_tool_calls"] = self.parallel_tool_calls
 
+    @property
+    def conversation_id(self) -> str | None:
+        if isinstance(self.conversation, dict):
+            return self.conversation["id"]
+        return self.conversation
+
+    def _extra(self, name: str, default: Any = None) -> Any:
+        value = (self.model_extra or {}).get(name)
+        return default if value is None else value
+
     def echo(self) -> dict[str, Any]:
-        """The request fields a Response object repeats."""
+        """The request fields a Response object repeats (every field OpenResponses' Response schema requires)."""
         text_format = (self.text.format if self.text is not None and self.text.format is not None
                        else {"type": "text"})
         return {
+            "background": self.background,
+            "conversation": {"id": self.conversation_id} if self.conversation_id is not None else None,
+            "frequency_penalty": float(self._extra("frequency_penalty", 0.0)),
+            "max_tool_calls": self._extra("max_tool_calls"),
+            "presence_penalty": float(self._extra("presence_penalty", 0.0)),
+            "prompt_cache_key": self._extra("prompt_cache_key"),
+            "prompt_cache_retention": self._extra("prompt_cache_retention"),
+            "safety_identifier": self._extra("safety_identifier"),
+            "service_tier": "default",
+            "top_logprobs": int(self._extra("top_logprobs", 0)),
             "instructions": self.instructions,
             "max_output_tokens": self.max_output_tokens,
             "metadata": dict(self.metadata or {}),
@@ -434,12 +496,13 @@ def reasoning_item(item_id: str, status: str, text: str) -> dict[str, Any]:
 
 def response_object(skeleton: dict[str, Any], status: str, output: list[dict[str, Any]],
                     usage: dict[str, Any] | None, error: dict[str, Any] | None = None,
-                    incomplete_reason: str | None = None) -> dict[str, Any]:
+                    incomplete_reason: str | None = None, completed_at: int | None = None) -> dict[str, Any]:
     """A Response object: `skeleton` (id, created_at, model and the request echo) plus the run's state."""
     return {
         **skeleton,
         "object": "response",
         "status": status,
+        "completed_at": completed_at,
         "error": error,
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
         "output": output,
@@ -448,11 +511,15 @@ def response_object(skeleton: dict[str, Any], status: str, output: list[dict[str
 
 
 def response_skeleton(response_id: str, created_at: int, model: str, request: ResponsesRequest) -> dict[str, Any]:
-    return {"id": response_id, "created_at": created_at, "model": model, "background": False, **request.echo()}
+    return {"id": response_id, "created_at": created_at, "model": model, **request.echo()}
 
 
 def deleted(response_id: str) -> dict[str, Any]:
     return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "reasoning": "rs", "compaction": "cmp",
+                "compaction_summary": "cmp"}
 
 
 def input_item_objects(items: Sequence[InputItem]) -> list[dict[str, Any]]:
@@ -465,8 +532,7 @@ def input_item_objects(items: Sequence[InputItem]) -> list[dict[str, Any]]:
             if isinstance(item.content, str):
                 data["content"] = [{"type": part_type, "text": item.content}]
             data.setdefault("status", "completed")
-        data.setdefault("id", new_id({"message": "msg", "function_call": "fc", "reasoning": "rs"}.get(data["type"],
-                                                                                                     "fco")))
+        data.setdefault("id", new_id(_ID_PREFIXES.get(data["type"], "fco")))
         objects.append(data)
     return objects
 

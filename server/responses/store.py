@@ -1,88 +1,81 @@
-"""The bounded in-memory store of Responses (store=true): GET/DELETE /v1/responses/{id} and previous_response_id.
+"""Responses in the state store (server.store): the history a request continues (previous_response_id, or a
+conversation's items), and what a finished response leaves behind (its record, the conversation's new items).
 
-Not persistent: it lives in the server process and is empty after a restart. Bounded by a count and by an
-estimate of the bytes held; the least recently used responses are evicted first. Used only from the event
-loop (no locks). No engine import.
+No SQL here and no engine import: the store's interface only.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-from collections import OrderedDict
-from dataclasses import dataclass
+import time
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from engine.types import InvalidRequestError
+from server.errors import NotFoundError
+from server.responses import protocol as wire
+from server.store import ResponseRecord, Store
 
 
-@dataclass(frozen=True)
-class StoredResponse:
-    """One finished response and what a follow-up needs.
-
-    Attributes:
-        body: the Response object as the client received it.
-        conversation: the chat messages of the whole conversation up to and including this response's
-            output, without its instructions (a follow-up's own instructions replace them, as OpenAI does).
-        input_items: this request's input items, each with an id (GET .../input_items).
-        num_bytes: the estimate the byte bound counts.
-    """
-
-    body: dict[str, Any]
-    conversation: tuple[dict[str, Any], ...]
-    input_items: tuple[dict[str, Any], ...]
-    num_bytes: int
+def _size(*parts: Any) -> int:
+    return sum(len(json.dumps(part, ensure_ascii=False)) for part in parts)
 
 
-def make_stored(body: dict[str, Any], conversation: list[dict[str, Any]],
-                input_items: list[dict[str, Any]]) -> StoredResponse:
-    size = sum(len(json.dumps(part, ensure_ascii=False)) for part in (body, conversation, input_items))
-    return StoredResponse(body, tuple(conversation), tuple(input_items), size)
+def make_record(response: dict[str, Any], conversation: list[dict[str, Any]], input_items: list[dict[str, Any]],
+                *, request: dict[str, Any] | None = None, owner: str | None = None) -> ResponseRecord:
+    """The stored form of ``response`` (a Response object) and what a follow-up needs."""
+    return ResponseRecord(response["id"], float(response["created_at"]), response["status"], response, conversation,
+                          input_items, bool(response.get("background")), request,
+                          _size(response, conversation, input_items), owner)
 
 
-class ResponseStore:
-    """An LRU of StoredResponses, at most `max_responses` of them and about `max_bytes` in all.
+async def history(store: Store, body: wire.ResponsesRequest) -> list[dict[str, Any]]:
+    """The chat messages before this request's input: the previous response's thread (400 when it is not stored,
+    as OpenAI answers), or the conversation's items (404 for an unknown conversation)."""
+    if body.previous_response_id is not None:
+        stored = await store.get_response(body.previous_response_id)
+        if stored is None or stored.status in ("queued", "in_progress"):
+            raise InvalidRequestError(
+                f"Previous response with id {body.previous_response_id!r} not found"
+                f"{' (it is still running)' if stored is not None else ''}.",
+                param="previous_response_id", code="previous_response_not_found")
+        return list(stored.conversation)
+    conversation_id = body.conversation_id
+    if conversation_id is not None:
+        if await store.get_conversation(conversation_id) is None:
+            raise NotFoundError("conversation", conversation_id, "conversation")
+        items = await store.all_items(conversation_id)
+        return wire.chat_messages(wire.parse_items(items, "conversation"), body.tool_names)
+    return []
+
+
+async def keep(store: Store, body: wire.ResponsesRequest, response: dict[str, Any], before: list[dict[str, Any]],
+               input_items: list[dict[str, Any]]) -> None:
+    """What a finished response leaves: its record (with store=true) and, with a conversation, the turn's items.
 
     Args:
-        max_responses: 0 keeps nothing (GET and previous_response_id then always answer 404 / 400).
-        max_bytes: a response larger than this alone is not kept.
+        before: the chat messages it continued (``history``).
+        input_items: this request's input items as GET .../input_items lists them (each with an id).
     """
+    output = response["output"]
+    if body.store:
+        parsed_in = wire.parse_items(input_items, "input")
+        parsed_out = wire.parse_items(output, "output")
+        conversation = [*before, *wire.chat_messages(parsed_in, body.tool_names),
+                        *wire.chat_messages(parsed_out, body.tool_names)]
+        if body.background:  # its record exists (queued), with its events: only what changed
+            await store.update_response(response["id"], status=response["status"], body=response,
+                                        conversation=conversation)
+        else:
+            await store.put_response(make_record(response, conversation, input_items))
+    if body.conversation_id is not None and response["status"] in ("completed", "incomplete"):
+        await store.add_items(body.conversation_id, [*input_items, *output])
 
-    def __init__(self, max_responses: int, max_bytes: int) -> None:
-        self.max_responses = max_responses
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
-        self._num_bytes = 0
 
-    def __len__(self) -> int:
-        return len(self._entries)
+def queued_record(response: dict[str, Any], request: dict[str, Any], input_items: list[dict[str, Any]],
+                  owner: str) -> ResponseRecord:
+    """A background response as it is first kept: queued, with its request (to run again after a crash)."""
+    return make_record(response, [], input_items, request=request, owner=owner)
 
-    @property
-    def num_bytes(self) -> int:
-        return self._num_bytes
 
-    def put(self, response_id: str, stored: StoredResponse) -> None:
-        self.delete(response_id)
-        if self.max_responses == 0 or stored.num_bytes > self.max_bytes:
-            logger.debug("not storing %s (%d bytes; bound %d responses, %d bytes)", response_id, stored.num_bytes,
-                         self.max_responses, self.max_bytes)
-            return
-        self._entries[response_id] = stored
-        self._num_bytes += stored.num_bytes
-        while len(self._entries) > self.max_responses or self._num_bytes > self.max_bytes:
-            evicted_id, evicted = self._entries.popitem(last=False)
-            self._num_bytes -= evicted.num_bytes
-            logger.debug("evicted stored response %s", evicted_id)
-
-    def get(self, response_id: str) -> StoredResponse | None:
-        stored = self._entries.get(response_id)
-        if stored is not None:
-            self._entries.move_to_end(response_id)
-        return stored
-
-    def delete(self, response_id: str) -> bool:
-        stored = self._entries.pop(response_id, None)
-        if stored is None:
-            return False
-        self._num_bytes -= stored.num_bytes
-        return True
+def now_s() -> int:
+    return int(time.time())

@@ -45,6 +45,22 @@ def typed(model: type[OpenAIBaseModel], data: Any, param: str) -> Any:
         raise invalid(f"{full}: {message}", full) from None
 
 
+def validated(model: type[OpenAIBaseModel], data: dict[str, Any]) -> Any:
+    """A request body validated as `model` outside FastAPI's own validation (a WebSocket message, a request the
+    server builds from a client's fields); its first problem is a 400 naming the field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, InvalidRequestError):
+            raise invalid(str(cause), cause.param or "", cause.code or "invalid_value") from None
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        raise invalid(f"{where}: {message}" if where else message, where or "",
+                      "missing_required_parameter" if first.get("type") == "missing" else "invalid_value") from None
+
+
 class FunctionTool(OpenAIBaseModel):
     """A function tool as the Responses API spells it (flat, unlike chat's {"function": {...}})."""
 

@@ -8,7 +8,9 @@ chat template rendered over the messages the request stands for), premises hold 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -31,9 +33,20 @@ LONG = {"temperature": 0, "extra_body": {"ignore_eos": True}}  # runs to max_out
 
 
 @pytest.fixture(scope="module")
-def smol(default_model: Path) -> Iterator[RunningServer]:
-    with serve_app(create_app(api_settings(default_model, served_model_name=MODEL))) as running:
+def state_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("state") / "state.db"
+
+
+@pytest.fixture(scope="module")
+def smol(default_model: Path, state_db: Path) -> Iterator[RunningServer]:
+    with serve_app(create_app(api_settings(default_model, served_model_name=MODEL, state_url=str(state_db)))) as running:
         yield running
+
+
+def stored_count(state_db: Path) -> int:
+    """Responses in the server's state store (its SQLite file)."""
+    with contextlib.closing(sqlite3.connect(state_db)) as db:
+        return db.execute("SELECT count(*) FROM responses").fetchone()[0]
 
 
 def prompt_tokens(server: RunningServer, messages: list[dict[str, Any]]) -> int:
@@ -306,14 +319,14 @@ def test_get_and_delete(smol: RunningServer) -> None:
     assert info.value.body["param"] == "previous_response_id"
 
 
-def test_store_false_keeps_nothing(smol: RunningServer) -> None:
+def test_store_false_keeps_nothing(smol: RunningServer, state_db: Path) -> None:
     client = smol.client()
-    before = len(smol.app.state.ortserve.responses)
+    before = stored_count(state_db)
     r = client.responses.create(model=MODEL, input="Hello", max_output_tokens=4, store=False, **LONG)
     assert r.store is False and r.output_text
     with client.responses.stream(model=MODEL, input="Hello", max_output_tokens=4, store=False, **LONG) as stream:
         streamed = list(stream)[-1].response
-    assert streamed.store is False and len(smol.app.state.ortserve.responses) == before
+    assert streamed.store is False and stored_count(state_db) == before
     for response_id in (r.id, streamed.id):
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve(response_id)

@@ -3,8 +3,10 @@ or not), every error in the OpenAI shape. On the synthetic model (its text is ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import sqlite3
 from pathlib import Path
 
 import httpx
@@ -57,9 +59,10 @@ def test_a_client_leaving_a_stream_aborts_its_request(api_model: Path) -> None:
         assert m["ortserve_generation_tokens_total"] - before["ortserve_generation_tokens_total"] < 1900 / 2
 
 
-def test_a_client_leaving_a_non_streamed_request_aborts_it(api_model: Path) -> None:
+def test_a_client_leaving_a_non_streamed_request_aborts_it(api_model: Path, tmp_path: Path) -> None:
     gate = DecodeGate()
-    with serve_app(create_app(api_settings(api_model), loader=fault_loader(gate))) as running:
+    state_db = tmp_path / "state.db"
+    with serve_app(create_app(api_settings(api_model, state_url=str(state_db)), loader=fault_loader(gate))) as running:
         before = running.metrics()
         body = json.dumps({**LONG, "max_output_tokens": 1900}).encode()
         host, port = running.base.removeprefix("http://").split(":")
@@ -76,4 +79,24 @@ def test_a_client_leaving_a_non_streamed_request_aborts_it(api_model: Path) -> N
         abort = 'ortserve_requests_total{status="abort"}'
         assert m[abort] - before[abort] == 1
         assert m["ortserve_generation_tokens_total"] - before["ortserve_generation_tokens_total"] < 1900 / 2
-        assert len(running.app.state.ortserve.responses) == 0  # an aborted response is not stored
+        with contextlib.closing(sqlite3.connect(state_db)) as db:  # an aborted response is not stored
+            assert db.execute("SELECT count(*) FROM responses").fetchone()[0] == 0
+
+
+def test_websocket_mode_needs_the_api_key(api_model: Path, tmp_path: Path) -> None:
+    import websockets.sync.client as ws_client
+    from websockets.exceptions import InvalidStatus
+
+    settings = api_settings(api_model, api_key="sekrit", state_url=str(tmp_path / "state.db"))
+    with serve_app(create_app(settings)) as running:
+        url = running.base.replace("http://", "ws://") + "/v1/responses"
+        try:
+            ws_client.connect(url, open_timeout=10).close()
+        except InvalidStatus as exc:
+            assert exc.response.status_code == 403
+        else:
+            raise AssertionError("a WebSocket without the key was accepted")
+        client = running.client(api_key="sekrit")
+        with client.responses.connect() as connection:
+            connection.response.create(model="tiny", input="hi", max_output_tokens=2)
+            assert next(iter(connection)).type == "response.created"

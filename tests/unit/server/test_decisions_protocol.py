@@ -19,6 +19,7 @@ from server.decisions.questions import (
     question_messages,
     question_text,
 )
+from server.decisions.protocol import systemone_answer
 from server.settings import Settings
 
 # A tokenizer stand-in: single letters, digits, "yes"/"Yes"/"no", and two-letter labels starting with "A".
@@ -62,6 +63,18 @@ def test_distribution_sums_spellings_and_normalizes() -> None:
     assert flat.confidence == pytest.approx(0.0, abs=1e-12) and flat.expected_index == pytest.approx(1.0)
     sure = distribution(LabelSet(("A", "B"), ((1,), (2,))), [0.0, -1000.0])
     assert sure.confidence == pytest.approx(1.0) and sure.best == 0
+    assert flat.margin_confidence == pytest.approx(0.0, abs=1e-12) and sure.margin_confidence == pytest.approx(1.0)
+
+
+def test_system_ones_confidence_is_the_margin_over_a_uniform_guess() -> None:
+    """(p_max - 1/k) / (1 - 1/k), as Jev and llama.cpp define it; not 1 - H / ln k."""
+    d = distribution(LabelSet(("A", "B", "C", "D"), ((1,), (2,), (3,), (4,))),
+                     [math.log(0.7), math.log(0.1), math.log(0.1), math.log(0.1)])
+    assert d.margin_confidence == pytest.approx((0.7 - 0.25) / 0.75)
+    assert d.confidence != pytest.approx(d.margin_confidence)
+    answer = systemone_answer(Question("choice", "?", (Option("a"), Option("b"), Option("c"), Option("d"))),
+                              (d, None))
+    assert answer["confidence"] == pytest.approx(0.6)
 
 
 def test_question_text_and_messages() -> None:
@@ -123,7 +136,15 @@ def test_typed_choices_are_not_duplicates(client: TestClient) -> None:
     ({"state": "s", "questions": {"f": {"type": "score", "instructions": "?", "criteria": ["one"]}}},
      "questions.f.criteria"),
 ])
-def test_systemone_400_names_the_field(client: TestClient, body: dict, param: str) -> None:
+def test_systemone_422_names_the_field(client: TestClient, body: dict, param: str) -> None:
     r = client.post("/v1/systemone", json=body)
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["param"] == param and r.json()["error"]["type"] == "unprocessable_entity_error"
+
+
+@pytest.mark.parametrize("field", ["images", "videos"])
+def test_systemone_refuses_images_and_videos_for_a_text_only_model(client: TestClient, field: str) -> None:
+    body = {"state": "s", "questions": {"a": {"type": "noul", "instructions": "?"}}, field: ["https://x/y.png"]}
+    r = client.post("/v1/systemone", json=body)
+    assert r.status_code == 422 and r.json()["error"]["param"] == field, r.text
+    assert r.json()["error"]["code"] == "unsupported_content"

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
 from pydantic import ValidationError
 
 from engine.types import InvalidRequestError
-from server.responses.protocol import ResponsesRequest, TextConfig, chat_messages, parse_items, responses_param
+from server.responses.protocol import (COMPACTION_INTRO, COMPACTION_PREFIX, ResponsesRequest, TextConfig, chat_messages,
+                                       parse_items, responses_param)
 from server.responses.events import ResponseAssembler
-from server.responses.store import ResponseStore, make_stored
 
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather of a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -156,8 +155,9 @@ def test_an_unknown_tool_type_is_refused_naming_it() -> None:
 
 
 @pytest.mark.parametrize("fields,param", [
-    ({"background": True}, "background"),
-    ({"conversation": "conv_1"}, "conversation"),
+    ({"background": True, "store": False}, "background"),
+    ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
+    ({"conversation": {"name": "x"}}, "conversation.id"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"input": []}, "input"),
     ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
@@ -196,6 +196,22 @@ def test_echo_defaults_match_openai() -> None:
     echo = request().echo()
     assert echo["tool_choice"] == "auto" and echo["parallel_tool_calls"] is True and echo["store"] is True
     assert echo["text"] == {"format": {"type": "text"}} and echo["tools"] == [] and echo["metadata"] == {}
+    # the fields OpenResponses' Response schema requires beyond those
+    assert (echo["presence_penalty"], echo["frequency_penalty"], echo["top_logprobs"], echo["service_tier"]) == \
+        (0.0, 0.0, 0, "default")
+    assert echo["max_tool_calls"] is None and echo["safety_identifier"] is None and echo["prompt_cache_key"] is None
+    assert echo["background"] is False and echo["conversation"] is None
+    echoed = request(presence_penalty=0.5, prompt_cache_key="k", safety_identifier="u1", conversation="conv_1").echo()
+    assert (echoed["presence_penalty"], echoed["prompt_cache_key"], echoed["safety_identifier"]) == (0.5, "k", "u1")
+    assert echoed["conversation"] == {"id": "conv_1"}
+
+
+def test_a_compaction_item_this_server_made_is_read_back_and_others_are_dropped() -> None:
+    items = parse_items([{"type": "compaction", "encrypted_content": COMPACTION_PREFIX + "They chose Rust."},
+                         {"type": "compaction", "encrypted_content": "gAAAA-opaque"},
+                         {"role": "user", "content": "Go on."}])
+    assert chat_messages(items) == [{"role": "user", "content": f"{COMPACTION_INTRO}\n\nThey chose Rust."},
+                                    {"role": "user", "content": "Go on."}]
 
 
 # --- the assembler ----------------------------------------------------------------------------------
@@ -299,48 +315,6 @@ def test_a_failure_ends_with_response_failed() -> None:
     assert event["response"]["status"] == "failed"
     assert event["response"]["error"] == {"code": "server_error", "message": "The engine failed: boom"}
     assert event["response"]["output"][0]["content"][0]["text"] == "partial"
-
-
-# --- the store --------------------------------------------------------------------------------------
-
-
-def _stored(text: str) -> object:
-    return make_stored({"id": text, "output": text}, [{"role": "user", "content": text}], [])
-
-
-def test_store_is_an_lru_bounded_by_count() -> None:
-    store = ResponseStore(max_responses=2, max_bytes=10**6)
-    for name in ("a", "b"):
-        store.put(name, _stored(name))
-    assert store.get("a") is not None  # a is now the most recently used
-    store.put("c", _stored("c"))
-    assert store.get("b") is None and store.get("a") is not None and store.get("c") is not None
-    assert len(store) == 2
-
-
-def test_store_is_bounded_by_bytes_and_deletes() -> None:
-    one = _stored("x" * 100)
-    store = ResponseStore(max_responses=100, max_bytes=2 * one.num_bytes + 10)
-    for name in ("a", "b", "c"):
-        store.put(name, _stored("x" * 100))
-    assert len(store) == 2 and store.get("a") is None
-    assert store.num_bytes <= store.max_bytes
-    assert store.delete("b") and not store.delete("b") and store.get("b") is None
-    assert store.num_bytes == one.num_bytes
-    store.put("huge", _stored("x" * 10_000))  # larger than the whole bound: not kept, nothing evicted
-    assert store.get("huge") is None and store.get("c") is not None
-
-
-def test_a_store_of_size_zero_keeps_nothing() -> None:
-    store = ResponseStore(max_responses=0, max_bytes=10**6)
-    store.put("a", _stored("a"))
-    assert store.get("a") is None and len(store) == 0
-
-
-def test_stored_size_counts_the_json() -> None:
-    stored = _stored("abc")
-    expected = sum(len(json.dumps(x)) for x in (stored.body, list(stored.conversation), []))
-    assert stored.num_bytes == expected
 
 
 # --- Codex CLI's requests ------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""OpenAI's Files API: uploads kept in the state store (batch input, and the batches' output and error files)."""
