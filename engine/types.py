@@ -89,6 +89,9 @@ class SamplingParams:
     # next-token distribution at the prompt's end (no temperature, penalties, bias or mask). With max_tokens=1
     # the request is a run that stops after the prompt: the one sampled token is never run through the model.
     label_token_ids: tuple[int, ...] = ()
+    # Speculative decoding for this request: the most draft tokens one check may hold (None: the engine's bounds,
+    # 0: no drafts). Drafts never change what is sampled, only how fast.
+    draft_max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)
@@ -109,6 +112,8 @@ class SamplingParams:
         _check(self.seed is None or 0 <= self.seed < 2**64, "seed", "must be in [0, 2**64)", self.seed)
         _check(all(t >= 0 for t in self.label_token_ids), "label_token_ids", "must be token ids >= 0",
                self.label_token_ids)
+        _check(self.draft_max_tokens is None or 0 <= self.draft_max_tokens <= 64, "speculative.n_max",
+               "must be in [0, 64] (0: no drafts)", self.draft_max_tokens)
         for token_id, bias in self.logit_bias:
             _check(-100.0 <= bias <= 100.0, "logit_bias", f"values must be in [-100, 100] (token {token_id})", bias)
 
