@@ -250,6 +250,8 @@ class AsyncEngine:
                    "prefix_cache_hits_total": float(snap.prefix_cache_hits_total),
                    "spec_draft_tokens_total": float(snap.spec_draft_tokens_total),
                    "spec_accepted_tokens_total": float(snap.spec_accepted_tokens_total),
+                   "spec_drafts_total": float(snap.spec_drafts_total),
+                   **{f"spec_accepted_pos_{i}": float(n) for i, n in enumerate(snap.spec_accepted_per_pos)},
                    "engine_thread_cpu_s": snap.thread_cpu_s,
                    **({"engine_process_cpu_s": self._core.process_cpu_s}
                       if self._core.process_cpu_s is not None else {}),

@@ -27,6 +27,7 @@ from engine.types import (
 )
 
 if TYPE_CHECKING:
+    from engine.spec_decode.draft_model import DraftModelProposer
     from engine.structured_output import StructuredOutputBackend
 
 log = logging.getLogger(__name__)
@@ -46,13 +47,16 @@ class EngineCore:
         structured: fills the token masks of requests with a ``constraint`` (constrained decoding).
         between_steps: called before each inbox drain with ``idle`` (the core is about to wait for work).
         step_trace: a file each step is recorded in (``engine.step_trace``); None: no record.
+        draft_model: the draft model's proposer (speculative decoding with a draft model); None: none.
     """
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, sink: Sink, seed: int | None = None,
                  fault_injector: FaultInjector | None = None,
                  structured: StructuredOutputBackend | None = None,
-                 between_steps: Callable[[bool], None] | None = None, step_trace: str | None = None) -> None:
+                 between_steps: Callable[[bool], None] | None = None, step_trace: str | None = None,
+                 draft_model: DraftModelProposer | None = None) -> None:
         self.runner = runner
+        self.draft_model = draft_model
         # NOTE(engine): called on the core thread before each inbox drain, with True when the core is about to
         # wait for work (an engine process sends its snapshot then: engine.core_process).
         self.between_steps = between_steps
@@ -165,6 +169,8 @@ class EngineCore:
         out = self.scheduler.schedule()
         for copy in out.copies:  # NOTE(engine): before any run: a copy reads rows this step may overwrite
             self.runner.copy_kv(copy.src, copy.dst, copy.start, copy.end)
+            if self.draft_model is not None:
+                self.draft_model.copy_kv(copy.src, copy.dst, copy.start, copy.end)
         t = clock()
         phase.schedule += t - t0
         prefills: Sequence[PrefillChunk] = out.prefills
@@ -175,12 +181,17 @@ class EngineCore:
         if out.decode or joined:
             t = clock()
             self._run_decode(out.decode, joined)
-            if not (joined or out.verify or prefills) and len(out.decode) <= self.scheduler.speculative_max_batch:
+            if not (joined or out.verify or out.draft_rows or prefills) and len(out.decode) <= self.scheduler.speculative_max_batch:
                 self.scheduler.check_cost.record_decode(clock() - t)  # the step a draft check would replace
         num_verified = 0
-        if out.verify:
+        verifies = out.verify
+        if out.draft_rows:
             t = clock()
-            for verify in out.verify:
+            verifies = (*verifies, *self._propose(out))
+            phase.verify += clock() - t
+        if verifies:
+            t = clock()
+            for verify in verifies:
                 t1 = clock()
                 num_verified += self._run_verify(verify)
                 self.scheduler.check_cost.record_check(len(verify.draft), clock() - t1)
@@ -195,7 +206,7 @@ class EngineCore:
             self._trace.step(t0, end, before, phase.as_tuple(), decode=len(out.decode) + len(joined),
                              prefill=[c.num_tokens for c in prefills], prefill_start=[c.start for c in prefills],
                              joined=len(joined), copies=len(out.copies),
-                             verify=len(out.verify), runs=self.runner.run_log)
+                             verify=len(verifies), runs=self.runner.run_log)
             self.runner.run_log = []
         stats.record_step(len(out.decode) + num_verified, end - t0)
         self._publish(time.monotonic())
@@ -262,6 +273,22 @@ class EngineCore:
         phase.decode_sample += t2 - t1
         phase.decode_update += clock() - t2
 
+    def _propose(self, out: SchedulerOutput) -> list[Verify]:
+        """The draft model's drafts for ``out.draft_rows`` (batched runs of the draft model), as checks to run; a
+        failed run fails its rows' requests."""
+        assert self.draft_model is not None
+        rows = out.draft_rows
+        try:
+            if self.fault_injector is not None:
+                self.fault_injector(StepInfo(self.stats.steps_total, "draft",
+                                             tuple(r.request.request_id for r in rows)))
+            drafts = self.draft_model.propose(rows)
+        except Exception as exc:
+            self._fail([r.request for r in rows], exc)
+            return []
+        self.scheduler.check_cost.record_draft(sum(len(d.token_ids) for d in drafts), self.draft_model.last_s)
+        return [Verify(d.request, d.token_ids, d.probs, d.source) for d in drafts]
+
     def _run_verify(self, verify: Verify) -> int:
         """Check one request's draft in one run; returns the tokens it added."""
         request = verify.request
@@ -269,7 +296,7 @@ class EngineCore:
             if self.fault_injector is not None:
                 self.fault_injector(StepInfo(self.stats.steps_total, "verify", (request.request_id,)))
             logits = self.runner.verify(request.slot, verify.token_ids, request.num_computed_tokens)  # [S, V]
-            results = request.sampler_state.verify(logits, verify.draft)
+            results = request.sampler_state.verify(logits, verify.draft, verify.draft_probs)
         except Exception as exc:
             self._fail((request,), exc)
             return 0
@@ -279,8 +306,7 @@ class EngineCore:
                                                      {request: [r.token_id for r in results]})
         num_added = len(request.output_ids) - num_before  # fewer than results when a stop token came first
         self.stats.generation_tokens_total += num_added
-        self.stats.spec_draft_tokens_total += len(verify.draft)
-        self.stats.spec_accepted_tokens_total += len(results) - 1
+        self.stats.record_draft(len(verify.draft), len(results) - 1)
         self._emit([(request, results[:num_added])], finished)
         return num_added
 

@@ -257,6 +257,8 @@ class CoreSnapshot:
     prefix_cache_hits_total: int = 0  # of them, tokens whose KV was reused
     spec_draft_tokens_total: int = 0  # tokens proposed by speculative drafts
     spec_accepted_tokens_total: int = 0  # of them, tokens the model kept
+    spec_drafts_total: int = 0  # draft checks
+    spec_accepted_per_pos: tuple[int, ...] = ()  # [i]: checks whose draft token i was kept
     # KV held, in tokens (issue 26: the gateway's KV-utilization gauge): running requests' computed tokens, and
     # what free slots keep for prefix reuse (evictable, so not counted as used, as vLLM counts cached blocks).
     num_kv_tokens_running: int = 0

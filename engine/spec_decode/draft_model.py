@@ -24,6 +24,10 @@ from engine.spec_decode.proposer import DRAFT_MODEL, Draft, DraftRow
 
 log = logging.getLogger(__name__)
 
+# A catch-up chunk longer than this (a new prompt, tokens the target added while the row did not draft) is not part
+# of the draft's cost per token (``CheckCost.record_draft``): it is paid once.
+CATCH_UP_TOKENS = 4
+
 
 class DraftModelProposer:
     """Drafts of a draft model for the target's rows (core thread only).
@@ -51,7 +55,7 @@ class DraftModelProposer:
         self.min_tokens = min_tokens
         self._held: list[list[int]] = [[] for _ in range(runner.num_slots)]
         self.num_runs = 0  # the draft model's runs (chunks and batched steps)
-        self.last_s = 0.0  # seconds of the last propose
+        self.last_s = 0.0  # seconds of the last propose, less its catch-up chunks of more than CATCH_UP_TOKENS
 
     def copy_kv(self, src: int, dst: int, start: int, end: int) -> None:
         """Mirror a target KV copy of positions ``[start, end)`` from slot ``src`` to ``dst`` where the draft rows hold
@@ -64,6 +68,7 @@ class DraftModelProposer:
     def propose(self, rows: Sequence[DraftRow]) -> list[Draft]:
         """One Draft per row (at most ``row.num_tokens`` tokens), in row order."""
         t0 = time.perf_counter()
+        catch_up_s = 0.0
         states = [_RowDraft(row) for row in rows]
         # 1. Catch each row up: the tokens after the prefix its draft row holds, and its last token, as one chunk
         #    (its last logits give the first draft token); a row with only the last token to feed joins step 2 at once.
@@ -77,7 +82,10 @@ class DraftModelProposer:
             self.runner.release(slot, keep=common)  # positions past it are free (idle rows write there)
             pending = tokens[common:]
             if len(pending) > 1:
+                t1 = time.perf_counter()
                 logits = self._chunk(slot, pending, common)
+                if len(pending) > CATCH_UP_TOKENS:  # NOTE(engine): a prompt's first draft: paid once, not per token
+                    catch_up_s += time.perf_counter() - t1
                 held.extend(pending)
                 self._take(state, logits)
             else:
@@ -94,7 +102,7 @@ class DraftModelProposer:
             for state, slot, row_logits in zip(live, slots, logits):
                 self._held[slot].append(state.feed)
                 self._take(state, row_logits)
-        self.last_s = time.perf_counter() - t0
+        self.last_s = time.perf_counter() - t0 - catch_up_s
         return [s.result(self.vocab_size, self.min_tokens) for s in states]
 
     def _chunk(self, slot: int, tokens: list[int], start: int) -> np.ndarray:
