@@ -92,6 +92,7 @@ class SamplingParams:
     # Speculative decoding for this request: the most draft tokens one check may hold (None: the engine's bounds,
     # 0: no drafts). Drafts never change what is sampled, only how fast.
     draft_max_tokens: int | None = None
+    draft_model: str | None = None  # LM Studio's per-request field: accepted when it names the loaded draft model
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)
