@@ -57,6 +57,7 @@ class EngineCore:
                  draft_model: DraftModelProposer | None = None) -> None:
         self.runner = runner
         self.draft_model = draft_model
+        self._kv_rows = (runner,) if draft_model is None else (runner, draft_model)  # what a KV copy applies to
         # NOTE(engine): called on the core thread before each inbox drain, with True when the core is about to
         # wait for work (an engine process sends its snapshot then: engine.core_process).
         self.between_steps = between_steps
@@ -168,9 +169,8 @@ class EngineCore:
         before = phase.as_tuple() if self._trace is not None else ()
         out = self.scheduler.schedule()
         for copy in out.copies:  # NOTE(engine): before any run: a copy reads rows this step may overwrite
-            self.runner.copy_kv(copy.src, copy.dst, copy.start, copy.end)
-            if self.draft_model is not None:
-                self.draft_model.copy_kv(copy.src, copy.dst, copy.start, copy.end)
+            for rows in self._kv_rows:  # the target's rows, and the draft model's where there is one
+                rows.copy_kv(copy.src, copy.dst, copy.start, copy.end)
         t = clock()
         phase.schedule += t - t0
         prefills: Sequence[PrefillChunk] = out.prefills
@@ -184,14 +184,9 @@ class EngineCore:
             if not (joined or out.verify or out.draft_rows or prefills) and len(out.decode) <= self.scheduler.speculative_max_batch:
                 self.scheduler.check_cost.record_decode(clock() - t)  # the step a draft check would replace
         num_verified = 0
-        verifies = out.verify
-        if out.draft_rows:
+        if out.verify or out.draft_rows:
             t = clock()
-            verifies = (*verifies, *self._propose(out))
-            phase.verify += clock() - t
-        if verifies:
-            t = clock()
-            for verify in verifies:
+            for verify in (*out.verify, *(self._propose(out) if out.draft_rows else ())):
                 t1 = clock()
                 num_verified += self._run_verify(verify)
                 self.scheduler.check_cost.record_check(len(verify.draft), clock() - t1)
@@ -206,7 +201,7 @@ class EngineCore:
             self._trace.step(t0, end, before, phase.as_tuple(), decode=len(out.decode) + len(joined),
                              prefill=[c.num_tokens for c in prefills], prefill_start=[c.start for c in prefills],
                              joined=len(joined), copies=len(out.copies),
-                             verify=len(verifies), runs=self.runner.run_log)
+                             verify=len(out.verify) + len(out.draft_rows), runs=self.runner.run_log)
             self.runner.run_log = []
         stats.record_step(len(out.decode) + num_verified, end - t0)
         self._publish(time.monotonic())
@@ -226,8 +221,7 @@ class EngineCore:
             return (), list(chunks)
         rest = [c for c in chunks if all(c is not b for b in batch)]
         try:
-            if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self.stats.steps_total, "prefill", tuple(c.request.request_id for c in batch)))
+            inject(self.fault_injector, self.stats.steps_total, "prefill", [c.request for c in batch])
             self.runner.prefill_prompts([c.request.slot for c in batch], [c.token_ids[:-1] for c in batch])
         except Exception as exc:
             self._fail([c.request for c in batch], exc)
@@ -247,8 +241,7 @@ class EngineCore:
             batch = tuple(sorted((*running, *(c.request for c in joined)), key=lambda r: r.slot))
         try:
             masked = self.masks.fill(batch, failed)
-            if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self.stats.steps_total, "decode", tuple(r.request_id for r in batch)))
+            inject(self.fault_injector, self.stats.steps_total, "decode", batch)
             samplers = [r.sampler_state for r in batch]
             logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
                                         [positions.get(id(r), r.num_computed_tokens) for r in batch],
@@ -274,27 +267,20 @@ class EngineCore:
         phase.decode_update += clock() - t2
 
     def _propose(self, out: SchedulerOutput) -> list[Verify]:
-        """The draft model's drafts for ``out.draft_rows`` (batched runs of the draft model), as checks to run; a
-        failed run fails its rows' requests."""
-        assert self.draft_model is not None
+        """The draft model's drafts for ``out.draft_rows`` (batched runs), as checks; a failed run fails its rows."""
         rows = out.draft_rows
         try:
-            if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self.stats.steps_total, "draft",
-                                             tuple(r.request.request_id for r in rows)))
-            drafts = self.draft_model.propose(rows)
+            inject(self.fault_injector, self.stats.steps_total, "draft", [r.request for r in rows])
+            return [Verify(d.request, d.token_ids, d.probs, d.source) for d in self.draft_model.propose(rows)]
         except Exception as exc:
             self._fail([r.request for r in rows], exc)
             return []
-        self.scheduler.check_cost.record_draft(sum(len(d.token_ids) for d in drafts), self.draft_model.last_s)
-        return [Verify(d.request, d.token_ids, d.probs, d.source) for d in drafts]
 
     def _run_verify(self, verify: Verify) -> int:
         """Check one request's draft in one run; returns the tokens it added."""
         request = verify.request
         try:
-            if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self.stats.steps_total, "verify", (request.request_id,)))
+            inject(self.fault_injector, self.stats.steps_total, "verify", (request,))
             logits = self.runner.verify(request.slot, verify.token_ids, request.num_computed_tokens)  # [S, V]
             results = request.sampler_state.verify(logits, verify.draft, verify.draft_probs)
         except Exception as exc:
@@ -317,8 +303,7 @@ class EngineCore:
         try:
             # NOTE(engine): only the last chunk of a prompt samples, so only it is masked.
             masked = self.masks.fill(choices, failed) if chunk.is_last else []
-            if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self.stats.steps_total, "prefill", (request.request_id,)))
+            inject(self.fault_injector, self.stats.steps_total, "prefill", (request,))
             logits = self.runner.prefill(request.slot, chunk.token_ids, chunk.start,
                                          also=[f.slot for f in request.forks])
             # n > 1: every choice samples its first token from the same logits, each with its own sampler
@@ -343,16 +328,8 @@ class EngineCore:
         O(rows). A request whose logits are not finite (NaN or inf: a model that overflows float16) drafts no more:
         its tokens are arbitrary, and the device's argmax and the host's need not agree over NaN, so a check would
         only cost. Reported once per engine in the log."""
-        if np.isfinite(values).all():
-            return
-        for request, ok in zip(batch, np.isfinite(values).tolist()):
-            if not ok:
-                self.scheduler.stop_drafts(request)
-                if not self._nonfinite_reported:
-                    self._nonfinite_reported = True
-                    log.warning("the model's logits are not finite (NaN or inf) in request %s after %d tokens: its "
-                                "output is arbitrary (float16 overflow?); drafts are off for such requests "
-                                "(reported once)", request.request_id, request.num_tokens)
+        if not np.isfinite(values).all():
+            self._nonfinite_reported = stop_nonfinite(self.scheduler, batch, values, self._nonfinite_reported)
 
     def _emit(self, items: Sequence[tuple[Request, Sequence[SampleResult]]], finished: list[Finished],
               failed: dict[Request, str] | None = None, complete: set[Request] | None = None) -> None:
@@ -407,6 +384,26 @@ class EngineCore:
         on_core_thread = threading.current_thread() is self._thread
         self.snapshot = self.stats.snapshot(self.scheduler, now, time.thread_time() if on_core_thread else
                                             self.snapshot.thread_cpu_s)
+
+
+def inject(fault_injector: FaultInjector | None, step: int, kind: str, requests: Sequence[Request]) -> None:
+    """Call the test-only fault injector (if any) before a run of ``kind`` over ``requests`` in step ``step``."""
+    if fault_injector is not None:
+        fault_injector(StepInfo(step, kind, tuple(r.request_id for r in requests)))
+
+
+def stop_nonfinite(scheduler: Scheduler, batch: Sequence[Request], values: np.ndarray, reported: bool) -> bool:
+    """``EngineCore._check_finite``'s work where some ``values`` are not finite: those rows' requests draft no more,
+    and the first is logged unless ``reported``; returns whether one was reported by now."""
+    for request, ok in zip(batch, np.isfinite(values).tolist()):
+        if not ok:
+            scheduler.stop_drafts(request)
+            if not reported:
+                reported = True
+                log.warning("the model's logits are not finite (NaN or inf) in request %s after %d tokens: its "
+                            "output is arbitrary (float16 overflow?); drafts are off for such requests "
+                            "(reported once)", request.request_id, request.num_tokens)
+    return reported
 
 
 def step_outputs(items: Sequence[tuple[Request, Sequence[SampleResult]]], reasons: dict[int, FinishReason],

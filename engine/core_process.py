@@ -105,8 +105,7 @@ def build_core(folder: ModelFolder, config: EngineConfig, sink: Sink,
                           low_slots=len(runner.buckets) > 1, max_prefills=max_prefills_per_step(config, runner),
                           min_prefix_reuse=min_prefix_reuse(config, runner),
                           prompt_budget=placement.batched_prompt_tokens(config, runner),
-                          batched_prompt_len=runner.max_batched_prompt + 1 if runner.can_batch_prompts else 0,
-                          draft_max=config.draft_max if draft_model is not None else 0)
+                          batched_prompt_len=runner.max_batched_prompt + 1 if runner.can_batch_prompts else 0)
     # NOTE(engine): grammars compile in the backend's worker threads (its tokenizer is built on first use),
     # never on the core thread; the core only fills masks and advances constraints.
     structured = StructuredOutputBackend(
@@ -115,6 +114,9 @@ def build_core(folder: ModelFolder, config: EngineConfig, sink: Sink,
     core = EngineCore(runner, scheduler, sink, seed=config.seed, fault_injector=config.fault_injector,
                       structured=structured, between_steps=between_steps, step_trace=config.step_trace,
                       draft_model=draft_model)
+    if draft_model is not None:
+        scheduler.use_draft_model(config.draft_max)
+        draft_model.cost = scheduler.check_cost
     return BuiltCore(core, loaded, structured, speculative_tokens)
 
 

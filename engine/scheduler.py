@@ -217,14 +217,14 @@ class Scheduler:
             ``batched_prompt_len`` tokens) a step takes beside ``token_budget``: the core runs them together
             (``EngineCore._run_prompts``); 0: none beside it.
         batched_prompt_len: the longest prompt that counts against ``prompt_budget``.
-        draft_max: the longest draft of the draft model (0: no draft model); each step a row drafts with whichever
-            source (prompt lookup, the draft model) is likelier to pay (``engine.spec_decode.policy``).
+
+    A draft model drafts for rows too once ``use_draft_model`` says so.
     """
 
     def __init__(self, num_slots: int, max_waiting: int, token_budget: int, *, prefix_caching: bool = False,
                  can_copy: bool = False, speculative_tokens: int = 0, speculative_max_batch: int = 1,
                  low_slots: bool = False, max_prefills: int = 0, min_prefix_reuse: int = 1, prompt_budget: int = 0,
-                 batched_prompt_len: int = 0, draft_max: int = 0) -> None:
+                 batched_prompt_len: int = 0) -> None:
         if token_budget <= num_slots:
             raise ValueError(f"token_budget must be > num_slots ({num_slots}), got {token_budget}")
         self.num_slots = num_slots
@@ -232,7 +232,7 @@ class Scheduler:
         self.token_budget = token_budget
         self.speculative_tokens = max(0, min(speculative_tokens, token_budget - 2))
         self.speculative_max_batch = speculative_max_batch
-        self.draft_max = max(0, min(draft_max, token_budget - 2))
+        self.draft_max = 0  # the longest draft of the draft model (0: none: use_draft_model)
         self.ngram = NgramProposer()
         self.check_cost = CheckCost()  # a draft check's cost on this device, measured by the core (every drafter's)
         self.max_prefills = max_prefills if max_prefills > 0 else num_slots
@@ -424,6 +424,11 @@ class Scheduler:
         request.slot = slot
         self._by_slot[slot] = request
         self.running[request.key] = request
+
+    def use_draft_model(self, draft_max: int) -> None:
+        """Rows may draft with the draft model too, at most ``draft_max`` tokens a draft: each step a row drafts with
+        whichever source (prompt lookup, the draft model) is likelier to pay (``engine.spec_decode.policy``)."""
+        self.draft_max = max(0, min(draft_max, self.token_budget - 2))
 
     def stop_drafts(self, request: Request) -> None:
         """``request`` drafts no more (its logits are not finite: ``EngineCore._check_finite``)."""

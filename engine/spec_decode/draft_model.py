@@ -21,6 +21,7 @@ import numpy as np
 
 from engine.spec_decode import rejection
 from engine.spec_decode.proposer import DRAFT_MODEL, Draft, DraftRow
+from engine.speculative import CheckCost
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class DraftModelProposer:
 
     Args:
         runner: the draft model's runner (row views: ``engine.runner.Runner``), as many slots as the target's.
+        cost: the scheduler's ``CheckCost``, told each proposal's time per draft token (None: not told).
         vocab_size: the target's logits width (q rows are this wide; a narrower draft's are padded with zeros).
         p_min: a row stops drafting once the draft gave its token less than this probability (llama.cpp's
             --draft-p-min): the next token is then likelier to be rejected than to pay.
@@ -47,8 +49,10 @@ class DraftModelProposer:
 
     name = DRAFT_MODEL
 
-    def __init__(self, runner: Any, vocab_size: int, p_min: float = 0.0, min_tokens: int = 0) -> None:
+    def __init__(self, runner: Any, vocab_size: int, p_min: float = 0.0, min_tokens: int = 0,
+                 cost: CheckCost | None = None) -> None:
         self.runner = runner
+        self.cost = cost  # where each proposal's time per draft token is recorded (the scheduler's)
         self.vocab_size = vocab_size
         self.draft_vocab = min(runner.vocab_size, vocab_size)
         self.p_min = p_min
@@ -103,7 +107,10 @@ class DraftModelProposer:
                 self._held[slot].append(state.feed)
                 self._take(state, row_logits)
         self.last_s = time.perf_counter() - t0 - catch_up_s
-        return [s.result(self.vocab_size, self.min_tokens) for s in states]
+        drafts = [s.result(self.vocab_size, self.min_tokens) for s in states]
+        if self.cost is not None:
+            self.cost.record_draft(sum(len(s.token_ids) for s in states), self.last_s)
+        return drafts
 
     def _chunk(self, slot: int, tokens: list[int], start: int) -> np.ndarray:
         """Run ``tokens`` at ``start`` in the draft row of ``slot`` (pieces of at most a prefill chunk); the logits of

@@ -32,7 +32,8 @@ def test_expected_tokens_and_best_length_on_exact_numbers():
 
 
 def test_a_request_without_lookup_matches_drafts_with_the_draft_model():
-    sched = Scheduler(num_slots=2, max_waiting=4, token_budget=64, speculative_tokens=4, draft_max=8)
+    sched = Scheduler(num_slots=2, max_waiting=4, token_budget=64, speculative_tokens=4)
+    sched.use_draft_model(8)
     sched.check_cost.freeze()
     r = decoding(sched, make_request("a", range(10, 30)))  # no n-gram repeats: prompt lookup has nothing
     r.model_draft = ModelDraftState(prior=(9.0, 10.0))  # as if 90% of its drafts were kept
@@ -48,7 +49,8 @@ def test_a_request_without_lookup_matches_drafts_with_the_draft_model():
 
 
 def test_a_copying_request_takes_prompt_lookup_and_a_poor_draft_model_is_left_alone():
-    sched = Scheduler(num_slots=2, max_waiting=4, token_budget=64, speculative_tokens=8, draft_max=8)
+    sched = Scheduler(num_slots=2, max_waiting=4, token_budget=64, speculative_tokens=8)
+    sched.use_draft_model(8)
     sched.check_cost.freeze()
     r = decoding(sched, make_request("a", [5, 6, 7, 8, 9, 10, 11, 5, 6]), first=7)  # (6, 7) seen: lookup drafts
     r.model_draft = ModelDraftState(prior=(0.5, 10.0))  # its drafts are rarely kept: they cost more than they give
@@ -58,8 +60,9 @@ def test_a_copying_request_takes_prompt_lookup_and_a_poor_draft_model_is_left_al
 
 
 def test_constrained_rows_and_rows_that_turned_drafts_off_do_not_draft():
-    sched = Scheduler(num_slots=3, max_waiting=4, token_budget=64, speculative_tokens=4, draft_max=8,
+    sched = Scheduler(num_slots=3, max_waiting=4, token_budget=64, speculative_tokens=4,
                       speculative_max_batch=3)
+    sched.use_draft_model(8)
     sched.check_cost.freeze()
     grammar = make_request("g", range(10, 20), structured=StructuredOutput("json_object"))
     off = make_request("o", range(30, 40), draft_max_tokens=0)
