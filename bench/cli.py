@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     spec = p.add_argument_group("speculative scenario")
     spec.add_argument("--workloads", type=lambda v: v.split(","), default=list(WORKLOADS),
                       help=f"comma-separated, of {','.join(WORKLOADS)} (default all)")
-    spec.add_argument("--temperatures", type=_float_list, default=[0.0, 0.7],
+    spec.add_argument("--temperatures", type=lambda v: [float(x) for x in v.split(",")], default=[0.0, 0.7],
                       help="comma-separated (default 0,0.7)")
     emb = p.add_argument_group("embeddings and decisions scenarios")
     emb.add_argument("--batch-sizes", type=_int_list, default=[1, 32],
