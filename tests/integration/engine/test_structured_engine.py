@@ -19,6 +19,7 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.types import StepInfo
 from engine.types import FinishReason, InvalidRequestError, SamplingParams, StructuredOutput
+from tests.greedy_close import GreedyRun, assert_decided
 
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
@@ -248,13 +249,22 @@ def smol(default_model):
 
 @pytest.mark.slow
 def test_the_default_model_tempted_to_repeat_a_key_writes_each_key_once(smol):
-    """JSONSchemaBench's "ContentType" twice, on the real default model: asked to repeat a key, SmolLM2 does so
-    when free; under json_object or an open schema each key comes once and the answer is still JSON."""
-    question = ('Write HTTP headers as a JSON object. Repeat the key "ContentType" three times: '
-                '{"ContentType":"a","ContentType":"b","ContentType":"c"}')
-    prompt = smol.tokenizer.encode(smol.chat_template.render([{"role": "user", "content": question}]))
-    free = text_of(asyncio.run(collect(smol, prompt, SamplingParams(max_tokens=120, temperature=0.0), "free")))
-    assert free.count('"ContentType"') >= 2  # the temptation works on this model (greedy, exact INT4)
+    """JSONSchemaBench's "ContentType" twice, on the real default model: shown a repeated key and asked for
+    another, SmolLM2 repeats the key when free; under json_object or an open schema each key comes once and the
+    answer is still JSON."""
+    messages = [{"role": "user", "content": 'Repeat the key "Accept" twice in a JSON object.'},
+                {"role": "assistant", "content": '{"Accept":"a","Accept":"b"}'},
+                {"role": "user", "content": 'Repeat the key "ContentType" three times in a JSON object.'}]
+    prompt = smol.tokenizer.encode(smol.chat_template.render(messages))
+    outputs = asyncio.run(collect(smol, prompt, SamplingParams(max_tokens=40, temperature=0.0, logprobs=True,
+                                                               top_logprobs=2), "free"))
+    free = text_of(outputs)
+    assert free.count('"ContentType"') >= 2, free  # the temptation works on this model
+    # NOTE(tests): and on every CPU: each greedy choice up to the second "ContentType" wins by a margin that no
+    # kernel's rounding closes (tests/greedy_close.py), so the precondition does not depend on the machine
+    ids = ids_of(outputs)
+    upto = next(n for n in range(1, len(ids) + 1) if smol.tokenizer.decode(ids[:n]).count('"ContentType"') >= 2)
+    assert_decided(GreedyRun.from_engine(outputs), upto, what="the free answer's repeated key")
     with pytest.raises(AssertionError, match="repeated key"):
         json.loads(free[free.index("{"):free.rindex("}") + 1], object_pairs_hook=unique_pairs)
     for spec in (StructuredOutput("json_object"),

@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from tests.greedy_close import TOP_K, GreedyRun, assert_greedy_close
 from tests.integration.server.conftest import ServeProcess, metrics_samples, serve_process
 
 PROMPTS = [f"Name {n} animals that live in the sea." for n in range(2, 12)]
@@ -58,25 +59,30 @@ def two(default_model: Path) -> Iterator[ServeProcess]:
         yield server
 
 
-def _answers(base: str, n_requests: int) -> list[tuple[str, str]]:
-    """``n_requests`` concurrent greedy chats over PROMPTS, every other one streamed: (text, answering process)."""
+def _answers(base: str, n_requests: int) -> list[tuple[str, GreedyRun, str]]:
+    """``n_requests`` concurrent greedy chats over PROMPTS, every other one streamed: (text, tokens with their
+    top-k log-probabilities, answering process)."""
+    asked = dict(model="smol", max_tokens=MAX_TOKENS, temperature=0, logprobs=True, top_logprobs=TOP_K)
 
-    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, str]:
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, GreedyRun, str]:
         messages = [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]
         if i % 2:
-            raw = await client.chat.completions.with_raw_response.create(
-                model="smol", messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+            raw = await client.chat.completions.with_raw_response.create(messages=messages, **asked)
             answer = raw.parse()
-            assert answer.usage.completion_tokens <= MAX_TOKENS and answer.choices[0].finish_reason
-            return answer.choices[0].message.content, raw.headers.get("ortserve-api-server", "")
-        async with client.chat.completions.with_streaming_response.create(
-                model="smol", messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True) as raw:
-            chunks = [c async for c in await raw.parse()]
-            assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-            return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), \
-                raw.headers.get("ortserve-api-server", "")
+            choice = answer.choices[0]
+            assert answer.usage.completion_tokens <= MAX_TOKENS and choice.finish_reason
+            return (choice.message.content, GreedyRun.from_openai(choice.logprobs, choice.finish_reason),
+                    raw.headers.get("ortserve-api-server", ""))
+        async with client.chat.completions.with_streaming_response.create(messages=messages, stream=True,
+                                                                          **asked) as raw:
+            choices = [c.choices[0] for c in [c async for c in await raw.parse()] if c.choices]
+            finish = [c.finish_reason for c in choices if c.finish_reason]
+            assert finish
+            content = [entry for c in choices if c.logprobs for entry in c.logprobs.content or ()]
+            return ("".join(c.delta.content or "" for c in choices),
+                    GreedyRun.from_openai({"content": content}, finish[0]), raw.headers.get("ortserve-api-server", ""))
 
-    async def run() -> list[tuple[str, str]]:
+    async def run() -> list[tuple[str, GreedyRun, str]]:
         async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120) as client:
             return await asyncio.gather(*(one(client, i) for i in range(n_requests)))
 
@@ -88,11 +94,15 @@ def test_concurrent_requests_answer_as_one_process_does_and_both_processes_serve
     answers = _answers(two.base, 24)
     with serve_process(default_model, "--served-model-name", "smol", "--max-batch", "8") as one:
         reference = _answers(one.base, len(PROMPTS))
-    assert {process for _, process in reference} == {""}  # one process: no header
-    expected = {PROMPTS[i]: text for i, (text, _) in enumerate(reference)}
-    assert all(text for text, _ in answers)
-    assert [text for text, _ in answers] == [expected[PROMPTS[i % len(PROMPTS)]] for i in range(len(answers))]
-    served = Counter(process for _, process in answers)
+    assert {process for _, _, process in reference} == {""}  # one process: no header
+    assert all(text and "".join(run.tokens) == text for text, run, _ in answers + reference)  # logprobs came
+    # NOTE(tests): which requests share a decode batch differs between the two servers and from run to run, and a
+    # lone row rounds differently from a row among others on AVX2 (tests/greedy_close.py): equal up to a near-tie.
+    # An answer routed to the wrong request parts from its prompt's reference at a choice that is no near-tie.
+    for i, (text, run, _) in enumerate(answers):
+        _, expected, _ = reference[i % len(PROMPTS)]
+        assert_greedy_close(expected, run, what=f"request {i} ({PROMPTS[i % len(PROMPTS)]!r}: {text!r})")
+    served = Counter(process for _, _, process in answers)
     assert set(served) == {"0", "1"}, served
 
 
