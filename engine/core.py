@@ -292,8 +292,10 @@ class EngineCore:
                                                      {request: [r.token_id for r in results]})
         num_added = len(request.output_ids) - num_before  # fewer than results when a stop token came first
         self.stats.generation_tokens_total += num_added
-        self.stats.record_draft(len(verify.draft), len(results) - 1)
-        self._emit([(request, results[:num_added])], finished)
+        check = (len(verify.draft), len(results) - 1) if verify.draft else None  # (drafted, accepted)
+        if check is not None:
+            self.stats.record_draft(*check)
+        self._emit([(request, results[:num_added])], finished, spec_check=check)
         return num_added
 
     def _run_prefill(self, chunk: PrefillChunk) -> None:
@@ -332,9 +334,11 @@ class EngineCore:
             self._nonfinite_reported = stop_nonfinite(self.scheduler, batch, values, self._nonfinite_reported)
 
     def _emit(self, items: Sequence[tuple[Request, Sequence[SampleResult]]], finished: list[Finished],
-              failed: dict[Request, str] | None = None, complete: set[Request] | None = None) -> None:
+              failed: dict[Request, str] | None = None, complete: set[Request] | None = None,
+              spec_check: tuple[int, int] | None = None) -> None:
         """Send one output per request of ``items`` (request, the results appended to it this step); a choice
-        in ``failed`` ends with ERROR instead (its constraint failed)."""
+        in ``failed`` ends with ERROR instead (its constraint failed); ``spec_check``: (drafted, accepted) of the
+        draft check that made them (one item)."""
         reasons = {id(f.request): f.reason for f in finished}
         if failed:
             for r, error in failed.items():
@@ -345,7 +349,7 @@ class EngineCore:
         for f in finished:
             self._release(f.request)
         self._publish(time.monotonic())  # stats agree with the outputs by the time they are seen
-        self.sink(step_outputs(items, reasons, failed, complete))
+        self.sink(step_outputs(items, reasons, failed, complete, spec_check))
 
     def _fail(self, batch: Sequence[Request], exc: Exception) -> None:
         """A run failed: its requests end with ERROR; the engine goes on with the others."""
@@ -407,9 +411,11 @@ def stop_nonfinite(scheduler: Scheduler, batch: Sequence[Request], values: np.nd
 
 
 def step_outputs(items: Sequence[tuple[Request, Sequence[SampleResult]]], reasons: dict[int, FinishReason],
-                 failed: dict[Request, str] | None, complete: set[Request] | None) -> list[CoreOutput]:
+                 failed: dict[Request, str] | None, complete: set[Request] | None,
+                 spec_check: tuple[int, int] | None = None) -> list[CoreOutput]:
     """One CoreOutput per request of ``items`` (request, the results appended to it this step): its tokens and
-    log-probabilities, and ``reasons[id(request)]`` when it finished; a choice in ``failed`` ends with ERROR."""
+    log-probabilities, and ``reasons[id(request)]`` when it finished; a choice in ``failed`` ends with ERROR.
+    ``spec_check`` (a draft check's (drafted, accepted)) goes on every output that is not an error."""
     outputs = []
     for r, results in items:
         if failed and r in failed:
@@ -421,7 +427,7 @@ def step_outputs(items: Sequence[tuple[Request, Sequence[SampleResult]]], reason
         outputs.append(CoreOutput(r.request_id, tuple(res.token_id for res in results), reasons.get(id(r)),
                                   logprobs or None, seq=r.seq, first_scheduled_s=r.first_scheduled_s,
                                   index=r.index, num_cached_tokens=r.num_cached_tokens,
-                                  grammar_complete=bool(complete) and r in complete))
+                                  grammar_complete=bool(complete) and r in complete, spec_check=spec_check))
     return outputs
 
 

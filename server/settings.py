@@ -288,6 +288,13 @@ class Settings(BaseSettings):
         0.6, ge=0.0, le=1.0, description="A row stops drafting once the draft model gave its token less than this "
         "probability (llama.cpp's --spec-draft-p-min).",
     )
+    per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = Field(
+        "none", description="Each chat or completions response (the last chunk with usage, when streamed) and "
+        "each Responses or Messages response carries its own draft checks in `metrics.speculative_decoding`, as "
+        "vLLM's flag of this name does: summary (checks, tokens drafted and accepted, mean acceptance length, "
+        "acceptance rate, histogram); detailed adds each check's drafted and accepted counts. none: responses "
+        "are unchanged.",
+    )
 
     step_trace: str | None = Field(
         None, description="Append a JSON line per engine step and per garbage collection to this file (when, how "

@@ -31,7 +31,7 @@ async def _response_event_lists(run: EngineRun, ctx: StreamContext, assembler: R
         if out.finished:
             events += assembler.finish(protocol.finish_reason_str(out.finish_reason),
                                        response_usage(ctx.num_prompt_tokens, ctx.num_generated_tokens,
-                                                      ctx.num_cached_tokens))
+                                                      ctx.num_cached_tokens), ctx.metrics())
             on_finished(assembler)
         yield events
 
