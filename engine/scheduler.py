@@ -342,7 +342,7 @@ class Scheduler:
             sampled: Request -> its new token id(s): one for each request in ``out.decode``, one for each prefill
                 request and each of its forks whose chunk was the prompt's last, and for each verify the
                 tokens its check produced (the accepted draft prefix plus the model's own next token).
-            complete: requests whose output is complete after their (last) token (their grammar allows
+            complete: requests whose output is complete after their last token of the step (their grammar allows
                 nothing more): they finish with STOP, whatever else holds.
         Returns:
             The requests that finished in this step (their slots are already free).
@@ -350,9 +350,12 @@ class Scheduler:
         finished: list[Finished] = []
 
         def advance(request: Request, tokens: int | Sequence[int]) -> None:
-            for token_id in [tokens] if isinstance(tokens, int) else tokens:
+            tokens = [tokens] if isinstance(tokens, int) else tokens
+            last = len(tokens) - 1
+            for i, token_id in enumerate(tokens):
                 request.num_computed_tokens += 1  # NOTE(engine): the token before it is now in the KV
-                reason = self._append(request, token_id, complete)
+                # NOTE(engine): a check's tokens: only the last can be the one after which the grammar is complete
+                reason = self._append(request, token_id, complete if i == last else ())
                 if reason is not None:
                     finished.append(Finished(request, reason))
                     return
@@ -444,8 +447,6 @@ class Scheduler:
         verify, rows = [], []
         cost = self.check_cost
         for request in decode:
-            if request.params.structured is not None:  # NOTE(engine): the grammar advances per token
-                continue
             asked = request.params.draft_max_tokens  # the request's own bound (0: no drafts)
             if asked == 0:
                 continue

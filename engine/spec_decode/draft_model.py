@@ -15,13 +15,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.spec_decode import rejection
 from engine.spec_decode.proposer import DRAFT_MODEL, Draft, DraftRow
 from engine.speculative import CheckCost
+
+if TYPE_CHECKING:
+    from engine.constraint_masks import ConstraintMasks
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +72,26 @@ class DraftModelProposer:
             self.runner.copy_kv(src, dst, start, end)
             self._held[dst] = held_src[:end]
 
-    def propose(self, rows: Sequence[DraftRow]) -> list[Draft]:
-        """One Draft per row (at most ``row.num_tokens`` tokens), in row order."""
+    def propose(self, rows: Sequence[DraftRow], masks: ConstraintMasks | None = None) -> list[Draft]:
+        """One Draft per row (at most ``row.num_tokens`` tokens), in row order; ``masks``: a constrained request
+        drafts only tokens its grammar allows (``ConstraintMasks.mask_draft_logits``; its grammar is advanced through
+        its draft as it grows, and left as it was on return)."""
+        states = [_RowDraft(row) for row in rows]
+        if masks is not None:
+            for state in states:
+                constraint = state.row.request.constraint
+                if constraint is not None:
+                    state.constraint, state.saved = constraint, constraint.checkpoint()
+        try:
+            return self._propose(states, masks)
+        finally:
+            for state in states:
+                if state.constraint is not None:
+                    state.constraint.restore(state.saved)
+
+    def _propose(self, states: list[_RowDraft], masks: ConstraintMasks | None) -> list[Draft]:
         t0 = time.perf_counter()
         catch_up_s = 0.0
-        states = [_RowDraft(row) for row in rows]
         # 1. Catch each row up: the tokens after the prefix its draft row holds, and its last token, as one chunk
         #    (its last logits give the first draft token); a row with only the last token to feed joins step 2 at once.
         for state in states:
@@ -91,7 +109,7 @@ class DraftModelProposer:
                 if len(pending) > CATCH_UP_TOKENS:  # NOTE(engine): a prompt's first draft: paid once, not per token
                     catch_up_s += time.perf_counter() - t1
                 held.extend(pending)
-                self._take(state, logits)
+                self._take(state, logits, masks)
             else:
                 state.feed = pending[0]
         # 2. Decode runs of every row still drafting, together (slots ascending).
@@ -105,7 +123,7 @@ class DraftModelProposer:
             self.num_runs += 1
             for state, slot, row_logits in zip(live, slots, logits):
                 self._held[slot].append(state.feed)
-                self._take(state, row_logits)
+                self._take(state, row_logits, masks)
         self.last_s = time.perf_counter() - t0 - catch_up_s
         drafts = [s.result(self.vocab_size, self.min_tokens) for s in states]
         if self.cost is not None:
@@ -122,7 +140,7 @@ class DraftModelProposer:
             self.num_runs += 1
         return logits
 
-    def _take(self, state: _RowDraft, logits: np.ndarray) -> None:
+    def _take(self, state: _RowDraft, logits: np.ndarray, masks: ConstraintMasks | None) -> None:
         """The next draft token of ``state`` from the draft's logits after its last token; sets what it feeds next
         (None: its draft is complete)."""
         request = state.row.request
@@ -130,6 +148,11 @@ class DraftModelProposer:
         row = logits[:self.draft_vocab]
         if self.draft_vocab < self.vocab_size:  # the target's width, for the request's law (penalties, bias)
             row = np.concatenate([row, np.full(self.vocab_size - self.draft_vocab, -np.inf, dtype=row.dtype)])
+        if state.constraint is not None:  # NOTE(engine): first, as in decoding: no transform brings a token back
+            row = masks.mask_draft_logits(request, row)
+            if not np.isfinite(row).any():  # nothing allowed (a key rule that empties the row): the draft ends
+                state.feed = None
+                return
         if sampler.greedy:
             token = int(np.argmax(row))
             shifted = row - row[token]
@@ -139,24 +162,30 @@ class DraftModelProposer:
             q = rejection.probabilities(sampler.process(row))
             token = rejection.draw(q, sampler.rng.random())
             prob = float(q[token])
+        if state.constraint is not None and not state.constraint.accept(token):  # (an empty mask: nothing allowed)
+            state.feed = None
+            return
         state.token_ids.append(token)
         if q is not None:
             state.probs.append(q)
         done = len(state.token_ids) >= state.row.num_tokens or (
-            prob < self.p_min and len(state.token_ids) >= max(1, self.min_tokens))
+            prob < self.p_min and len(state.token_ids) >= max(1, self.min_tokens)) or (
+            state.constraint is not None and state.constraint.is_done)  # complete: nothing may follow
         state.feed = None if done else token
 
 
 class _RowDraft:
     """One row's draft as it grows."""
 
-    __slots__ = ("row", "token_ids", "probs", "feed")
+    __slots__ = ("row", "token_ids", "probs", "feed", "constraint", "saved")
 
     def __init__(self, row: DraftRow) -> None:
         self.row = row
         self.token_ids: list[int] = []
         self.probs: list[np.ndarray] = []
         self.feed: int | None = None  # the token the next decode run feeds (None: not in the run)
+        self.constraint: Any = None  # the request's grammar, advanced through the draft (None: unconstrained)
+        self.saved: Any = None  # where it stood before the draft (restored after the proposal)
 
     def result(self, vocab_size: int, min_tokens: int) -> Draft:
         request = self.row.request

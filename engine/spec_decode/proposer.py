@@ -43,11 +43,18 @@ class Proposer(Protocol):
 class NgramProposer:
     """Prompt lookup (``engine.speculative.NgramDrafter``, each request's own): the draft is what followed the last
     n-gram's latest earlier occurrence, as long as its acceptance rate pays for. Lookups only, so the scheduler asks it
-    as it decides (an empty draft means no match)."""
+    as it decides (an empty draft means no match). A constrained request's draft stops before the first token its
+    grammar forbids (``constraint.allows``; the check masks each row besides: ``engine.constraint_masks``)."""
 
     name = NGRAM
 
     def propose(self, rows: Sequence[DraftRow]) -> list[Draft]:
-        return [Draft(row.request, row.request.drafter.propose(row.request.prompt_ids, row.request.output_ids,
-                                                               row.num_tokens) if row.num_tokens > 0 else (),
-                      source=NGRAM) for row in rows]
+        drafts = []
+        for row in rows:
+            request = row.request
+            draft = request.drafter.propose(request.prompt_ids, request.output_ids, row.num_tokens) \
+                if row.num_tokens > 0 else ()
+            if draft and request.constraint is not None:
+                draft = draft[:request.constraint.allows(draft)]
+            drafts.append(Draft(request, draft, source=NGRAM))
+        return drafts

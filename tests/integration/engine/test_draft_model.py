@@ -5,14 +5,16 @@ a refused pair, and the real pair (Qwen2.5-Coder 1.5B drafted by 0.5B) giving th
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.types import ModelLoadError, SamplingParams, StructuredOutput
+from engine.types import FinishReason, ModelLoadError, SamplingParams, StructuredOutput
 from tests.greedy_close import TOP_K, GreedyRun, assert_greedy_close
 
 # NOTE(tests): greedy runs ask for the top-k log-probabilities, so that drafts on and off (k checked rows against one
@@ -106,6 +108,97 @@ def test_prefix_reuse_n_choices_and_grammars_keep_working_beside_drafts(engines)
     assert out["d"][1][-1].num_cached_tokens >= len(system)
     for index in (0, 1):  # n = 2, seeded: both choices finish, each with its 8 tokens
         assert len(tokens(out["d"][2], index)) == 8
+
+
+# A schema whose every answer is short and completes: the tiny random model's JSON ends by itself.
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]},
+                                           "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["ok", "color", "n"], "additionalProperties": False}
+
+
+def constrained(kind: str = "json_schema", spec: str = json.dumps(SCHEMA), **kw) -> SamplingParams:
+    values = dict(max_tokens=48, temperature=0.0, logprobs=True, top_logprobs=TOP_K)
+    values.update(kw)
+    return SamplingParams(structured=StructuredOutput(kind, spec), **values)
+
+
+def finished_json(outputs: list) -> dict:
+    """The answer of a constrained request that completed, checked against SCHEMA."""
+    assert outputs[-1].finish_reason is FinishReason.STOP, [o.text for o in outputs]
+    answer = json.loads("".join(o.text for o in outputs))
+    jsonschema.validate(answer, SCHEMA)
+    return answer
+
+
+def test_a_constrained_request_drafts_inside_its_grammar(engines) -> None:
+    """The draft model drafts only what the grammar allows (masked as the target is), each row of the check is masked
+    after the draft tokens before it, and the grammar rolls back over rejected tokens: the output is the drafts-off
+    output (near-tie rule) and valid, and most drafted tokens are kept."""
+    drafted, plain = engines
+    prompts = [list(range(5, 45)), list(range(300, 331)), [7, 8, 9] * 10]
+
+    async def main():
+        out = []
+        for i, prompt in enumerate(prompts):
+            out.append((await generate(drafted, prompt, constrained(), f"dj{i}"),
+                        await generate(plain, prompt, constrained(), f"pj{i}")))
+        return out
+
+    for i, (with_drafts, without) in enumerate(asyncio.run(main())):
+        assert finished_json(with_drafts) == finished_json(without)
+        assert_same_greedy(with_drafts, without, f"prompt {i}")
+        stats = with_drafts[-1].spec_decode
+        # its drafts were checked, and (drafting for itself, inside the same mask) nearly all kept
+        assert stats is not None and stats.num_spec_steps >= 1, stats
+        assert stats.num_accepted_draft_tokens >= 0.8 * stats.num_draft_tokens, stats
+
+
+def test_a_sampled_constrained_request_drafts_inside_its_grammar_and_stays_valid(engines, tiny_model: Path,
+                                                                                 other_tiny: Path) -> None:
+    """Speculative sampling under a grammar: q is the draft's masked law, p the target's; answers stay valid, and a
+    draft model that disagrees (another random model) has drafts rejected and rolled back, valid all the same."""
+    drafted, _ = engines
+    other = make_engine(tiny_model, draft_model=str(other_tiny), draft_p_min=0.0, draft_max=4)
+    try:
+        async def main():
+            return ([await generate(drafted, list(range(5, 45)), constrained(temperature=0.9, seed=s), f"ds{s}")
+                     for s in range(4)],
+                    [await generate(other, list(range(5, 45)), constrained(temperature=0.0), "og"),
+                     *[await generate(other, list(range(5, 45)), constrained(temperature=0.9, seed=s), f"os{s}")
+                       for s in range(4)]])
+
+        mine, others = asyncio.run(main())
+        for outputs in (*mine, *others):
+            finished_json(outputs)
+        checks = [o[-1].spec_decode for o in (*mine, *others) if o[-1].spec_decode is not None]
+        assert sum(c.num_spec_steps for c in checks) >= 4
+        # the other model's drafts are partly rejected: rollbacks happened and the answers are still valid
+        rejected = sum(c.num_draft_tokens - c.num_accepted_draft_tokens for c in checks)
+        assert rejected > 0
+    finally:
+        other.shutdown()
+
+
+def test_prompt_lookup_drafts_stop_where_the_grammar_forbids_and_are_checked_masked(tiny_model: Path) -> None:
+    """Prompt lookup under a grammar: the answer's JSON repeats what the prompt holds, so its n-grams match; the
+    drafts are cut where the grammar forbids a token and checked row by row under the mask."""
+    engine = make_engine(tiny_model, speculative_tokens=8)
+    plain = make_engine(tiny_model)
+    answer = '{"ok":true,"color":"green","n":7}'
+    prompt = engine.tokenizer.encode(answer * 6)
+    try:
+        async def main():
+            return (await generate(engine, prompt, constrained(), "lookup"),
+                    await generate(plain, prompt, constrained(), "plain"))
+
+        with_drafts, without = asyncio.run(main())
+        assert finished_json(with_drafts) == finished_json(without)
+        assert_same_greedy(with_drafts, without)
+        stats = with_drafts[-1].spec_decode
+        assert stats is not None and stats.num_spec_steps >= 1
+    finally:
+        engine.shutdown()
+        plain.shutdown()
 
 
 def test_a_different_draft_model_keeps_greedy_text_and_sampled_requests_finish(tiny_model: Path,

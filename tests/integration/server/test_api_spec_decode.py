@@ -5,6 +5,7 @@ itself (its greedy drafts are all kept), so every check's numbers are known to a
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,3 +113,29 @@ def test_a_request_without_checks_and_a_server_without_the_flag(drafted: Running
     with serve_app(create_app(api_settings(api_model, draft_model=str(api_model)))) as plain:
         r = plain.client().chat.completions.create(model="tiny", messages=ASK, max_tokens=8, **GREEDY)
         assert "metrics" not in (r.model_extra or {})
+
+
+PICK = {"type": "function", "function": {
+    "name": "pick", "description": "Pick a color.",
+    "parameters": {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
+                                                    "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                   "required": ["color", "n"], "additionalProperties": False}}}
+
+
+def test_json_schema_answers_and_forced_tool_calls_draft_inside_their_grammar(drafted: RunningServer) -> None:
+    """Constrained requests draft too (only what their grammar allows) and stay valid: a JSON schema answer and a
+    required tool call, each with its draft checks in the response."""
+    client = drafted.client()
+    schema = PICK["function"]["parameters"]
+    r = client.chat.completions.create(
+        model="tiny", messages=ASK, max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "pick", "schema": schema}})
+    assert r.choices[0].finish_reason == "stop"
+    assert set(json.loads(r.choices[0].message.content)) == {"color", "n"}
+    assert spec(r)["num_accepted_draft_tokens"] > 0
+    call = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=80, temperature=0, tools=[PICK],
+                                          tool_choice="required", parallel_tool_calls=False)
+    [tool_call] = call.choices[0].message.tool_calls
+    assert tool_call.function.name == "pick" and call.choices[0].finish_reason == "tool_calls"
+    assert json.loads(tool_call.function.arguments)["color"] in ("red", "green", "blue")
+    assert spec(call)["num_accepted_draft_tokens"] > 0

@@ -59,7 +59,7 @@ def test_a_copying_request_takes_prompt_lookup_and_a_poor_draft_model_is_left_al
     assert not out.draft_rows and [v.draft[:1] for v in out.verify] == [(8,)]
 
 
-def test_constrained_rows_and_rows_that_turned_drafts_off_do_not_draft():
+def test_rows_that_turned_drafts_off_do_not_draft_and_constrained_rows_draft_with_the_draft_model():
     sched = Scheduler(num_slots=3, max_waiting=4, token_budget=64, speculative_tokens=4,
                       speculative_max_batch=3)
     sched.use_draft_model(8)
@@ -72,9 +72,12 @@ def test_constrained_rows_and_rows_that_turned_drafts_off_do_not_draft():
     out = sched.schedule()
     sched.update_from_output(out, {c.request: 3 for c in out.prefills})
     capped.model_draft = ModelDraftState(prior=(9.9, 10.0))
+    grammar.model_draft = ModelDraftState(prior=(9.9, 10.0))
     out = sched.schedule()
-    assert set(out.decode) == {grammar, off}
-    assert out.draft_rows == (DraftRow(capped, 2),)  # the request's own bound (llama.cpp's speculative.n_max)
+    assert set(out.decode) == {off}
+    # the request's own bound (llama.cpp's speculative.n_max); a constrained row drafts inside its grammar (the core
+    # masks the draft model's logits with it: engine.constraint_masks)
+    assert out.draft_rows == (DraftRow(grammar, 8), DraftRow(capped, 2))
 
 
 def test_a_row_whose_drafts_keep_missing_drafts_fewer_then_probes_ever_less_often():
