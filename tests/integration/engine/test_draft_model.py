@@ -253,7 +253,14 @@ def qwen_draft_model() -> Path:
     return pull_model("qwen2.5-coder-0.5b", progress=False)
 
 
+BOOK = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 40},
+                                         "year": {"type": "integer", "minimum": 1000, "maximum": 2100}},
+        "required": ["title", "year"], "additionalProperties": False}
+
+
 def test_the_real_pair_gives_the_drafts_off_greedy_text(qwen_model: Path, qwen_draft_model: Path) -> None:
+    """Every bench workload, and a JSON schema answer (drafted inside its grammar), as drafts-off greedy decoding
+    gives them."""
     from bench.speculative import WORKLOADS, messages_of
 
     drafted = make_engine(qwen_model, max_batch=1, max_model_len=1024, draft_model=str(qwen_draft_model),
@@ -267,10 +274,19 @@ def test_the_real_pair_gives_the_drafts_off_greedy_text(qwen_model: Path, qwen_d
                 params = SamplingParams(max_tokens=24, **GREEDY)
                 out.append((await generate(drafted, ids, params, f"d-{workload}"),
                             await generate(plain, ids, params, f"p-{workload}")))
+            ids = drafted.tokenizer.encode(drafted.chat_template.render(
+                [{"role": "user", "content": "Name a classic novel and its year as JSON."}]))
+            params = constrained(spec=json.dumps(BOOK), max_tokens=40)
+            out.append((await generate(drafted, ids, params, "d-book"), await generate(plain, ids, params, "p-book")))
             return out
 
-        for workload, (with_drafts, without) in zip(WORKLOADS, asyncio.run(main())):
+        results = asyncio.run(main())
+        for workload, (with_drafts, without) in zip((*WORKLOADS, "json_schema"), results):
             assert_same_greedy(with_drafts, without, workload)
+        book = results[-1][0]
+        assert book[-1].finish_reason is FinishReason.STOP
+        jsonschema.validate(json.loads("".join(o.text for o in book)), BOOK)
+        assert book[-1].spec_decode is not None and book[-1].spec_decode.num_accepted_draft_tokens > 0
         assert drafted.stats().extra["spec_drafts_total"] > 0
     finally:
         drafted.shutdown()
