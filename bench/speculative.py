@@ -275,7 +275,8 @@ def plot(report: dict[str, Any], path: str) -> str:
             ax2.plot(range(1, len(share) + 1), share, "o-" if j % 2 == 0 else "s--", ms=3, color=f"C{j % 10}",
                      label=f"{label}: {c['workload']} T={c['temperature']} x{c['streams']}")
     ax2.set(xlabel="draft position", ylabel="kept, relative to position 1",
-            title="acceptance by draft position (ortserve /metrics: vllm:spec_decode_num_accepted_tokens_per_pos)")
+            title="acceptance by draft position (ortserve's vllm:spec_decode_num_accepted_tokens_per_pos)")
+    ax2.title.set_fontsize(9)
     if ax2.lines:
         ax2.legend(fontsize=6, ncol=2)
     fig.savefig(path, dpi=110)
