@@ -24,6 +24,7 @@ from bench.decisions import DECISIONS_SCENARIO
 from bench.embeddings import EMBEDDINGS_SCENARIO
 from bench.sizes import SIZES_SCENARIO
 from bench.scenarios import SCENARIOS, iter_requests
+from bench.speculative import SPECULATIVE_SCENARIO, WORKLOADS
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
 SOAK_BASELINE_REQUESTS = 1000  # issue 8: RSS after the first 1,000 requests vs at the end
@@ -90,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--extra-body", type=json.loads, default={},
                       help="JSON object merged into every request body")
     load.add_argument("--scenario", default="fixed",
-                      choices=SCENARIOS + FEATURE_SCENARIOS + (EMBEDDINGS_SCENARIO, DECISIONS_SCENARIO, SIZES_SCENARIO),
+                      choices=SCENARIOS + FEATURE_SCENARIOS + (EMBEDDINGS_SCENARIO, DECISIONS_SCENARIO, SIZES_SCENARIO,
+                                                               SPECULATIVE_SCENARIO),
                       help="fixed lengths; soak: mixed prompt/output lengths + server RSS sampling; json_schema: "
                       "fixed lengths, every answer constrained by response_format to a typical JSON schema; "
                       "multiturn: growing conversations over a long system prompt (prefix reuse); copy: answers "
@@ -99,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "decisions: 1, 5 and 20 questions over a ~1,000-token input, decisions/s at each "
                       "--concurrency, rerank of 8 and 32 documents (--rounds rounds); sizes: ortserve against "
                       "llama-server on one --gguf (conversion, load, KV per token, decode at 1 and --slots streams, "
-                      "TTFT of a --ttft-prompt-tokens prompt), both started here, one at a time")
+                      "TTFT of a --ttft-prompt-tokens prompt), both started here, one at a time; speculative: code "
+                      "edit, free chat and JSON at each --temperatures and --concurrency, tok/s and draft acceptance "
+                      "by position against --peer-url servers (drafts off, llama-server with and without -md)")
     load.add_argument("--duration", type=float, default=600.0,
                       help="hard cap per run in seconds; in-flight requests are cut (default %(default)s)")
     load.add_argument("--request-timeout", type=float, default=300.0,
@@ -126,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     feat.add_argument("--pause", type=float, default=0.2,
                       help="multiturn/copy: seconds between requests, so a server's spinning threads go idle "
                       "before the next one runs (default 0.2)")
+    spec = p.add_argument_group("speculative scenario")
+    spec.add_argument("--workloads", type=lambda v: v.split(","), default=list(WORKLOADS),
+                      help=f"comma-separated, of {','.join(WORKLOADS)} (default all)")
+    spec.add_argument("--temperatures", type=lambda v: [float(x) for x in v.split(",")], default=[0.0, 0.7],
+                      help="comma-separated (default 0,0.7)")
     emb = p.add_argument_group("embeddings and decisions scenarios")
     emb.add_argument("--batch-sizes", type=_int_list, default=[1, 32],
                      help="texts per /v1/embeddings request, comma-separated (default 1,32)")
@@ -185,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario == EMBEDDINGS_SCENARIO:
         args.concurrency = args.concurrency or [1, 8, 32]
         return _embeddings(args)
+    if args.scenario == SPECULATIVE_SCENARIO:
+        from bench import speculative
+
+        return _http_scenario(args, "the speculative scenario runs", speculative.run,
+                              lambda report, names: speculative.format_summary(report), speculative.plot)
     if args.scenario == DECISIONS_SCENARIO:
         args.concurrency = args.concurrency or [1, 4]
         return _decisions(args)
@@ -294,7 +308,7 @@ def _http_scenario(args: argparse.Namespace, what: str, run: Callable, summary: 
     except Exception as exc:  # noqa: BLE001 - unreachable server, no model: one line
         print(f"ortserve bench: cannot use the target: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(summary(report, [t["name"] for t in report["targets"]]))
+    print(summary(report, [t.get("name", t.get("label")) for t in report["targets"]]))
     if args.out:
         print(f"report: {write_report(report, args.out)}")
     if args.plot:

@@ -171,6 +171,11 @@ class AsyncEngine:
         states = self._processor.states
         if request_id in states:
             raise InvalidRequestError(f"request_id {request_id!r} is already running", param="request_id")
+        if params.draft_model is not None and not names_draft_model(params.draft_model, self.config.draft_model):
+            loaded = Path(self.config.draft_model).name if self.config.draft_model else "none"
+            raise InvalidRequestError(f"draft_model {params.draft_model!r} is not this server's draft model "
+                                      f"(loaded: {loaded}; --draft-model sets it)", param="draft_model",
+                                      code="invalid_value")
         if params.n > self.config.max_batch:
             raise InvalidRequestError(f"n must be at most {self.config.max_batch} (the sequences this server runs "
                                       f"at once, --max-batch), got {params.n}", param="n",
@@ -257,6 +262,8 @@ class AsyncEngine:
                    "prefix_cache_hits_total": float(snap.prefix_cache_hits_total),
                    "spec_draft_tokens_total": float(snap.spec_draft_tokens_total),
                    "spec_accepted_tokens_total": float(snap.spec_accepted_tokens_total),
+                   "spec_drafts_total": float(snap.spec_drafts_total),
+                   **{f"spec_accepted_pos_{i}": float(n) for i, n in enumerate(snap.spec_accepted_per_pos)},
                    "engine_thread_cpu_s": snap.thread_cpu_s,
                    **({"engine_process_cpu_s": self._core.process_cpu_s}
                       if self._core.process_cpu_s is not None else {}),
@@ -314,3 +321,13 @@ class AsyncEngine:
         """Event loop: detokenize and queue; a stop string found here aborts the request in the core."""
         for request_id, index in self._processor.process(outputs):
             self._core.abort([request_id], index)
+
+
+def names_draft_model(name: str, draft_model: str | None) -> bool:
+    """Whether a request's ``draft_model`` (LM Studio's field) names the loaded draft model folder ``draft_model``:
+    its path, its folder name, or a converted GGUF's name without the checksum suffix (``<stem>-<sha12>``)."""
+    if not draft_model:
+        return False
+    folder = Path(draft_model)
+    stem = folder.name.rsplit("-", 1)[0] if len(folder.name.rsplit("-", 1)[-1]) == 12 else folder.name
+    return name in (draft_model, folder.name, stem, f"{stem}.gguf") or Path(name).stem == stem

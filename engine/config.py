@@ -13,6 +13,11 @@ from engine.types import InvalidRequestError, StepInfo
 # Speculative decoding: the default longest draft (measured, docs/perf/engine-features.md) and the bound.
 DEFAULT_SPECULATIVE_TOKENS = 16
 MAX_SPECULATIVE_TOKENS = 64
+# Speculative decoding with a draft model (llama.cpp's --spec-draft-n-max / --spec-draft-p-min, vLLM's
+# num_speculative_tokens): the longest draft (the length adapts per request below it) and the draft's confidence under
+# which a row stops drafting (measured on the 2-core CPU, docs/perf/speculative.md).
+DEFAULT_DRAFT_MAX = 16
+DEFAULT_DRAFT_P_MIN = 0.6
 # New requests' whole prompts run together per step, beside the token budget (see EngineConfig.batched_prompt_tokens):
 # 64 arrivals of ~40 tokens in one or two steps, each prompt run a few decode steps long (docs/perf/GPU.md).
 DEFAULT_BATCHED_PROMPT_TOKENS = 2048
@@ -85,6 +90,12 @@ class EngineConfig:
         speculative_max_batch: drafts are checked only while at most this many requests decode: a check runs
             alone (GroupQueryAttention takes S > 1 new tokens with a past at batch 1 only), so beside other
             streams it costs a run of its own instead of one row of the shared decode run.
+        draft_model: a model folder whose model drafts for this one (speculative decoding, ``engine.spec_decode``):
+            the same vocabulary (checked at load: ``engine.spec_decode.vocab``), its own KV rows; None: no draft model.
+        draft_max: the most tokens the draft model drafts per check (llama.cpp's --spec-draft-n-max).
+        draft_min: a draft-model draft shorter than this is dropped (llama.cpp's --spec-draft-n-min).
+        draft_p_min: a row stops drafting once the draft model gave its token less than this probability
+            (llama.cpp's --spec-draft-p-min).
         max_prefills_per_step: the most requests whose prompt chunks share one step's token budget (0: as
             many as it holds; 1: one request's chunk per step, the others wait a step each; None: the runner's
             ``max_prefills_per_step``).
@@ -132,6 +143,10 @@ class EngineConfig:
     prefix_caching: bool = True
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     speculative_max_batch: int = 1
+    draft_model: str | None = None
+    draft_max: int = DEFAULT_DRAFT_MAX
+    draft_min: int = 0
+    draft_p_min: float = DEFAULT_DRAFT_P_MIN
     max_prefills_per_step: int | None = None
     min_prefix_reuse: int | None = None
     engine_process: bool | None = None
@@ -165,6 +180,11 @@ class EngineConfig:
                self.min_prefix_reuse)
         _check(self.batched_prompt_tokens is None or self.batched_prompt_tokens >= 0, "batched_prompt_tokens",
                "must be >= 0", self.batched_prompt_tokens)
+        _check(0 <= self.draft_max <= MAX_SPECULATIVE_TOKENS, "draft_max", f"must be in [0, {MAX_SPECULATIVE_TOKENS}]",
+               self.draft_max)
+        _check(0 <= self.draft_min <= self.draft_max, "draft_min", f"must be in [0, draft_max ({self.draft_max})]",
+               self.draft_min)
+        _check(0.0 <= self.draft_p_min <= 1.0, "draft_p_min", "must be in [0, 1]", self.draft_p_min)
         _check(self.speculative_max_batch >= 1, "speculative_max_batch", "must be >= 1", self.speculative_max_batch)
 
 

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,6 +20,7 @@ from engine.core_inbox import SHUTDOWN, CoreInbox
 from engine.core_wire import AbortRequests
 from engine.model_runner import ModelRunner
 from engine.sampler import RequestSampler, SampleResult, needs_logits, sample_batch
+from engine.sampling_law import apply_token_bitmask
 from engine.scheduler import Finished, PrefillChunk, Request, Scheduler, SchedulerOutput, Verify
 from engine.step_stats import PHASES, StepStats
 from engine.step_trace import StepTrace
@@ -27,6 +29,7 @@ from engine.types import (
 )
 
 if TYPE_CHECKING:
+    from engine.spec_decode.draft_model import DraftModelProposer
     from engine.structured_output import StructuredOutputBackend
 
 log = logging.getLogger(__name__)
@@ -46,13 +49,17 @@ class EngineCore:
         structured: fills the token masks of requests with a ``constraint`` (constrained decoding).
         between_steps: called before each inbox drain with ``idle`` (the core is about to wait for work).
         step_trace: a file each step is recorded in (``engine.step_trace``); None: no record.
+        draft_model: the draft model's proposer (speculative decoding with a draft model); None: none.
     """
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, sink: Sink, seed: int | None = None,
                  fault_injector: FaultInjector | None = None,
                  structured: StructuredOutputBackend | None = None,
-                 between_steps: Callable[[bool], None] | None = None, step_trace: str | None = None) -> None:
+                 between_steps: Callable[[bool], None] | None = None, step_trace: str | None = None,
+                 draft_model: DraftModelProposer | None = None) -> None:
         self.runner = runner
+        self.draft_model = draft_model
+        self._kv_rows = (runner,) if draft_model is None else (runner, draft_model)  # what a KV copy applies to
         # NOTE(engine): called on the core thread before each inbox drain, with True when the core is about to
         # wait for work (an engine process sends its snapshot then: engine.core_process).
         self.between_steps = between_steps
@@ -166,7 +173,8 @@ class EngineCore:
         for slot, keep in out.released:  # rows of preempted requests, before anything reads or writes them
             self.runner.release(slot, keep)
         for copy in out.copies:  # NOTE(engine): before any run: a copy reads rows this step may overwrite
-            self.runner.copy_kv(copy.src, copy.dst, copy.start, copy.end)
+            for rows in self._kv_rows:  # the target's rows, and the draft model's where there is one
+                rows.copy_kv(copy.src, copy.dst, copy.start, copy.end)
         t = clock()
         phase.schedule += t - t0
         prefills: Sequence[PrefillChunk] = out.prefills
@@ -177,12 +185,12 @@ class EngineCore:
         if out.decode or joined:
             t = clock()
             self._run_decode(out.decode, joined)
-            if not (joined or out.verify or prefills) and len(out.decode) <= self.scheduler.speculative_max_batch:
+            if not (joined or out.verify or out.draft_rows or prefills) and len(out.decode) <= self.scheduler.speculative_max_batch:
                 self.scheduler.check_cost.record_decode(clock() - t)  # the step a draft check would replace
         num_verified = 0
-        if out.verify:
+        if out.verify or out.draft_rows:
             t = clock()
-            for verify in out.verify:
+            for verify in (*out.verify, *(self._propose(out) if out.draft_rows else ())):
                 t1 = clock()
                 num_verified += self._run_verify(verify)
                 self.scheduler.check_cost.record_check(len(verify.draft), clock() - t1)
@@ -197,7 +205,7 @@ class EngineCore:
             self._trace.step(t0, end, before, phase.as_tuple(), decode=len(out.decode) + len(joined),
                              prefill=[c.num_tokens for c in prefills], prefill_start=[c.start for c in prefills],
                              joined=len(joined), copies=len(out.copies),
-                             verify=len(out.verify), runs=self.runner.run_log)
+                             verify=len(out.verify) + len(out.draft_rows), runs=self.runner.run_log)
             self.runner.run_log = []
         stats.record_step(len(out.decode) + num_verified, end - t0)
         self._publish(time.monotonic())
@@ -217,8 +225,7 @@ class EngineCore:
             return (), list(chunks)
         rest = [c for c in chunks if all(c is not b for b in batch)]
         try:
-            if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self.stats.steps_total, "prefill", tuple(c.request.request_id for c in batch)))
+            inject(self.fault_injector, self.stats.steps_total, "prefill", [c.request for c in batch])
             self.runner.prefill_prompts([c.request.slot for c in batch], [c.token_ids[:-1] for c in batch])
         except Exception as exc:
             self._fail([c.request for c in batch], exc)
@@ -238,8 +245,7 @@ class EngineCore:
             batch = tuple(sorted((*running, *(c.request for c in joined)), key=lambda r: r.slot))
         try:
             masked = self.masks.fill(batch, failed)
-            if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self.stats.steps_total, "decode", tuple(r.request_id for r in batch)))
+            inject(self.fault_injector, self.stats.steps_total, "decode", batch)
             samplers = [r.sampler_state for r in batch]
             logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
                                         [positions.get(id(r), r.num_computed_tokens) for r in batch],
@@ -264,26 +270,53 @@ class EngineCore:
         phase.decode_sample += t2 - t1
         phase.decode_update += clock() - t2
 
-    def _run_verify(self, verify: Verify) -> int:
-        """Check one request's draft in one run; returns the tokens it added."""
-        request = verify.request
+    def _propose(self, out: SchedulerOutput) -> list[Verify]:
+        """The draft model's drafts for ``out.draft_rows`` (batched runs), as checks; a failed run fails its rows."""
+        rows = out.draft_rows
         try:
-            if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self.stats.steps_total, "verify", (request.request_id,)))
+            inject(self.fault_injector, self.stats.steps_total, "draft", [r.request for r in rows])
+            drafts = self.draft_model.propose(rows, self.masks if self.masks.structured is not None else None)
+            return [Verify(d.request, d.token_ids, d.probs, d.source) for d in drafts]
+        except Exception as exc:
+            self._fail([r.request for r in rows], exc)
+            return []
+
+    def _run_verify(self, verify: Verify) -> int:
+        """Check one request's draft in one run; returns the tokens it added. A constrained request's draft is cut
+        where its grammar forbids a token, and each row of the check is masked (``ConstraintMasks.check_rows``)."""
+        request = verify.request
+        failed: dict[Request, str] = {}
+        try:
+            rows = None
+            if request.constraint is not None:
+                draft, rows = self.masks.check_rows(request, verify.draft)
+                if len(draft) < len(verify.draft):
+                    probs = verify.draft_probs[:len(draft)] if verify.draft_probs is not None else None
+                    verify = replace(verify, draft=draft, draft_probs=probs)
+            inject(self.fault_injector, self.stats.steps_total, "verify", (request,))
             logits = self.runner.verify(request.slot, verify.token_ids, request.num_computed_tokens)  # [S, V]
-            results = request.sampler_state.verify(logits, verify.draft)
+            if rows is not None:  # NOTE(engine): row j as plain decoding masks it after draft[:j] (a new array)
+                logits = apply_token_bitmask(logits[:len(verify.draft) + 1], rows)
+            results = request.sampler_state.verify(logits, verify.draft, verify.draft_probs)
         except Exception as exc:
             self._fail((request,), exc)
             return 0
         self._check_finite([request] * len(results), logits[np.arange(len(results)), [r.token_id for r in results]])
+        check = (len(verify.draft), len(results) - 1) if verify.draft else None  # (drafted, accepted)
+        complete: set[Request] = set()
+        if request.constraint is not None:
+            num_kept, done = self.masks.advance_check(request, results, failed)
+            results = results[:num_kept]
+            if done:
+                complete.add(request)
         num_before = len(request.output_ids)
         finished = self.scheduler.update_from_output(SchedulerOutput(None, (), (verify,)),
-                                                     {request: [r.token_id for r in results]})
+                                                     {request: [r.token_id for r in results]}, complete)
         num_added = len(request.output_ids) - num_before  # fewer than results when a stop token came first
         self.stats.generation_tokens_total += num_added
-        self.stats.spec_draft_tokens_total += len(verify.draft)
-        self.stats.spec_accepted_tokens_total += len(results) - 1
-        self._emit([(request, results[:num_added])], finished)
+        if check is not None:
+            self.stats.record_draft(*check)
+        self._emit([(request, results[:num_added])], finished, failed, complete, spec_check=check)
         return num_added
 
     def _run_prefill(self, chunk: PrefillChunk) -> None:
@@ -293,8 +326,7 @@ class EngineCore:
         try:
             # NOTE(engine): only the last chunk of a prompt samples, so only it is masked.
             masked = self.masks.fill(choices, failed) if chunk.is_last else []
-            if self.fault_injector is not None:
-                self.fault_injector(StepInfo(self.stats.steps_total, "prefill", (request.request_id,)))
+            inject(self.fault_injector, self.stats.steps_total, "prefill", (request,))
             logits = self.runner.prefill(request.slot, chunk.token_ids, chunk.start,
                                          also=[f.slot for f in request.forks])
             # n > 1: every choice samples its first token from the same logits, each with its own sampler
@@ -319,21 +351,15 @@ class EngineCore:
         O(rows). A request whose logits are not finite (NaN or inf: a model that overflows float16) drafts no more:
         its tokens are arbitrary, and the device's argmax and the host's need not agree over NaN, so a check would
         only cost. Reported once per engine in the log."""
-        if np.isfinite(values).all():
-            return
-        for request, ok in zip(batch, np.isfinite(values).tolist()):
-            if not ok:
-                self.scheduler.stop_drafts(request)
-                if not self._nonfinite_reported:
-                    self._nonfinite_reported = True
-                    log.warning("the model's logits are not finite (NaN or inf) in request %s after %d tokens: its "
-                                "output is arbitrary (float16 overflow?); drafts are off for such requests "
-                                "(reported once)", request.request_id, request.num_tokens)
+        if not np.isfinite(values).all():
+            self._nonfinite_reported = stop_nonfinite(self.scheduler, batch, values, self._nonfinite_reported)
 
     def _emit(self, items: Sequence[tuple[Request, Sequence[SampleResult]]], finished: list[Finished],
-              failed: dict[Request, str] | None = None, complete: set[Request] | None = None) -> None:
+              failed: dict[Request, str] | None = None, complete: set[Request] | None = None,
+              spec_check: tuple[int, int] | None = None) -> None:
         """Send one output per request of ``items`` (request, the results appended to it this step); a choice
-        in ``failed`` ends with ERROR instead (its constraint failed)."""
+        in ``failed`` ends with ERROR instead (its constraint failed); ``spec_check``: (drafted, accepted) of the
+        draft check that made them (one item)."""
         reasons = {id(f.request): f.reason for f in finished}
         if failed:
             for r, error in failed.items():
@@ -344,7 +370,7 @@ class EngineCore:
         for f in finished:
             self._release(f.request)
         self._publish(time.monotonic())  # stats agree with the outputs by the time they are seen
-        self.sink(step_outputs(items, reasons, failed, complete))
+        self.sink(step_outputs(items, reasons, failed, complete, spec_check))
 
     def _fail(self, batch: Sequence[Request], exc: Exception) -> None:
         """A run failed: its requests end with ERROR; the engine goes on with the others."""
@@ -385,10 +411,32 @@ class EngineCore:
                                             self.snapshot.thread_cpu_s)
 
 
+def inject(fault_injector: FaultInjector | None, step: int, kind: str, requests: Sequence[Request]) -> None:
+    """Call the test-only fault injector (if any) before a run of ``kind`` over ``requests`` in step ``step``."""
+    if fault_injector is not None:
+        fault_injector(StepInfo(step, kind, tuple(r.request_id for r in requests)))
+
+
+def stop_nonfinite(scheduler: Scheduler, batch: Sequence[Request], values: np.ndarray, reported: bool) -> bool:
+    """``EngineCore._check_finite``'s work where some ``values`` are not finite: those rows' requests draft no more,
+    and the first is logged unless ``reported``; returns whether one was reported by now."""
+    for request, ok in zip(batch, np.isfinite(values).tolist()):
+        if not ok:
+            scheduler.stop_drafts(request)
+            if not reported:
+                reported = True
+                log.warning("the model's logits are not finite (NaN or inf) in request %s after %d tokens: its "
+                            "output is arbitrary (float16 overflow?); drafts are off for such requests "
+                            "(reported once)", request.request_id, request.num_tokens)
+    return reported
+
+
 def step_outputs(items: Sequence[tuple[Request, Sequence[SampleResult]]], reasons: dict[int, FinishReason],
-                 failed: dict[Request, str] | None, complete: set[Request] | None) -> list[CoreOutput]:
+                 failed: dict[Request, str] | None, complete: set[Request] | None,
+                 spec_check: tuple[int, int] | None = None) -> list[CoreOutput]:
     """One CoreOutput per request of ``items`` (request, the results appended to it this step): its tokens and
-    log-probabilities, and ``reasons[id(request)]`` when it finished; a choice in ``failed`` ends with ERROR."""
+    log-probabilities, and ``reasons[id(request)]`` when it finished; a choice in ``failed`` ends with ERROR.
+    ``spec_check`` (a draft check's (drafted, accepted)) goes on every output that is not an error."""
     outputs = []
     for r, results in items:
         if failed and r in failed:
@@ -400,7 +448,7 @@ def step_outputs(items: Sequence[tuple[Request, Sequence[SampleResult]]], reason
         outputs.append(CoreOutput(r.request_id, tuple(res.token_id for res in results), reasons.get(id(r)),
                                   logprobs or None, seq=r.seq, first_scheduled_s=r.first_scheduled_s,
                                   index=r.index, num_cached_tokens=r.num_cached_tokens,
-                                  grammar_complete=bool(complete) and r in complete))
+                                  grammar_complete=bool(complete) and r in complete, spec_check=spec_check))
     return outputs
 
 

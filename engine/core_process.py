@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import gc
 import logging
 import os
@@ -34,8 +35,10 @@ from engine.load_priority import LoadPriority
 from engine.model_loader import ModelFolder, read_model_folder
 from engine.prefix_cache import MIN_REUSE_BATCHED_PROMPTS
 from engine.scheduler import Scheduler
+from engine.spec_decode.draft_model import DraftModelProposer
+from engine.spec_decode.vocab import check_same_vocabulary
 from engine.structured_output import GrammarConstraint, StructuredOutputBackend
-from engine.types import CoreOutput, EngineDeadError, FinishReason, Sink
+from engine.types import CoreOutput, EngineDeadError, FinishReason, ModelLoadError, Sink
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,7 @@ def build_core(folder: ModelFolder, config: EngineConfig, sink: Sink,
     # NOTE(engine): a draft check is a run of S > 1 tokens in one row; whole-buffer mode runs every row at
     # S = 1 (GroupQueryAttention refuses S > 1 with a past at batch > 1), so no speculation there.
     speculative_tokens = config.speculative_tokens if runner.can_verify else 0
+    draft_model = load_draft_model(folder, config, loaded) if config.draft_model and runner.can_verify else None
     scheduler = Scheduler(config.max_batch, config.max_queue + config.max_batch, runner.prefill_chunk,
                           prefix_caching=config.prefix_caching, can_copy=runner.can_copy,
                           speculative_tokens=speculative_tokens,
@@ -108,8 +112,33 @@ def build_core(folder: ModelFolder, config: EngineConfig, sink: Sink,
         folder.tokenizer.hf, loaded.vocab_size, folder.eos_token_ids,
         compile_timeout_s=config.grammar_compile_timeout_s, cache_size=config.grammar_cache_size)
     core = EngineCore(runner, scheduler, sink, seed=config.seed, fault_injector=config.fault_injector,
-                      structured=structured, between_steps=between_steps, step_trace=config.step_trace)
+                      structured=structured, between_steps=between_steps, step_trace=config.step_trace,
+                      draft_model=draft_model)
+    if draft_model is not None:
+        scheduler.use_draft_model(config.draft_max)
+        draft_model.cost = scheduler.check_cost
     return BuiltCore(core, loaded, structured, speculative_tokens)
+
+
+def load_draft_model(folder: ModelFolder, config: EngineConfig, loaded: placement.Loaded) -> DraftModelProposer:
+    """The draft model of ``config.draft_model`` on the target's device, with KV rows of its own (one per slot, the
+    target's context length) and its proposer.
+
+    Raises:
+        ModelLoadError: its vocabulary differs from the target's (the first difference named), or its runner
+            cannot run a row on its own (opaque whole-buffer KV).
+    """
+    draft_folder = read_model_folder(Path(config.draft_model))
+    check_same_vocabulary(folder.path, draft_folder.path)
+    draft_config = dataclasses.replace(config, max_model_len=loaded.max_model_len, speculative_tokens=0,
+                                       draft_model=None, batched_prompts=False, graph_capture=False)
+    draft = placement.load(draft_folder, draft_config)
+    if draft.runner.whole_buffer or not draft.runner.can_verify:
+        raise ModelLoadError(f"the draft model {draft_folder.model_name} needs KV rows of its own on this device "
+                             f"({draft.placement.runner}): serve without --draft-model")
+    log.info("draft model %s: %d KV rows of %d tokens, %.0f MiB", draft_folder.model_name, draft.runner.num_slots,
+             draft.max_model_len, draft.runner.kv.shape.nbytes / 2**20)
+    return DraftModelProposer(draft.runner, loaded.vocab_size, p_min=config.draft_p_min, min_tokens=config.draft_min)
 
 
 def backend_flags() -> dict[str, str | None]:

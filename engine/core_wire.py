@@ -198,7 +198,7 @@ def encode_outputs(outputs: Sequence[CoreOutput]) -> list[tuple]:
         if logprobs is not None:
             logprobs = tuple([(lp.token_id, lp.logprob, lp.top) for lp in logprobs])
         append((out[0], out[1], None if reason is None else reason.value, logprobs, *out[4:9],
-                None if exc is None else encode_exception(exc), out[10]))
+                None if exc is None else encode_exception(exc), *out[10:]))
     return rows
 
 
@@ -222,7 +222,7 @@ def decode_outputs(rows: Sequence[tuple]) -> list[CoreOutput]:
                 entries.append(entry)
             logprobs = tuple(entries)
         append(make(CoreOutput, (row[0], row[1], None if reason is None else _REASONS[reason], logprobs, *row[4:9],
-                                 None if exc is None else decode_exception(exc), row[10])))
+                                 None if exc is None else decode_exception(exc), *row[10:])))
     return outputs
 
 

@@ -77,6 +77,18 @@ class KeyTracker:
         self._stack: list[dict[str, bytes] | None] = []
         self._key = bytearray()  # raw bytes of the key being written (state KEY_STR / KEY_ESC)
 
+    def snapshot(self) -> tuple[int, list[dict[str, bytes] | None], bytes]:
+        """The scanner's state as it stands, for ``restore`` (speculative decoding tries draft tokens, then takes
+        them back): O(open containers and their keys), not O(output)."""
+        return self._state, [None if frame is None else dict(frame) for frame in self._stack], bytes(self._key)
+
+    def restore(self, snapshot: tuple[int, list[dict[str, bytes] | None], bytes]) -> None:
+        """Back to where ``snapshot`` was taken."""
+        state, stack, key = snapshot
+        self._state = state
+        self._stack = [None if frame is None else dict(frame) for frame in stack]
+        self._key = bytearray(key)
+
     def restart_text(self) -> None:
         """Leave any JSON being read (a special token such as a tool-call marker came)."""
         self._state = TEXT

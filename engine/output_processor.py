@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.types import CoreOutput, FinishReason, RequestOutput, SamplingParams
+from engine.types import CoreOutput, FinishReason, RequestOutput, SamplingParams, SpecDecodeStats
 
 
 @dataclass(eq=False)
@@ -29,6 +29,9 @@ class RequestState:
     more_detokenizers: list[IncrementalDetokenizer] = field(default_factory=list)
     choices_done: set[int] = field(default_factory=set)  # choices that have had their last output
     num_cached_tokens: int = 0
+    # the draft checks of every choice so far (CoreOutput.spec_check): tokens drafted, and accepted, per check
+    spec_drafted: list[int] = field(default_factory=list)
+    spec_accepted: list[int] = field(default_factory=list)
 
     @property
     def num_choices(self) -> int:
@@ -72,6 +75,9 @@ class OutputProcessor:
             if out.index == 0 and out.num_cached_tokens:
                 state.num_cached_tokens = out.num_cached_tokens
             state.num_generated_tokens += len(out.token_ids)
+            if out.spec_check is not None:
+                state.spec_drafted.append(out.spec_check[0])
+                state.spec_accepted.append(out.spec_check[1])
             reason = out.finish_reason
             detokenizer = state.detokenizer_of(out.index)
             # NOTE(engine): STOP from the core means a stop token (eos, stop_token_ids), which is not text, unless
@@ -91,7 +97,9 @@ class OutputProcessor:
                 num_generated_tokens=state.num_generated_tokens, finished=finished, finish_reason=reason,
                 logprobs=out.logprobs, error=out.error, first_scheduled_s=out.first_scheduled_s,
                 index=out.index, num_cached_tokens=state.num_cached_tokens,
-                stop_string=matched if reason is FinishReason.STOP else None))
+                stop_string=matched if reason is FinishReason.STOP else None,
+                spec_decode=SpecDecodeStats(tuple(state.spec_drafted), tuple(state.spec_accepted))
+                if finished and state.spec_drafted else None))
             if finished:
                 del self.states[out.request_id]
         return to_abort
@@ -129,4 +137,5 @@ def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
         num_generated_tokens=last.num_generated_tokens, finished=last.finished,
         finish_reason=last.finish_reason, logprobs=logprobs, error=last.error,
         first_scheduled_s=next((o.first_scheduled_s for o in outputs if o.first_scheduled_s is not None), None),
-        index=last.index, num_cached_tokens=last.num_cached_tokens, stop_string=last.stop_string)
+        index=last.index, num_cached_tokens=last.num_cached_tokens, stop_string=last.stop_string,
+        spec_decode=last.spec_decode)

@@ -19,6 +19,7 @@ from engine.sampling_law import (
     apply_logit_bias, apply_min_p, apply_penalties, apply_temperature, apply_token_bitmask, apply_top_k, apply_top_p,
     log_softmax, token_allowed, top_logprobs,
 )
+from engine.spec_decode import rejection
 from engine.types import SamplingParams, TokenLogprob
 
 # NOTE(engine): a greedy batch's pass splits its rows over threads above this many logits (numpy's ufuncs release
@@ -199,13 +200,16 @@ class RequestSampler:
         (``verify`` too), a direct caller calls ``record``."""
         return _sample_rows(logits[None], [self])[0]
 
-    def verify(self, logits: np.ndarray, draft: Sequence[int]) -> list[SampleResult]:
+    def verify(self, logits: np.ndarray, draft: Sequence[int],
+               draft_probs: np.ndarray | None = None) -> list[SampleResult]:
         """Check a draft (speculative decoding) and record the tokens it yields.
 
         Args:
             logits: float32 ``[len(draft) + 1, vocab]``: row 0 follows the request's last token, row j + 1
                 follows ``draft[j]`` (one model run over the last token and the draft).
             draft: the proposed next tokens.
+            draft_probs: float ``[len(draft), vocab]``: the distribution q each draft token was drawn from (a draft
+                model's); None: point masses (prompt lookup), or a greedy request (q plays no part then).
         Returns:
             The tokens to append: the longest draft prefix the model's own choices reproduce, then the model's
             choice where they part (or after the whole draft): 1 to ``len(draft) + 1`` results.
@@ -218,6 +222,8 @@ class RequestSampler:
         kept with probability p(t), and on rejection the token comes from p without t, renormalized.
         transformers' assisted generation checks drafts without logits (prompt lookup) the same way.
         """
+        if draft_probs is not None and not self.greedy:
+            return self._speculative_sampling(logits, draft, draft_probs)
         if self.plain_greedy:  # NOTE(engine): one argmax pass over the rows, log-probabilities of the kept rows only
             rows = logits[:len(draft) + 1]
             tokens = np.argmax(rows, axis=-1)
@@ -233,6 +239,31 @@ class RequestSampler:
             self.record(result.token_id)
             results.append(result)
             if j == len(draft) or result.token_id != draft[j]:
+                break
+        return results
+
+    def _speculative_sampling(self, logits: np.ndarray, draft: Sequence[int],
+                              draft_probs: np.ndarray) -> list[SampleResult]:
+        """``verify`` of a draft drawn from ``draft_probs`` (q): position j keeps ``draft[j]`` with min(1, p/q), p
+        being this sampler's law on row j (``process``, penalties counting the tokens kept before it); the first
+        rejected position draws from the normalised residual max(0, p - q), and a draft kept whole gets a bonus
+        token drawn from p on its last row. The tokens follow p exactly (``engine.spec_decode.rejection``)."""
+        results: list[SampleResult] = []
+        for j in range(len(draft) + 1):
+            row = logits[j]
+            p = rejection.probabilities(self.process(row))
+            kept = j < len(draft)
+            if not kept:
+                token = rejection.draw(p, self.rng.random())
+            else:
+                q = draft_probs[j]
+                token = draft[j]
+                if not rejection.accept(p[token], q[token], self.rng.random()):
+                    kept = False
+                    token = rejection.draw(rejection.residual(p, q), self.rng.random())
+            results.append(SampleResult(token, self.logprob_of(row, token) if self.want_logprobs else None))
+            self.record(token)
+            if not kept:
                 break
         return results
 

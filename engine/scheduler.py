@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.prefix_cache import KVCopy, SlotPrefixCache
+from engine.spec_decode.policy import ModelDraftState, expected_tokens
+from engine.spec_decode.proposer import DRAFT_MODEL, NGRAM, DraftRow, NgramProposer
 from engine.speculative import CheckCost, NgramDrafter
 from engine.types import EngineOverloadedError, FinishReason, SamplingParams
 
@@ -52,7 +54,8 @@ class Request:
     forks: list[Request] = field(default_factory=list)
     parent: Request | None = None  # on a fork: choice 0
     num_cached_tokens: int = 0  # prompt tokens whose KV was reused at admission (usage.cached_tokens)
-    drafter: NgramDrafter | None = None  # speculative decoding state (scheduler-owned), None = no drafts
+    drafter: NgramDrafter | None = None  # prompt-lookup drafts' state (scheduler-owned), None = none yet
+    model_draft: ModelDraftState | None = None  # the draft model's drafts' state (scheduler-owned), None = none yet
     # 0: interactive. A request of a higher number (a batch line) is admitted after every lower one waiting, and
     # gives its slot up to one that finds no free slot (recompute preemption: ``Scheduler._preempt``).
     priority: int = 0
@@ -138,10 +141,16 @@ class PrefillChunk:
 
 @dataclass(frozen=True)
 class Verify:
-    """A request in decode that checks a draft this step: one run of ``[last token, *draft]`` in its slot."""
+    """A request in decode that checks a draft this step: one run of ``[last token, *draft]`` in its slot.
+
+    ``draft_probs``: float ``[len(draft), vocab]``, the distribution each draft token was drawn from (a draft model's
+    sampled draft), or None (prompt lookup, greedy drafts); ``source``: which proposer made it
+    (``engine.spec_decode.proposer``)."""
 
     request: Request
     draft: tuple[int, ...]
+    draft_probs: Any = None
+    source: str = NGRAM
 
     @property
     def token_ids(self) -> list[int]:
@@ -167,6 +176,8 @@ class SchedulerOutput:
     more_prefills: tuple[PrefillChunk, ...] = ()  # chunks of other requests after ``prefill``, oldest first
     # (slot, valid KV positions) of the rows preempted requests gave up this step: the runner releases them first
     released: tuple[tuple[int, int], ...] = ()
+    # rows the draft model drafts for this step (the core runs it, then checks each draft as a ``Verify``)
+    draft_rows: tuple[DraftRow, ...] = ()
 
     @property
     def prefills(self) -> tuple[PrefillChunk, ...]:
@@ -176,7 +187,7 @@ class SchedulerOutput:
     @property
     def num_tokens(self) -> int:
         return (len(self.decode) + sum(len(v.draft) + 1 for v in self.verify)
-                + sum(c.num_tokens for c in self.prefills))
+                + sum(r.num_tokens + 1 for r in self.draft_rows) + sum(c.num_tokens for c in self.prefills))
 
 
 @dataclass(frozen=True)
@@ -218,6 +229,8 @@ class Scheduler:
             ``batched_prompt_len`` tokens) a step takes beside ``token_budget``: the core runs them together
             (``EngineCore._run_prompts``); 0: none beside it.
         batched_prompt_len: the longest prompt that counts against ``prompt_budget``.
+
+    A draft model drafts for rows too once ``use_draft_model`` says so.
     """
 
     def __init__(self, num_slots: int, max_waiting: int, token_budget: int, *, prefix_caching: bool = False,
@@ -231,6 +244,8 @@ class Scheduler:
         self.token_budget = token_budget
         self.speculative_tokens = max(0, min(speculative_tokens, token_budget - 2))
         self.speculative_max_batch = speculative_max_batch
+        self.draft_max = 0  # the longest draft of the draft model (0: none: use_draft_model)
+        self.ngram = NgramProposer()
         self.check_cost = CheckCost()  # a draft check's cost on this device, measured by the core (every drafter's)
         self.max_prefills = max_prefills if max_prefills > 0 else num_slots
         self.prompt_budget = prompt_budget if batched_prompt_len >= 2 else 0
@@ -329,12 +344,13 @@ class Scheduler:
                        and not (urgent and r.priority))
         budget = self.token_budget - len(decode)
         verify: tuple[Verify, ...] = ()
-        if self.speculative_tokens and 0 < len(decode) <= self.speculative_max_batch:
-            verify = self._drafts(decode, budget - 1)
-            if verify:
-                drafting = {id(v.request) for v in verify}
+        draft_rows: tuple[DraftRow, ...] = ()
+        if (self.speculative_tokens or self.draft_max) and 0 < len(decode) <= self.speculative_max_batch:
+            verify, draft_rows = self._drafts(decode, budget - 1)
+            if verify or draft_rows:
+                drafting = {id(v.request) for v in verify} | {id(d.request) for d in draft_rows}
                 decode = tuple(r for r in decode if id(r) not in drafting)
-                budget -= sum(len(v.draft) for v in verify)
+                budget -= sum(len(v.draft) for v in verify) + sum(d.num_tokens for d in draft_rows)
         # 3. Prefill: a chunk of each admitted request still in its prompt, oldest first, while the budget
         #    lasts (forks wait for choice 0).
         #    New requests' whole short prompts take the prompt budget first, where there is one (run together).
@@ -375,7 +391,7 @@ class Scheduler:
             if chunk.request.first_scheduled_s is None:
                 chunk.request.first_scheduled_s = now
         return SchedulerOutput(prefills[0] if prefills else None, decode, verify, tuple(copies), tuple(prefills[1:]),
-                               tuple(released))
+                               tuple(released), draft_rows)
 
     def _victim(self, priority: int) -> Request | None:
         """The running request a waiting one of ``priority`` may preempt: of the highest priority number above it,
@@ -416,7 +432,7 @@ class Scheduler:
             sampled: Request -> its new token id(s): one for each request in ``out.decode``, one for each prefill
                 request and each of its forks whose chunk was the prompt's last, and for each verify the
                 tokens its check produced (the accepted draft prefix plus the model's own next token).
-            complete: requests whose output is complete after their (last) token (their grammar allows
+            complete: requests whose output is complete after their last token of the step (their grammar allows
                 nothing more): they finish with STOP, whatever else holds.
         Returns:
             The requests that finished in this step (their slots are already free).
@@ -424,9 +440,12 @@ class Scheduler:
         finished: list[Finished] = []
 
         def advance(request: Request, tokens: int | Sequence[int]) -> None:
-            for token_id in [tokens] if isinstance(tokens, int) else tokens:
+            tokens = [tokens] if isinstance(tokens, int) else tokens
+            last = len(tokens) - 1
+            for i, token_id in enumerate(tokens):
                 request.num_computed_tokens += 1  # NOTE(engine): the token before it is now in the KV
-                reason = self._append(request, token_id, complete)
+                # NOTE(engine): a check's tokens: only the last can be the one after which the grammar is complete
+                reason = self._append(request, token_id, complete if i == last else ())
                 if reason is not None:
                     finished.append(Finished(request, reason))
                     return
@@ -444,8 +463,9 @@ class Scheduler:
         for v in out.verify:
             tokens = sampled[v.request]
             tokens = [tokens] if isinstance(tokens, int) else list(tokens)
-            if v.request.drafter is not None:
-                v.request.drafter.record(len(v.draft), len(tokens) - 1)
+            state = v.request.model_draft if v.source == DRAFT_MODEL else v.request.drafter
+            if state is not None:
+                state.record(len(v.draft), len(tokens) - 1)
             advance(v.request, tokens)
         for item in finished:
             self._release(item.request)
@@ -500,6 +520,11 @@ class Scheduler:
         self._by_slot[slot] = request
         self.running[request.key] = request
 
+    def use_draft_model(self, draft_max: int) -> None:
+        """Rows may draft with the draft model too, at most ``draft_max`` tokens a draft: each step a row drafts with
+        whichever source (prompt lookup, the draft model) is likelier to pay (``engine.spec_decode.policy``)."""
+        self.draft_max = max(0, min(draft_max, self.token_budget - 2))
+
     def stop_drafts(self, request: Request) -> None:
         """``request`` drafts no more (its logits are not finite: ``EngineCore._check_finite``)."""
         if self.speculative_tokens:
@@ -507,21 +532,41 @@ class Scheduler:
                 request.drafter = NgramDrafter(self.speculative_tokens, cost=self.check_cost)
             request.drafter.stop()
 
-    def _drafts(self, decode: tuple[Request, ...], budget: int) -> tuple[Verify, ...]:
-        """Draft checks for the requests in ``decode`` that have a draft, within ``budget`` draft tokens."""
-        verify = []
+    def _drafts(self, decode: tuple[Request, ...], budget: int) -> tuple[tuple[Verify, ...], tuple[DraftRow, ...]]:
+        """Drafts for the requests in ``decode``, within ``budget`` draft tokens: prompt-lookup drafts to check (made
+        here: lookups), and the rows the draft model drafts for (run by the core). Each row takes the source with the
+        most expected tokens per decode step's worth of time (``engine.spec_decode.policy``), or none."""
+        verify, rows = [], []
+        cost = self.check_cost
         for request in decode:
-            if request.drafter is None:
-                if request.params.structured is not None:  # NOTE(engine): the grammar advances per token
-                    continue
-                request.drafter = NgramDrafter(self.speculative_tokens, cost=self.check_cost)
+            asked = request.params.draft_max_tokens  # the request's own bound (0: no drafts)
+            if asked == 0:
+                continue
             # never past max_tokens / the context: the check emits up to len(draft) + 1 tokens
             limit = min(budget, request.max_num_tokens - request.num_tokens - 1)
-            draft = request.drafter.propose(request.prompt_ids, request.output_ids, limit) if limit > 0 else ()
+            if asked is not None:
+                limit = min(limit, asked)
+            if limit <= 0:
+                continue
+            draft: tuple[int, ...] = ()
+            if self.speculative_tokens:
+                if request.drafter is None:
+                    request.drafter = NgramDrafter(self.speculative_tokens, cost=cost)
+                draft = self.ngram.propose([DraftRow(request, min(limit, self.speculative_tokens))])[0].token_ids
+            if self.draft_max:
+                if request.model_draft is None:
+                    request.model_draft = ModelDraftState()
+                num, gain = request.model_draft.plan(min(limit, self.draft_max), cost)
+                ngram_gain = (expected_tokens(request.drafter.acceptance_rate, len(draft)) / cost.steps(len(draft))
+                              if draft else 0.0)
+                if num and gain > ngram_gain:
+                    rows.append(DraftRow(request, num))
+                    budget -= num
+                    continue
             if draft:
                 verify.append(Verify(request, draft))
                 budget -= len(draft)
-        return tuple(verify)
+        return tuple(verify), tuple(rows)
 
     def _append(self, request: Request, token_id: int, complete: Collection[Request]) -> FinishReason | None:
         request.output_ids.append(token_id)

@@ -45,6 +45,9 @@ MAX_TABLE = 17  # CheckCost's table of check costs by draft length starts this l
 # request drafts 1 token, and the length grows as its drafts keep being accepted (copied text: up to
 # max_tokens), or stays short where they aren't (free text).
 CHECK_COST_PER_TOKEN = 0.25
+# A draft model's token before any measurement, in decode steps of the target: a 0.5B draft beside a 1.5B target reads
+# ~40% of its bytes per run (CPU runs are bound by them).
+DRAFT_COST_PER_TOKEN = 0.4
 MIN_GAIN = 0.05
 PRIOR = (0.5, 1.0)
 DECAY = 0.8  # weight of earlier checks against the newest one
@@ -67,6 +70,7 @@ class CheckCost:
         self._table: list[float] = []  # steps(d) for d < len, rebuilt after a check (not after each decode step)
         self._table_decode_s: float | None = None
         self.frozen = False  # keep the prior law whatever this machine measures (freeze())
+        self.draft_token_s: float | None = None  # average seconds of a draft model's token (its runs, per token)
 
     def freeze(self) -> None:
         """Ignore measurements from now on: checks cost ``1 + CHECK_COST_PER_TOKEN * d`` decode steps whatever the
@@ -74,6 +78,7 @@ class CheckCost:
         """
         self.frozen = True
         self.decode_s, self.check_s, self._table, self._table_decode_s = None, {}, [], None
+        self.draft_token_s = None
 
     def record_decode(self, seconds: float) -> None:
         if self.frozen:
@@ -81,6 +86,20 @@ class CheckCost:
         self.decode_s = seconds if self.decode_s is None else (1 - COST_WEIGHT) * self.decode_s + COST_WEIGHT * seconds
         if self._table_decode_s is not None and abs(self.decode_s - self._table_decode_s) > 0.05 * self._table_decode_s:
             self._table = []  # NOTE(engine): rebuilt only when the decode time moved by 5%: this runs every step
+
+    def record_draft(self, num_tokens: int, seconds: float) -> None:
+        """A draft model made ``num_tokens`` tokens (all rows of one proposal) in ``seconds``."""
+        if self.frozen or num_tokens <= 0:
+            return
+        per_token = seconds / num_tokens
+        self.draft_token_s = per_token if self.draft_token_s is None else \
+            (1 - COST_WEIGHT) * self.draft_token_s + COST_WEIGHT * per_token
+
+    def draft_steps(self, num_tokens: int) -> float:
+        """``num_tokens`` tokens of the draft model in decode steps of the target."""
+        if self.draft_token_s is None or self.decode_s is None:
+            return DRAFT_COST_PER_TOKEN * num_tokens
+        return self.draft_token_s / self.decode_s * num_tokens
 
     def record_check(self, num_draft: int, seconds: float) -> None:
         if self.frozen:

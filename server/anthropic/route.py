@@ -52,7 +52,7 @@ async def _events(run: EngineRun, ctx: StreamContext, assembler: MessageAssemble
             events += assembler.feed(delta)
         if out.finished:
             reason = str(out.finish_reason) if out.finish_reason is not None else None
-            events += assembler.finish(reason, out.stop_string, _usage(ctx))
+            events += assembler.finish(reason, out.stop_string, _usage(ctx), ctx.metrics())
         yield events
 
 

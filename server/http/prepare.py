@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 from starlette.requests import Request
 
+from engine.config import DEFAULT_SPECULATIVE_TOKENS
 from engine.types import InvalidRequestError, PromptTooLongError, SamplingParams, StructuredOutput
 from server.openai import protocol
 from server.openai.sampling_fields import SamplingFieldsT, with_defaults
@@ -307,5 +308,13 @@ async def start_run(request: Request | None, state: ServerState, engine: EngineC
         want_logprobs=params.logprobs,
         n=params.n,
         num_prompt_tokens=len(prompt_ids),
+        spec_metrics=state.settings.per_request_spec_decode_metrics,
+        num_spec_tokens=longest_draft(state.settings),
     )
     return run, ctx
+
+
+def longest_draft(settings: Settings) -> int:
+    """The most draft tokens one check may hold under these settings (prompt lookup's, the draft model's)."""
+    ngram = DEFAULT_SPECULATIVE_TOKENS if settings.speculative_tokens is None else settings.speculative_tokens
+    return max(ngram, settings.draft_max if settings.draft_model else 0)

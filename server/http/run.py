@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import anyio
 from starlette.requests import Request
 
-from engine.types import EngineError, FinishReason, RequestOutput
+from engine.types import EngineError, FinishReason, RequestOutput, SpecDecodeStats
 from server.engine_client import EngineClient
 from server.errors import EngineNotReadyError, ServerError, error_for
 from server.metrics import REJECTED, RequestTracker
@@ -237,11 +237,40 @@ class StreamContext:
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
     num_cached_tokens: int = 0
+    # --per-request-spec-decode-metrics ("none": the response carries no `metrics`), the longest draft a check may
+    # hold (its histogram's last bucket), and the request's draft checks once its finished output came
+    spec_metrics: str = "none"
+    num_spec_tokens: int = 0
+    spec_decode: SpecDecodeStats | None = None
 
     def account(self, out: RequestOutput) -> None:
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_generated_tokens = max(self.num_generated_tokens, out.num_generated_tokens)
         self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
+        if out.spec_decode is not None:
+            self.spec_decode = out.spec_decode
+
+    def metrics(self) -> dict[str, Any] | None:
+        """The response's `metrics` under --per-request-spec-decode-metrics (None when "none"), in vLLM's shape:
+        ``{"speculative_decoding": ...}``, the request's draft checks (all choices'). ``acceptance_histogram[j]``
+        counts the checks that kept exactly j draft tokens; the two rates are null where nothing was checked;
+        "detailed" adds each check's counts, in order. Every protocol puts it beside its usage."""
+        if self.spec_metrics == "none":
+            return None
+        stats = self.spec_decode or SpecDecodeStats()
+        body: dict[str, Any] = {
+            "mean_acceptance_length": stats.mean_acceptance_length,
+            "draft_acceptance_rate": stats.draft_acceptance_rate,
+            "acceptance_histogram": stats.acceptance_histogram(self.num_spec_tokens),
+            "num_spec_steps": stats.num_spec_steps,
+            "num_accepted_draft_tokens": stats.num_accepted_draft_tokens,
+            "num_draft_tokens": stats.num_draft_tokens,
+            "num_spec_tokens": self.num_spec_tokens,
+        }
+        if self.spec_metrics == "detailed":
+            body["per_step_accepted"] = list(stats.per_step_accepted)
+            body["per_step_drafted"] = list(stats.per_step_drafted)
+        return {"speculative_decoding": body}
 
 
 

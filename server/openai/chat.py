@@ -42,12 +42,13 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         logprobs = protocol.chat_logprobs(choice.logprobs, ctx.token_text) if params.logprobs else None
         if readers is None:
             bodies.append(protocol.chat_completion(ctx.request_id, ctx.created, ctx.model, choice.text,
-                                                   choice.finish_reason, usage(ctx), logprobs))
+                                                   choice.finish_reason, usage(ctx), logprobs,
+                                                   metrics=ctx.metrics()))
             continue
         readers[i].feed(choice.text, final=True)
         message = readers[i].message()
         bodies.append(protocol.chat_completion(
             ctx.request_id, ctx.created, ctx.model, message["content"],
             tool_finish_reason(choice.finish_reason, readers[i]), usage(ctx), logprobs,
-            tool_calls=message["tool_calls"], reasoning=message.get("reasoning_content")))
+            tool_calls=message["tool_calls"], reasoning=message.get("reasoning_content"), metrics=ctx.metrics()))
     return JSONResponse(protocol.with_choices(bodies))

@@ -43,5 +43,5 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         logprobs = protocol.completion_logprobs(choice.logprobs, ctx.token_text, 0) if params.logprobs else None
         bodies.append(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, choice.text,
                                                 finish_reason=choice.finish_reason, logprobs=logprobs,
-                                                usage_dict=usage(ctx)))
+                                                usage_dict=usage(ctx), metrics=ctx.metrics()))
     return JSONResponse(protocol.with_choices(bodies))

@@ -63,7 +63,8 @@ def _read_chat_events(run: EngineRun, ctx: StreamContext, calls: Sequence[DeltaS
                 reason = tool_finish_reason(protocol.finish_reason_str(out.finish_reason), parser)
                 yield chunk(out.index, {}, finish_reason=reason)
         if ctx.include_usage:
-            yield data_event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, usage(ctx)))
+            yield data_event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, usage(ctx),
+                                                           ctx.metrics()))
         yield DONE
 
     return with_error_event(events(), run, error_events)
@@ -95,7 +96,8 @@ def _chat_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[bytes]:
                                                  finish_reason=protocol.finish_reason_str(out.finish_reason),
                                                  with_usage_field=ctx.include_usage, index=out.index))
         if ctx.include_usage:
-            yield data_event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, usage(ctx)))
+            yield data_event(protocol.chat_usage_chunk(ctx.request_id, ctx.created, ctx.model, usage(ctx),
+                                                           ctx.metrics()))
         yield DONE
 
     return with_error_event(events(), run, error_events)
@@ -126,7 +128,7 @@ def _completion_events(run: EngineRun, ctx: StreamContext) -> AsyncIterator[byte
                                                        with_usage_field=ctx.include_usage, index=out.index))
         if ctx.include_usage:
             yield data_event(protocol.completion_chunk(ctx.request_id, ctx.created, ctx.model, "",
-                                                   usage_dict=usage(ctx), with_choice=False))
+                                                   usage_dict=usage(ctx), with_choice=False, metrics=ctx.metrics()))
         yield DONE
 
     return with_error_event(events(), run, error_events)

@@ -290,9 +290,10 @@ def chat_chunk(
     return chunk
 
 
-def chat_usage_chunk(request_id: str, created: int, model: str, usage_dict: dict[str, int]) -> dict[str, Any]:
-    """The last chunk under stream_options.include_usage: no choices, only usage."""
-    return {
+def chat_usage_chunk(request_id: str, created: int, model: str, usage_dict: dict[str, int],
+                     metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The last chunk under stream_options.include_usage: no choices, only usage (and ``metrics``, if any)."""
+    chunk = {
         "id": request_id,
         "object": "chat.completion.chunk",
         "created": created,
@@ -301,16 +302,20 @@ def chat_usage_chunk(request_id: str, created: int, model: str, usage_dict: dict
         "choices": [],
         "usage": usage_dict,
     }
+    if metrics is not None:
+        chunk["metrics"] = metrics
+    return chunk
 
 
 def chat_completion(
     request_id: str, created: int, model: str, text: str | None, finish_reason: str | None,
     usage_dict: dict[str, int], logprobs: dict[str, Any] | None = None,
     tool_calls: list[dict[str, Any]] | None = None, reasoning: str | None = None,
+    metrics: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole `chat.completion`; ``tool_calls`` ([{id, type, function: {name, arguments}}]) when the
     answer made calls (``text`` is then None unless it also has text); ``reasoning``: the model's thinking, as
-    `reasoning_content` and `reasoning` (clients read one or the other)."""
+    `reasoning_content` and `reasoning` (clients read one or the other); ``metrics``: ``StreamContext.metrics``'."""
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if reasoning:
         message["reasoning_content"] = message["reasoning"] = reasoning
@@ -329,15 +334,17 @@ def chat_completion(
             "finish_reason": finish_reason,
         }],
         "usage": usage_dict,
+        **({"metrics": metrics} if metrics is not None else {}),
     }
 
 
 def completion_chunk(
     request_id: str, created: int, model: str, text: str, finish_reason: str | None = None,
     logprobs: dict[str, Any] | None = None, usage_dict: dict[str, int] | None = None, with_choice: bool = True,
-    with_usage_field: bool = False, index: int = 0,
+    with_usage_field: bool = False, index: int = 0, metrics: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A `text_completion` object: one streamed chunk, or the whole response when not streaming."""
+    """A `text_completion` object: one streamed chunk, or the whole response when not streaming (``metrics``: with
+    the usage, ``StreamContext.metrics``')."""
     body: dict[str, Any] = {
         "id": request_id,
         "object": "text_completion",
@@ -351,6 +358,8 @@ def completion_chunk(
     }
     if usage_dict is not None or with_usage_field:
         body["usage"] = usage_dict
+    if metrics is not None:
+        body["metrics"] = metrics
     return body
 
 

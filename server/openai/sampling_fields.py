@@ -44,6 +44,12 @@ class _SamplingFields(IdleTTLField, StructuredOutputFields):
     stream: bool = Field(False, description="Stream chunks as server-sent events.")
     stream_options: StreamOptions | None = None
     user: str | None = None
+    speculative: bool | None = Field(None, description="false: no speculative drafts for this request (prompt "
+                                     "lookup or --draft-model); the output is the same either way.")
+    speculative_n_max: int | None = Field(None, alias="speculative.n_max", description="Most draft tokens one check "
+                                          "holds for this request, [0, 64] (llama.cpp's field; 0: no drafts).")
+    draft_model: str | None = Field(None, description="LM Studio's field: accepted when it names the server's "
+                                    "--draft-model (a 400 otherwise); drafts are on for the request.")
     best_of: int | None = Field(None, description="Not supported above 1 (no beam search).")
     use_beam_search: bool = Field(False, description="Not supported (no beam search).")
 
@@ -101,6 +107,8 @@ class _SamplingFields(IdleTTLField, StructuredOutputFields):
             top_logprobs=top_logprobs,
             structured=self.structured_output(),
             n=self.n,
+            draft_max_tokens=0 if self.speculative is False else self.speculative_n_max,
+            draft_model=self.draft_model,
         )
 
     @property

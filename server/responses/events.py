@@ -74,6 +74,7 @@ class ResponseAssembler:
     _error: dict[str, Any] | None = field(default=None, init=False)
     _incomplete_reason: str | None = field(default=None, init=False)
     _completed_at: int | None = field(default=None, init=False)
+    _metrics: dict[str, Any] | None = field(default=None, init=False)
 
     def _event(self, kind: str, **fields: Any) -> Event:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -83,7 +84,8 @@ class ResponseAssembler:
     def response(self) -> dict[str, Any]:
         """The Response object as it stands (status in_progress until finish() or fail())."""
         return wire.response_object(self.skeleton, self._status, [item.wire() for item in self._items],
-                                    self._usage, self._error, self._incomplete_reason, self._completed_at)
+                                    self._usage, self._error, self._incomplete_reason, self._completed_at,
+                                    self._metrics)
 
     def start(self) -> list[Event]:
         created = self.response()  # queued, for a background response
@@ -185,8 +187,10 @@ class ResponseAssembler:
 
     # --- the end ------------------------------------------------------------------------------------
 
-    def finish(self, finish_reason: str | None, usage: dict[str, Any]) -> list[Event]:
-        """Close the open item and end the response: completed, or incomplete when the token limit cut it."""
+    def finish(self, finish_reason: str | None, usage: dict[str, Any],
+               metrics: dict[str, Any] | None = None) -> list[Event]:
+        """Close the open item and end the response: completed, or incomplete when the token limit cut it
+        (``metrics``: the response's, beside its usage)."""
         cut = finish_reason == "length"
         events: list[Event] = []
         if all(item.kind == "reasoning" for item in self._items):  # an answer always has its message
@@ -195,7 +199,7 @@ class ResponseAssembler:
             if self._pending_space:
                 events += self._append(self._pending_space)
         events += self._close_open("incomplete" if cut else "completed")
-        self._usage = usage
+        self._usage, self._metrics = usage, metrics
         if cut:
             self._status, self._incomplete_reason = "incomplete", "max_output_tokens"
             return [*events, self._event("response.incomplete", response=self.response())]

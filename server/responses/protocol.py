@@ -496,8 +496,10 @@ def reasoning_item(item_id: str, status: str, text: str) -> dict[str, Any]:
 
 def response_object(skeleton: dict[str, Any], status: str, output: list[dict[str, Any]],
                     usage: dict[str, Any] | None, error: dict[str, Any] | None = None,
-                    incomplete_reason: str | None = None, completed_at: int | None = None) -> dict[str, Any]:
-    """A Response object: `skeleton` (id, created_at, model and the request echo) plus the run's state."""
+                    incomplete_reason: str | None = None, completed_at: int | None = None,
+                    metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Response object: `skeleton` (id, created_at, model and the request echo) plus the run's state (and
+    `metrics` beside the usage: --per-request-spec-decode-metrics)."""
     return {
         **skeleton,
         "object": "response",
@@ -507,6 +509,7 @@ def response_object(skeleton: dict[str, Any], status: str, output: list[dict[str
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
         "output": output,
         "usage": usage,
+        **({"metrics": metrics} if metrics is not None else {}),
     }
 
 

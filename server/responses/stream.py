@@ -38,7 +38,7 @@ async def response_event_lists(run: EngineRun, ctx: StreamContext, assembler: Re
         if out.finished:
             events += assembler.finish(protocol.finish_reason_str(out.finish_reason),
                                        response_usage(ctx.num_prompt_tokens, ctx.num_generated_tokens,
-                                                      ctx.num_cached_tokens))
+                                                      ctx.num_cached_tokens), ctx.metrics())
             await on_finished(assembler)
         yield events
 

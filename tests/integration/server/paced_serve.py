@@ -24,8 +24,8 @@ def paced(delay_s: float) -> None:
     """
     make_config = server.app.engine_config_from
 
-    def config_with_pace(settings: Any) -> Any:
-        return replace(make_config(settings), fault_injector=DecodePace(delay_s))
+    def config_with_pace(settings: Any, *args: Any, **kwargs: Any) -> Any:  # (the draft model's folder, if any)
+        return replace(make_config(settings, *args, **kwargs), fault_injector=DecodePace(delay_s))
 
     server.app.engine_config_from = config_with_pace
 

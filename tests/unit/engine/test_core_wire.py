@@ -18,9 +18,9 @@ from engine.types import (
 
 def test_outputs_cross_as_they_were() -> None:
     outputs = [
-        CoreOutput("a", (5,), seq=1, first_scheduled_s=12.5),
+        CoreOutput("a", (5,), seq=1, first_scheduled_s=12.5, spec_check=(4, 3)),
         CoreOutput("b", (6, 7), FinishReason.STOP, (TokenLogprob(6, -0.1, ((9, -2.0),)), TokenLogprob(7, -0.2)),
-                   seq=2, index=1, num_cached_tokens=3, grammar_complete=True),
+                   seq=2, index=1, num_cached_tokens=3, grammar_complete=True, spec_check=(2, 1)),
         CoreOutput("c", (), FinishReason.ERROR, error="boom", seq=3,
                    exception=EngineOverloadedError("full", retry_after_s=2.0)),
     ]

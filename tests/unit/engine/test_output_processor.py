@@ -111,3 +111,23 @@ def test_a_stop_string_ends_one_choice_and_the_request_ends_with_the_last_choice
         assert len(lazy) == 3 and outs[-1].num_generated_tokens == 3 + 1 + 2
 
     asyncio.run(main())
+
+
+def test_draft_checks_add_up_on_the_finished_output_even_when_a_stop_string_ends_it(bpe_tokenizer):
+    async def main():
+        proc = OutputProcessor()
+        state = make_state(bpe_tokenizer, "a", stop=("lazy",))
+        proc.add(state)
+        ids = bpe_tokenizer.encode("the big lazy dog").ids
+        # a decode step, then a check that kept 2 of 3 draft tokens and ran into the stop string
+        proc.process([CoreOutput("a", tuple(ids[:1]), seq=1)])
+        proc.process([CoreOutput("a", tuple(ids[1:]), seq=1, spec_check=(3, 2))])
+        outs = drain(state)
+        assert [o.spec_decode for o in outs[:-1]] == [None] * (len(outs) - 1)
+        stats = outs[-1].spec_decode
+        assert outs[-1].finished and stats is not None
+        assert (stats.per_step_drafted, stats.per_step_accepted) == ((3,), (2,))
+        assert stats.mean_acceptance_length == 3.0 and stats.draft_acceptance_rate == 2 / 3
+        assert stats.acceptance_histogram(4) == [0, 0, 1, 0, 0]
+
+    asyncio.run(main())

@@ -313,15 +313,33 @@ def decoding_pair(sched):
     return sched
 
 
-def test_no_drafts_beside_other_streams_for_structured_output_or_when_off():
+class ScriptedGrammar:
+    """What the scheduler asks of a constrained request's grammar: how many of a draft's tokens it allows."""
+
+    def __init__(self, num_allowed: int) -> None:
+        self.num_allowed = num_allowed
+        self.asked: list[tuple[int, ...]] = []
+
+    def allows(self, token_ids) -> int:
+        self.asked.append(tuple(token_ids))
+        return min(self.num_allowed, len(token_ids))
+
+
+def test_no_drafts_beside_other_streams_or_when_off_and_structured_drafts_stop_where_the_grammar_forbids():
     assert not decoding_pair(spec_scheduler()).schedule().verify  # two decode together: one batched run
     out = decoding_pair(spec_scheduler(speculative_max_batch=2)).schedule()
     assert [v.draft for v in out.verify] == [(5,), (4,)] and not out.decode
-    structured = spec_scheduler()
-    structured.add(make_request("s", [1, 2, 3, 4, 5, 1, 2], max_tokens=20,
-                                structured=StructuredOutput("regex", "[0-9]+")))
-    step(structured, tokens={"s": 3})
-    assert not structured.schedule().verify
+    for allowed, expected in ((0, ()), (1, (4,))):
+        structured = spec_scheduler()
+        request = make_request("s", [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2], max_tokens=20,
+                               structured=StructuredOutput("regex", "[0-9]+"))
+        request.constraint = ScriptedGrammar(allowed)
+        structured.add(request)
+        step(structured, tokens={"s": 3})
+        out = structured.schedule()
+        assert request.constraint.asked == [(4,)]  # the grammar was asked about the lookup's draft
+        assert [v.draft for v in out.verify] == ([expected] if expected else [])
+        assert out.decode == (() if expected else (request,))  # no draft left: it decodes with the others
     off = Scheduler(num_slots=2, max_waiting=4, token_budget=32)
     off.add(make_request("a", [1, 2, 3, 4, 5, 1, 2], max_tokens=20))
     step(off, tokens={"a": 3})

@@ -85,6 +85,32 @@ def test_rollback_returns_to_an_earlier_state(backend, bpe_tokenizer):
         constraint.rollback(1)
 
 
+def test_a_checkpoint_takes_back_draft_tokens_keys_included(backend, bpe_tokenizer):
+    """Speculative decoding's rollback: tokens tried after a checkpoint are undone, the repeated-key rule's state with
+    them: afterwards every mask is the one of a constraint that never saw them."""
+    def mask_after(constraint) -> np.ndarray:
+        row = backend.allocate_bitmask(1)
+        constraint.fill(row, 0)
+        return row[0]
+
+    tried = backend.constraint_sync(StructuredOutput("json_object"))
+    fresh = backend.constraint_sync(StructuredOutput("json_object"))
+    for c in (tried, fresh):
+        walk(backend, c, bpe_tokenizer, '{"ab":1,"x":{"c":2},')
+    saved = tried.checkpoint()
+    walk(backend, tried, bpe_tokenizer, '"cd":3,"e":[4]}')
+    assert tried.is_done
+    tried.restore(saved)
+    assert tried.num_accepted == fresh.num_accepted and not tried.is_done
+    for text in ('"cd', '":5,"ab'):  # a key of the undone tokens is free again; one written before is not
+        walk(backend, tried, bpe_tokenizer, text)
+        walk(backend, fresh, bpe_tokenizer, text)
+        np.testing.assert_array_equal(mask_after(tried), mask_after(fresh), err_msg=text)
+    assert '"' not in quote_tokens(bpe_tokenizer, allowed_ids(backend, tried))  # "ab" would repeat
+    with pytest.raises(ValueError):
+        tried.restore((tried.num_accepted + 1, None))
+
+
 def test_batched_fill_equals_single_fills(backend, bpe_tokenizer):
     specs = [StructuredOutput("json_object"), StructuredOutput("regex", "[a-c]+"), StructuredOutput("choice", '["q"]')]
     constraints = [backend.constraint_sync(s) for s in specs]

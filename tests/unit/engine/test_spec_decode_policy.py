@@ -1,0 +1,105 @@
+"""Which source drafts for a row (prompt lookup, the draft model) and how many tokens: the scheduler's choice and
+the draft model's per-request state, with scripted outputs (no model)."""
+
+from __future__ import annotations
+
+from engine.scheduler import Request, Scheduler, Verify
+from engine.spec_decode.policy import MAX_PROBE_INTERVAL, PROBE_INTERVAL, ModelDraftState, best_length, expected_tokens
+from engine.spec_decode.proposer import DRAFT_MODEL, DraftRow
+from engine.speculative import CheckCost
+from engine.types import SamplingParams, StructuredOutput
+
+EOS = 2
+
+
+def make_request(rid, prompt, max_tokens=40, **params):
+    return Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True, **params),
+                   eos_token_ids=frozenset({EOS}), max_model_len=256)
+
+
+def decoding(sched, request, first=3):
+    sched.add(request)
+    out = sched.schedule()
+    sched.update_from_output(out, {request: first})
+    return request
+
+
+def test_expected_tokens_and_best_length_on_exact_numbers():
+    assert expected_tokens(0.5, 3) == 1 + 0.5 + 0.25 + 0.125
+    assert best_length(0.0, 8, lambda d: 1.0 + d) == (0, 1.0)  # nothing is kept: no draft pays
+    num, gain = best_length(0.9, 8, lambda d: 1.0 + 0.1 * d)  # cheap checks, good drafts: long drafts
+    assert num == 8 and abs(gain - expected_tokens(0.9, 8) / 1.8) < 1e-12
+
+
+def test_a_request_without_lookup_matches_drafts_with_the_draft_model():
+    sched = Scheduler(num_slots=2, max_waiting=4, token_budget=64, speculative_tokens=4)
+    sched.use_draft_model(8)
+    sched.check_cost.freeze()
+    r = decoding(sched, make_request("a", range(10, 30)))  # no n-gram repeats: prompt lookup has nothing
+    r.model_draft = ModelDraftState(prior=(9.0, 10.0))  # as if 90% of its drafts were kept
+    out = sched.schedule()
+    assert not out.decode and not out.verify
+    assert [(d.request, d.num_tokens > 1) for d in out.draft_rows] == [(r, True)]
+    assert out.num_tokens == out.draft_rows[0].num_tokens + 1
+    k = out.draft_rows[0].num_tokens
+    # the core checks the draft model's draft as a Verify; acceptance goes to the draft model's state
+    sched.update_from_output(type(out)(None, (), (Verify(r, tuple(range(40, 40 + k)), None, DRAFT_MODEL),)),
+                             {r: [40, 41, 7]})
+    assert (r.model_draft.num_drafted, r.model_draft.num_accepted) == (k, 2) and r.drafter.num_drafted == 0
+
+
+def test_a_copying_request_takes_prompt_lookup_and_a_poor_draft_model_is_left_alone():
+    sched = Scheduler(num_slots=2, max_waiting=4, token_budget=64, speculative_tokens=8)
+    sched.use_draft_model(8)
+    sched.check_cost.freeze()
+    r = decoding(sched, make_request("a", [5, 6, 7, 8, 9, 10, 11, 5, 6]), first=7)  # (6, 7) seen: lookup drafts
+    r.model_draft = ModelDraftState(prior=(0.5, 10.0))  # its drafts are rarely kept: they cost more than they give
+    r.model_draft._wait = 10  # (not probing this step)
+    out = sched.schedule()
+    assert not out.draft_rows and [v.draft[:1] for v in out.verify] == [(8,)]
+
+
+def test_rows_that_turned_drafts_off_do_not_draft_and_constrained_rows_draft_with_the_draft_model():
+    sched = Scheduler(num_slots=3, max_waiting=4, token_budget=64, speculative_tokens=4,
+                      speculative_max_batch=3)
+    sched.use_draft_model(8)
+    sched.check_cost.freeze()
+    grammar = make_request("g", range(10, 20), structured=StructuredOutput("json_object"))
+    off = make_request("o", range(30, 40), draft_max_tokens=0)
+    capped = make_request("c", range(50, 60), draft_max_tokens=2)
+    for r in (grammar, off, capped):
+        sched.add(r)
+    out = sched.schedule()
+    sched.update_from_output(out, {c.request: 3 for c in out.prefills})
+    capped.model_draft = ModelDraftState(prior=(9.9, 10.0))
+    grammar.model_draft = ModelDraftState(prior=(9.9, 10.0))
+    out = sched.schedule()
+    assert set(out.decode) == {off}
+    # the request's own bound (llama.cpp's speculative.n_max); a constrained row drafts inside its grammar (the core
+    # masks the draft model's logits with it: engine.constraint_masks)
+    assert out.draft_rows == (DraftRow(grammar, 8), DraftRow(capped, 2))
+
+
+def test_a_row_whose_drafts_keep_missing_drafts_fewer_then_probes_ever_less_often():
+    cost = CheckCost()
+    cost.freeze()
+    state = ModelDraftState()
+    lengths = []
+    for _ in range(6):
+        num, _ = state.plan(16, cost)
+        lengths.append(num)
+        if num:
+            state.record(num, 0)
+    assert lengths[0] >= 1 and lengths[-1] == 0  # fewer, then none
+    # probes come after PROBE_INTERVAL plain steps, then twice as many after each failed one (capped)
+    waits, plain = [], 0
+    for _ in range(400):
+        num, _ = state.plan(16, cost)
+        if num:
+            waits.append(plain)
+            plain = 0
+            state.record(num, 0)
+        else:
+            plain += 1
+    assert waits[0] <= PROBE_INTERVAL * 2 and waits[-1] == MAX_PROBE_INTERVAL
+    assert all(b >= a for a, b in zip(waits, waits[1:]))
