@@ -53,19 +53,23 @@ model_job() {  # model_job SHAPE VOCAB: the bench GGUF and its float16 conversio
       --mix Q4_K_M --out $P/$shape.gguf && \
     python3 -m perf.gpu.timed -- python3 -m server convert $P/$shape.gguf $P/$shape --dtype float16 --overwrite --quiet"
 }
-if has build && [ ! -x "$LS" ]; then job build bash perf/gpu/llama_server.sh build; fi
+build_once() {  # llama-server's build, unless it is built or building (start and start-32b in one call start it once)
+  [ -x "$LS" ] || { [ -f "$P/build.log" ] && [ ! -f "$P/build.done" ]; } || job build bash perf/gpu/llama_server.sh build
+}
+has build && build_once
 if has start; then
-  [ -x "$LS" ] || job build bash perf/gpu/llama_server.sh build
+  build_once
   job model-8b "$(model_job llama-3.1-8b llama-bpe)"
 fi
-if has start-32b; then
-  [ -x "$LS" ] || job build bash perf/gpu/llama_server.sh build
+if has start-32b; then  # (with start in the same call: both sizes on disk at once, ~51 GB of 64 GiB)
+  build_once
   job model-32b "$(model_job qwen2.5-32b qwen2)"
 fi
-if has wait; then
+if has wait; then  # WAIT_JOBS: the jobs waited for (default all three; the others go on, detached)
+  df -h "$P" | tail -n 1 | tee -a "$LOG"
   for _ in $(seq "${WAIT_S:-540}"); do
     running=0
-    for j in build model-8b model-32b; do [ -f "$P/$j.log" ] && [ ! -f "$P/$j.done" ] && running=1; done
+    for j in ${WAIT_JOBS:-build model-8b model-32b}; do [ -f "$P/$j.log" ] && [ ! -f "$P/$j.done" ] && running=1; done
     [ $running = 0 ] && break; sleep 1
   done
   for j in build model-8b model-32b; do
@@ -99,7 +103,7 @@ ours() {  # ours PORT MODEL ARGS...: ortserve on CUDA (SERVER), its load time lo
   setsid python3 -m server serve --model "$model" --provider cuda --max-model-len "$CTX" --max-batch "$STREAMS" \
     --port "$port" --log-level info --shutdown-grace-s 2 "$@" > "$OUT/server-$port.log" 2>&1 &
   SERVER=$!
-  wait_up "$port" $SERVER || return 1
+  wait_up "$port" $SERVER || { tail -n 5 "$OUT/server-$port.log" | tee -a "$LOG"; stop $SERVER; return 1; }
   log "ortserve up in $(echo "$(date +%s.%N) - $t0" | bc) s; $(grep -E "model dtype|max_model_len|KV cache:|memory:" \
     "$OUT/server-$port.log" | cut -d' ' -f4- | tr '\n' ';' | cut -c1-600)"
 }
@@ -108,7 +112,7 @@ peer() {  # peer PORT GGUF: llama-server CUDA (PEER), all layers on the GPU, STR
   setsid "$LS" -m "$2" -ngl 99 -np "$STREAMS" -c $((STREAMS * CTX)) -b 2048 -ub 512 --host 127.0.0.1 --port "$1" \
     > "$OUT/llama-server-$1.log" 2>&1 &
   PEER=$!
-  wait_up "$1" $PEER || return 1
+  wait_up "$1" $PEER || { tail -n 5 "$OUT/llama-server-$1.log" | tee -a "$LOG"; stop $PEER; return 1; }
   log "llama-server up in $(echo "$(date +%s.%N) - $t0" | bc) s; $(grep -iE "KV self size|kv_cache|model buffer size" \
     "$OUT/llama-server-$1.log" | tr '\n' ';' | cut -c1-400)"
 }
@@ -138,7 +142,7 @@ compare() {  # compare SIZE: both servers on $P/SIZE.gguf (llama-server) and $P/
   else
     log "llama-server: not built ($(cat "$P/build.done" 2>/dev/null || echo running))"
   fi
-  for mode in spec0 default; do  # drafts off, then on (the default: prompt lookup)
+  for mode in ${MODES:-spec0 default}; do  # drafts off, then on (the default: prompt lookup); MODES picks
     args=(); [ $mode = spec0 ] && args=(--speculative-tokens 0)
     ours 8400 "$P/$size" "${args[@]}" || continue
     gpu_mem "$size-ours-$mode-loaded"; runs "$size-ours-$mode" 8400; stop $SERVER
