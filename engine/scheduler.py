@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.prefix_cache import KVCopy, SlotPrefixCache
-from engine.spec_decode.policy import ModelDraftState, expected_tokens
+from engine.spec_decode.policy import ModelDraftState, choose_drafts
 from engine.spec_decode.proposer import DRAFT_MODEL, NGRAM, DraftRow, NgramProposer
 from engine.speculative import CheckCost, NgramDrafter
 from engine.types import EngineOverloadedError, FinishReason, SamplingParams
@@ -198,6 +198,17 @@ class Finished:
     reason: FinishReason
 
 
+def _victim(running: Iterable[Request], priority: int) -> Request | None:
+    """The running request a waiting one of ``priority`` may preempt: of the highest priority number above it,
+    the one admitted last (it has the least work to redo); never one with n > 1 choices."""
+    victim = None
+    for request in running:
+        if (request.priority > priority and not request.forks and request.parent is None
+                and (victim is None or request.priority >= victim.priority)):
+            victim = request
+    return victim
+
+
 class Scheduler:
     """Continuous batching: admission into free slots, chunked prefill within a budget, batched decode.
 
@@ -329,7 +340,7 @@ class Scheduler:
                 if head.priority:
                     self._num_low_waiting -= 1
                 continue
-            victim = self._victim(head.priority)
+            victim = _victim(self.running.values(), head.priority)
             if victim is None:
                 break
             released.append(self._preempt(victim))
@@ -392,16 +403,6 @@ class Scheduler:
                 chunk.request.first_scheduled_s = now
         return SchedulerOutput(prefills[0] if prefills else None, decode, verify, tuple(copies), tuple(prefills[1:]),
                                tuple(released), draft_rows)
-
-    def _victim(self, priority: int) -> Request | None:
-        """The running request a waiting one of ``priority`` may preempt: of the highest priority number above it,
-        the one admitted last (it has the least work to redo); never one with n > 1 choices."""
-        victim = None
-        for request in self.running.values():
-            if (request.priority > priority and not request.forks and request.parent is None
-                    and (victim is None or request.priority >= victim.priority)):
-                victim = request
-        return victim
 
     def _preempt(self, request: Request) -> tuple[int, int]:
         """Give ``request``'s slot up and queue it again, first among its priority; returns (slot, valid KV).
@@ -533,40 +534,11 @@ class Scheduler:
             request.drafter.stop()
 
     def _drafts(self, decode: tuple[Request, ...], budget: int) -> tuple[tuple[Verify, ...], tuple[DraftRow, ...]]:
-        """Drafts for the requests in ``decode``, within ``budget`` draft tokens: prompt-lookup drafts to check (made
-        here: lookups), and the rows the draft model drafts for (run by the core). Each row takes the source with the
-        most expected tokens per decode step's worth of time (``engine.spec_decode.policy``), or none."""
-        verify, rows = [], []
-        cost = self.check_cost
-        for request in decode:
-            asked = request.params.draft_max_tokens  # the request's own bound (0: no drafts)
-            if asked == 0:
-                continue
-            # never past max_tokens / the context: the check emits up to len(draft) + 1 tokens
-            limit = min(budget, request.max_num_tokens - request.num_tokens - 1)
-            if asked is not None:
-                limit = min(limit, asked)
-            if limit <= 0:
-                continue
-            draft: tuple[int, ...] = ()
-            if self.speculative_tokens:
-                if request.drafter is None:
-                    request.drafter = NgramDrafter(self.speculative_tokens, cost=cost)
-                draft = self.ngram.propose([DraftRow(request, min(limit, self.speculative_tokens))])[0].token_ids
-            if self.draft_max:
-                if request.model_draft is None:
-                    request.model_draft = ModelDraftState()
-                num, gain = request.model_draft.plan(min(limit, self.draft_max), cost)
-                ngram_gain = (expected_tokens(request.drafter.acceptance_rate, len(draft)) / cost.steps(len(draft))
-                              if draft else 0.0)
-                if num and gain > ngram_gain:
-                    rows.append(DraftRow(request, num))
-                    budget -= num
-                    continue
-            if draft:
-                verify.append(Verify(request, draft))
-                budget -= len(draft)
-        return tuple(verify), tuple(rows)
+        """Drafts for the requests in ``decode``, within ``budget`` draft tokens: prompt-lookup drafts to check, and
+        the rows the draft model drafts for (run by the core); ``engine.spec_decode.policy.choose_drafts`` picks."""
+        checks, rows = choose_drafts(decode, budget, self.ngram, self.speculative_tokens, self.draft_max,
+                                     self.check_cost)
+        return tuple(Verify(request, draft) for request, draft in checks), rows
 
     def _append(self, request: Request, token_id: int, complete: Collection[Request]) -> FinishReason | None:
         request.output_ids.append(token_id)

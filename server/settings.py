@@ -44,7 +44,46 @@ class ModelSpec(BaseModel):
 
 
 
-class Settings(BaseSettings):
+class StateStoreSettings(BaseSettings):
+    """The state store's settings (server/store): a base of ``Settings``, whose flags, env vars and config keys they
+    are like every other field's."""
+
+    state_url: str | None = Field(
+        None, description="Where stored responses, conversations, files and batches live: sqlite:///PATH (or a "
+        "file path), or postgresql://USER:PASSWORD@HOST/DB for several processes or replicas sharing them "
+        "(pip install 'ortserve[postgres]'). Default: the SQLite file state/ortserve.db in the cache folder.",
+    )
+    state_retention_s: float = Field(
+        30 * 86_400.0, ge=0.0, le=10 * 365 * 86_400.0, description="Seconds stored responses, conversations, files "
+        "and finished batches are kept (0: until deleted).",
+    )
+    response_store_size: int = Field(
+        10_000, ge=0, le=100_000_000,
+        description="Finished responses kept for GET /v1/responses/{id} and previous_response_id (the oldest go "
+        "first; 0 keeps none beyond the next sweep).",
+    )
+    response_store_bytes: int = Field(
+        1024**3, ge=0, le=1024**5,
+        description="Bytes (as JSON) the stored responses may hold together; the oldest go first.",
+    )
+    file_max_bytes: int = Field(
+        512 * 1024**2, ge=1024, le=64 * 1024**3,
+        description="Largest file POST /v1/files takes, in bytes (413 above).",
+    )
+    batch_max_lines: int = Field(
+        50_000, ge=1, le=10_000_000, description="Most requests in one batch's input file (a batch with more fails).",
+    )
+    batch_concurrency: int | None = Field(
+        None, ge=1, le=4096, description="Lines of a batch in the engine at once, at a lower priority than "
+        "interactive requests, which take their rows first (default: --max-batch).",
+    )
+    job_lease_s: float = Field(
+        15.0, ge=1.0, le=3600.0, description="Seconds a process's claim on a background response or a batch lasts "
+        "without renewal: a process that died loses its work to another after this (on the same host at once).",
+    )
+
+
+class Settings(StateStoreSettings):
     """Everything `ortserve serve` can be told. CLI > environment > config file > defaults."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
@@ -256,40 +295,6 @@ class Settings(BaseSettings):
         description="Seconds a structured-output schema or grammar may take to compile; longer is a 400.",
     )
 
-    # --- state that outlives a request (server/store) ------------------------------------------------
-    state_url: str | None = Field(
-        None, description="Where stored responses, conversations, files and batches live: sqlite:///PATH (or a "
-        "file path), or postgresql://USER:PASSWORD@HOST/DB for several processes or replicas sharing them "
-        "(pip install 'ortserve[postgres]'). Default: the SQLite file state/ortserve.db in the cache folder.",
-    )
-    state_retention_s: float = Field(
-        30 * 86_400.0, ge=0.0, le=10 * 365 * 86_400.0, description="Seconds stored responses, conversations, files "
-        "and finished batches are kept (0: until deleted).",
-    )
-    response_store_size: int = Field(
-        10_000, ge=0, le=100_000_000,
-        description="Finished responses kept for GET /v1/responses/{id} and previous_response_id (the oldest go "
-        "first; 0 keeps none beyond the next sweep).",
-    )
-    response_store_bytes: int = Field(
-        1024**3, ge=0, le=1024**5,
-        description="Bytes (as JSON) the stored responses may hold together; the oldest go first.",
-    )
-    file_max_bytes: int = Field(
-        512 * 1024**2, ge=1024, le=64 * 1024**3,
-        description="Largest file POST /v1/files takes, in bytes (413 above).",
-    )
-    batch_max_lines: int = Field(
-        50_000, ge=1, le=10_000_000, description="Most requests in one batch's input file (a batch with more fails).",
-    )
-    batch_concurrency: int | None = Field(
-        None, ge=1, le=4096, description="Lines of a batch in the engine at once, at a lower priority than "
-        "interactive requests, which take their rows first (default: --max-batch).",
-    )
-    job_lease_s: float = Field(
-        15.0, ge=1.0, le=3600.0, description="Seconds a process's claim on a background response or a batch lasts "
-        "without renewal: a process that died loses its work to another after this (on the same host at once).",
-    )
     prefix_caching: bool = Field(
         True, description="Keep finished requests' KV and reuse the longest matching prompt prefix "
         "(--no-prefix-caching turns it off)."

@@ -10,9 +10,11 @@ source with the most tokens per decode step's worth of time, and neither where n
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from engine.speculative import DECAY, MEMORY_TOKENS, MIN_GAIN, CheckCost
+from engine.spec_decode.proposer import DraftRow, NgramProposer
+from engine.speculative import DECAY, MEMORY_TOKENS, MIN_GAIN, CheckCost, NgramDrafter
 
 # A same-family draft model's tokens are kept ~70% of the time on free text (greedy), more on code; the estimate starts
 # there as if 2 tokens had been tested, and follows the request's own checks.
@@ -109,3 +111,43 @@ class ModelDraftState:
             else:
                 self._interval = min(2 * self._interval, MAX_PROBE_INTERVAL)
             self._wait = self._interval
+
+
+def choose_drafts(decode: Sequence[Any], budget: int, ngram: NgramProposer, ngram_max: int, draft_max: int,
+                  cost: CheckCost) -> tuple[list[tuple[Any, tuple[int, ...]]], tuple[DraftRow, ...]]:
+    """Each decoding row's draft this step, within ``budget`` draft tokens: ``(prompt-lookup drafts to check, as
+    (request, tokens)), (rows the draft model drafts for))``. Each row takes the source with the most expected tokens
+    per decode step's worth of time, or none; a request's ``draft_max_tokens`` bounds its own (0: no drafts).
+    Creates the rows' drafter states (``NgramDrafter``, ``ModelDraftState``) on first use. ``decode``: the
+    scheduler's Requests (not imported here: the scheduler imports this module)."""
+    checks: list[tuple[Any, tuple[int, ...]]] = []
+    rows: list[DraftRow] = []
+    for request in decode:
+        asked = request.params.draft_max_tokens
+        if asked == 0:
+            continue
+        # never past max_tokens / the context: the check emits up to len(draft) + 1 tokens
+        limit = min(budget, request.max_num_tokens - request.num_tokens - 1)
+        if asked is not None:
+            limit = min(limit, asked)
+        if limit <= 0:
+            continue
+        draft: tuple[int, ...] = ()
+        if ngram_max:
+            if request.drafter is None:
+                request.drafter = NgramDrafter(ngram_max, cost=cost)
+            draft = ngram.propose([DraftRow(request, min(limit, ngram_max))])[0].token_ids
+        if draft_max:
+            if request.model_draft is None:
+                request.model_draft = ModelDraftState()
+            num, gain = request.model_draft.plan(min(limit, draft_max), cost)
+            ngram_gain = (expected_tokens(request.drafter.acceptance_rate, len(draft)) / cost.steps(len(draft))
+                          if draft else 0.0)
+            if num and gain > ngram_gain:
+                rows.append(DraftRow(request, num))
+                budget -= num
+                continue
+        if draft:
+            checks.append((request, draft))
+            budget -= len(draft)
+    return checks, tuple(rows)
