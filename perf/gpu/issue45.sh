@@ -43,7 +43,7 @@ job() {  # job NAME COMMAND...: detached (setsid) in a copy of the tree (a later
   local name=$1; shift
   rm -rf "$P/tree-$name" && mkdir -p "$P/tree-$name" && cp -a perf engine ep server bench .peer pyproject.toml "$P/tree-$name/"
   rm -f "$P/$name.done"
-  (cd "$P/tree-$name" && setsid bash -c "$* > $P/$name.log 2>&1; echo \$? > $P/$name.done" < /dev/null > /dev/null 2>&1 &)
+  (cd "$P/tree-$name" && setsid bash -c "{ $*; } > $P/$name.log 2>&1; echo \$? > $P/$name.done" < /dev/null > /dev/null 2>&1 &)
   log "started $name: $P/$name.log"
 }
 model_job() {  # model_job SHAPE VOCAB: the bench GGUF and its float16 conversion, timed
@@ -51,7 +51,9 @@ model_job() {  # model_job SHAPE VOCAB: the bench GGUF and its float16 conversio
   echo "export PYTHONPATH=\$PWD/.peer/gguf-py:\$PWD:\$PYTHONPATH; xz -dc .peer/ggml-vocab-$vocab.gguf.xz > $P/vocab-$vocab.gguf && \
     python3 -m perf.gpu.timed -- python3 -m perf.gpu.bench_gguf --vocab $P/vocab-$vocab.gguf --shape $shape \
       --mix Q4_K_M --out $P/$shape.gguf && \
-    python3 -m perf.gpu.timed -- python3 -m server convert $P/$shape.gguf $P/$shape --dtype float16 --overwrite --quiet"
+    python3 -m perf.gpu.timed -- python3 -c 'import sys; from engine.builder import convert_gguf; \
+      convert_gguf(sys.argv[1], sys.argv[2], accuracy_level=4, dtype=\"float16\", overwrite=True, progress=False)' \
+      $P/$shape.gguf $P/$shape"  # ortserve convert's own call: it runs before the project's wheels are installed
 }
 build_once() {  # llama-server's build, unless it is built or building (start and start-32b in one call start it once)
   [ -x "$LS" ] || { [ -f "$P/build.log" ] && [ ! -f "$P/build.done" ]; } || job build bash perf/gpu/llama_server.sh build
@@ -137,7 +139,7 @@ compare() {  # compare SIZE: both servers on $P/SIZE.gguf (llama-server) and $P/
   local size=$1
   [ -f "$P/$size/genai_config.json" ] || { log "$size: no converted folder ($(tail -n 3 "$P/model-${size##*-}.log" 2>/dev/null))"; return 1; }
   gpu_mem "$size-idle"
-  if [ -x "$LS" ] && peer 8401 "$P/$size.gguf"; then
+  if [ -z "${SKIP_PEER:-}" ] && [ -x "$LS" ] && peer 8401 "$P/$size.gguf"; then
     gpu_mem "$size-peer-loaded"; runs "$size-peer" 8401; stop $PEER
   else
     log "llama-server: not built ($(cat "$P/build.done" 2>/dev/null || echo running))"
