@@ -56,6 +56,7 @@ model_job() {  # model_job SHAPE VOCAB: the bench GGUF and its float16 conversio
       $P/$shape.gguf $P/$shape"  # ortserve convert's own call: it runs before the project's wheels are installed
 }
 build_once() {  # llama-server's build, unless it is built or building (start and start-32b in one call start it once)
+  [ -n "${NO_BUILD:-}" ] && return 0
   [ -x "$LS" ] || { [ -f "$P/build.log" ] && [ ! -f "$P/build.done" ]; } || job build bash perf/gpu/llama_server.sh build
 }
 has build && build_once
