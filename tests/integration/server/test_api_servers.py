@@ -155,11 +155,13 @@ def test_sigterm_finishes_a_stream_then_leaves_no_process(default_model: Path) -
                 "stream": True, "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
         data = []
         with httpx.stream("POST", f"{server.base}/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200, (r.read(), server.stderr()[-3000:])
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     data.append(line[6:])
                     if len(data) == 3:
                         server.proc.send_signal(signal.SIGTERM)
+        assert len(data) >= 2, (data, server.stderr()[-3000:])
         assert data[-1] == "[DONE]" and '"completion_tokens":60' in data[-2]  # drained, not cut
         assert server.proc.wait(60) in GRACEFUL_EXIT
         assert _gone(children) == []
