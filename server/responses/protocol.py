@@ -281,6 +281,15 @@ class TextConfig(OpenAIBaseModel):
                                "invalid_type")
         return self
 
+    def echo_format(self) -> dict[str, Any]:
+        """`text.format` as a Response repeats it: a json_schema format with every field OpenResponses'
+        JsonSchemaResponseFormat requires (`description` null and `strict` false when the request left them out)."""
+        if self.format is None:
+            return {"type": "text"}
+        if self.format["type"] != "json_schema":
+            return self.format
+        return {"description": None, **self.format, "strict": bool(self.format.get("strict"))}
+
     def chat_response_format(self) -> dict[str, Any] | None:
         """The chat `response_format` for this format (json_schema's fields move under `json_schema`)."""
         if self.format is None or self.format.get("type") == "text":
@@ -425,8 +434,7 @@ class ResponsesRequest(IdleTTLField):
 
     def echo(self) -> dict[str, Any]:
         """The request fields a Response object repeats (every field OpenResponses' Response schema requires)."""
-        text_format = (self.text.format if self.text is not None and self.text.format is not None
-                       else {"type": "text"})
+        text_format = self.text.echo_format() if self.text is not None else {"type": "text"}
         return {
             "background": self.background,
             "conversation": {"id": self.conversation_id} if self.conversation_id is not None else None,

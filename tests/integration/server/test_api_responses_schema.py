@@ -116,3 +116,21 @@ def test_an_image_input_is_refused_naming_the_part(smol: RunningServer) -> None:
     r = httpx.post(f"{smol.url}/responses", timeout=60, json={"model": MODEL, "input": [
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is this?"}, image]}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].content[1].type", r.text
+
+
+# OpenResponses' JsonSchemaResponseFormat: every field required, description and schema nullable.
+JSON_SCHEMA_FORMAT = {"type": "object", "required": ["type", "name", "description", "schema", "strict"],
+                      "properties": {"type": {"const": "json_schema"}, "name": {"type": "string"},
+                                     "description": NULLABLE_STR, "schema": {"type": ["object", "null"]},
+                                     "strict": {"type": "boolean"}}}
+
+
+def test_a_json_schema_format_is_echoed_with_every_field_of_the_schema(smol: RunningServer) -> None:
+    fmt = {"type": "json_schema", "name": "person",
+           "schema": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}
+    r = httpx.post(f"{smol.url}/responses", timeout=120, json={
+        "model": MODEL, "input": "A name, as JSON.", "max_output_tokens": 16, "text": {"format": fmt}})
+    assert r.status_code == 200, r.text
+    echoed = r.json()["text"]["format"]
+    jsonschema.validate(echoed, JSON_SCHEMA_FORMAT)
+    assert echoed["description"] is None and echoed["strict"] is False and echoed["schema"] == fmt["schema"]
