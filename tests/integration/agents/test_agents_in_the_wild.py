@@ -16,6 +16,7 @@ is printed; where the 1.5B model does not give the number it is an expected fail
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -27,7 +28,11 @@ from tests.integration.agents.conftest import KEY, MODEL, release_params
 from tests.integration.server.conftest import ServeProcess
 
 RUN_TIMEOUT_S = 900
-pytestmark = [pytest.mark.agents, pytest.mark.timeout(RUN_TIMEOUT_S + 600)]
+# NOTE(lead): these agents run under `make test-agents` (AGENT_RELEASES=all) until a full run of them on 2 cores is
+# measured and fits CI's 90 minutes beside the rest; `make test` keeps Claude Code and Codex (test_agent_clis.py).
+pytestmark = [pytest.mark.agents, pytest.mark.agents_extra, pytest.mark.timeout(RUN_TIMEOUT_S + 600),
+              pytest.mark.skipif(os.environ.get("AGENT_RELEASES") != "all",
+                                 reason="the other agents: `make test-agents` (AGENT_RELEASES=all) runs them")]
 
 
 def _run(server: ServeProcess, tmp_path: Path, name: str, version: str | None,
