@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.agents.agents import (ANSWER, Clock, Place, check_server_side, claude_code, codex,
-                                             report, run_to_end, scratch_folder, statuses)
+                                             report, run_to_end, scratch_folder, statuses, tool_calls)
 from tests.integration.agents.conftest import KEY, MODEL, release_params
 from tests.integration.server.conftest import ServeProcess, serve_process
 
@@ -76,6 +76,12 @@ def _claude(server: ServeProcess, tmp_path: Path, version: str, *args: str) -> t
     done = _run_cli(run.cmd, cwd=scratch, env=run.env)
     log = server.stderr()[before:]
     report(f"claude code {version} {' '.join(args)}", log, clock)
+    if done.returncode != 0 and '"subtype":"error_max_turns"' in done.stdout:
+        # NOTE(agents): the model's choice, not the server's: it went on calling tools to --max-turns (seen on
+        # 5 Dec 2026 with the default tools: Read, then the Agent tool asked to summarise the changes to hello.py).
+        # The server side must hold all the same; then it is the answer's expected failure.
+        check_server_side(log, run.path, None)
+        pytest.xfail(f"claude code {version}: the model called tools to --max-turns: {tool_calls(log)[-3:]}")
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], log[-3000:])
     result = json.loads(done.stdout)
     print(f"  answer: {result.get('result', '')[-400:]!r}")
