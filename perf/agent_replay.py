@@ -5,7 +5,7 @@ of them with the model's log-probabilities (issue 46; docs/agents.md quotes what
     .venv/bin/python -m perf.agent_replay record codex@0.171.0 --base http://127.0.0.1:8000 --key K --out codex.jsonl
     .venv/bin/python -m perf.agent_replay replay codex.jsonl --base http://127.0.0.1:8000 --key K --turn 2 --tokens 30
 
-``record`` runs the agent's own recipe (tests/integration/agents/agents.py: its command, environment and config in a
+``record`` runs the agent's own recipe (tests/integration/agents/agent_recipes.py: its command, environment and config in a
 scratch folder with hello.py, the task of the tests) against a recording proxy in front of the server; each request
 (path and body) and the server's answer (as the bytes it sent) become one JSON line. ``replay`` sends one recorded
 request again as a chat completion (a Messages or Responses request converted the way the server converts it),
@@ -75,7 +75,7 @@ def _proxy_handler(upstream: str, out: Path, lock: threading.Lock) -> type[BaseH
 
 def record(entry: str, base: str, key: str, out: Path, model: str, variant: list[str], timeout_s: float) -> None:
     """Run one agent release's recipe against a recording proxy in front of ``base``."""
-    from tests.integration.agents.agents import RECIPES, Place, run_to_end, scratch_folder
+    from tests.integration.agents.agent_recipes import RECIPES, Place, run_to_end, scratch_folder
 
     name, version = entry.split("@", 1)
     out.write_text("")

@@ -1,7 +1,7 @@
 """Record the tool schemas each installed agent release sends, into tests/data/agent_tools/ (the lenient-schema
 test compiles every one of them: tests/unit/server/test_agent_tool_schemas.py).
 
-Each agent runs its recipe (agents.py) against a stand-in server on 127.0.0.1 that records every request and
+Each agent runs its recipe (agent_recipes.py) against a stand-in server on 127.0.0.1 that records every request and
 answers each POST with a 400 in its API's own shape, so the agent stops after its first request; GET /v1/models
 lists the model. What every agent asked for (method and path) is saved beside its tools.
 
@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.integration.agents.agents import PIP_AGENTS, RECIPES, Place, manifest, scratch_folder
+from tests.integration.agents.agent_recipes import PIP_AGENTS, RECIPES, Place, manifest, scratch_folder
 
 OUT = Path(__file__).resolve().parents[2] / "data" / "agent_tools"
 MODEL = "qwen2.5-coder-1.5b"

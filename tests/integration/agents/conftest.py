@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.agents.agents import releases
+from tests.integration.agents.agent_recipes import releases
 from tests.integration.server.conftest import ServeProcess, serve_process
 
 MODEL = "qwen2.5-coder-1.5b"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.agents.agents import (ANSWER, Clock, Place, check_server_side, claude_code, codex,
+from tests.integration.agents.agent_recipes import (ANSWER, Clock, Place, check_server_side, claude_code, codex,
                                              report, run_to_end, scratch_folder, statuses, tool_calls)
 from tests.integration.agents.conftest import KEY, MODEL, release_params
 from tests.integration.server.conftest import ServeProcess, serve_process

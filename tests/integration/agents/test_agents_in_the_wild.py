@@ -1,6 +1,6 @@
 """The other agents people point at a local server (issue 46), each installed by `make test` (npm or pip, pinned,
 under .cache/), each against the package's one warm `ortserve serve --model qwen2.5-coder-1.5b` on the CPU with
-its own documented local-server set-up (tests/integration/agents/agents.py) and nothing that bends the model:
+its own documented local-server set-up (tests/integration/agents/agent_recipes.py) and nothing that bends the model:
 opencode (an OpenAI-compatible provider), Qwen Code (OPENAI_BASE_URL), the Continue CLI (a config.yaml model of
 provider openai), aider (--openai-api-base, in its own venv), mini-swe-agent (litellm), and smolagents'
 ToolCallingAgent and CodeAgent (OpenAIServerModel). Each gets a scratch folder with hello.py and "Read hello.py and
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.agents.agents import (ANSWER, RECIPES, Clock, Place, Run, check_server_side, report,
+from tests.integration.agents.agent_recipes import (ANSWER, RECIPES, Clock, Place, Run, check_server_side, report,
                                              run_to_end, scratch_folder, statuses, tool_calls, turns)
 from tests.integration.agents.conftest import KEY, MODEL, release_params
 from tests.integration.server.conftest import ServeProcess
