@@ -272,9 +272,9 @@ def _converted_gguf(path: Path, cache_dir: str | Path | None, progress: bool, dt
         return convert_gguf(path, target, overwrite=True, progress=progress, dtype=dtype, marker=marker)
 
 
-def _fresh_gguf_folder(path: Path, cache: Path, dtype: str) -> Path | None:
-    """A complete conversion of ``path`` in ``dtype`` by this builder, newer than the file (``local_model_folder``'s
-    test, plus the dtype and the folder's file sizes): found without hashing a file of gigabytes."""
+def _converted_folders(path: Path, cache: Path) -> Iterator[tuple[Path, dict]]:
+    """(folder, marker) of each conversion of GGUF ``path`` by this builder in ``cache``, whose marker is not older
+    than the file: found by the marker's source path, without hashing a file of gigabytes."""
     source = str(path.resolve())
     for folder in sorted((cache / "gguf").glob(f"{path.stem}-*")):
         try:
@@ -282,8 +282,16 @@ def _fresh_gguf_folder(path: Path, cache: Path, dtype: str) -> Path | None:
             fresh = (folder / MARKER_FILE).stat().st_mtime >= path.stat().st_mtime
         except (OSError, ValueError):
             continue
-        if isinstance(marker, dict) and fresh and marker.get("source") == source and marker.get("dtype") == dtype \
-                and marker.get("builder_version") == BUILDER_VERSION and "files" in marker \
+        if isinstance(marker, dict) and fresh and marker.get("source") == source \
+                and marker.get("builder_version") == BUILDER_VERSION:
+            yield folder, marker
+
+
+def _fresh_gguf_folder(path: Path, cache: Path, dtype: str) -> Path | None:
+    """A complete conversion of ``path`` in ``dtype`` (``_converted_folders``, plus the dtype and the folder's file
+    sizes)."""
+    for folder, marker in _converted_folders(path, cache):
+        if marker.get("dtype") == dtype and "files" in marker \
                 and marker_matches(folder, {k: v for k, v in marker.items() if k != "files"}):
             return folder
     return None
@@ -326,17 +334,7 @@ def local_model_folder(name_or_path: str | Path, cache_dir: str | Path | None = 
         return None
     cache = Path(cache_dir) if cache_dir is not None else model_cache_dir()
     if path.is_file() and path.suffix == ".gguf":
-        source = str(path.resolve())
-        for folder in sorted((cache / "gguf").glob(f"{path.stem}-*")):
-            try:
-                marker = json.loads((folder / MARKER_FILE).read_text())
-                fresh = (folder / MARKER_FILE).stat().st_mtime >= path.stat().st_mtime
-            except (OSError, ValueError):
-                continue
-            if isinstance(marker, dict) and marker.get("source") == source and fresh \
-                    and marker.get("builder_version") == BUILDER_VERSION:
-                return folder
-        return None
+        return next((folder for folder, _ in _converted_folders(path, cache)), None)
     source = KNOWN_MODELS.get(str(name_or_path))
     if source is None:
         return None
