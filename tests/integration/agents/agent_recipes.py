@@ -295,6 +295,13 @@ def check_server_side(log: str, path: str, argument: str | None = "hello.py", to
     assert len(talk) >= 2, turns(log)  # a later turn to check
 
 
+def answer_or_xfail(answer: str, what: str) -> None:
+    """The right number, or an expected failure that quotes what the model answered instead (everything around the
+    answer is asserted before it: the answer is the model's, not the server's)."""
+    if ANSWER not in answer:
+        pytest.xfail(f"{what}: the model's answer lacks {ANSWER}: {answer[-300:]!r}")
+
+
 def reused(before: dict[str, int | str], after: dict[str, int | str]) -> bool:
     """A later turn reuses the conversation's prefix: at least 90% of its prompt came from the cache, or (a short
     prompt to which the agent adds a long message: mini-swe-agent's 120-token format reminder on 855 tokens) all of

@@ -24,14 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.agents.agent_recipes import (ANSWER, Clock, Place, check_server_side, claude_code, codex,
-                                             report, run_to_end, scratch_folder, statuses, tool_calls)
+from tests.integration.agents.agent_recipes import (ANSWER, Clock, Place, answer_or_xfail, check_server_side,
+                                                    claude_code, codex, report, run_to_end, scratch_folder, statuses,
+                                                    tool_calls)
 from tests.integration.agents.conftest import KEY, MODEL, release_params
 from tests.integration.server.conftest import ServeProcess, serve_process
 
 # A bound on each CLI run, not a timing: a cold 12k-token prefill takes ~5 min on 2 cores, and a 1.5B model whose
 # answer runs on would otherwise write up to Claude Code's max_tokens 32000 (hours on a CPU). A run past it is an
-# expected failure of the model (see _answer_or_xfail).
+# expected failure of the model (see the NOTE on the answers below).
 RUN_TIMEOUT_S = 900
 pytestmark = [pytest.mark.agents, pytest.mark.timeout(2 * RUN_TIMEOUT_S + 600)]
 
@@ -51,21 +52,15 @@ def _run_cli(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Compl
                      "the model's answer ran on")
 
 
-def _answer_or_xfail(answer: str, what: str) -> None:
-    """The right number, or an expected failure that says what the model answered instead.
-
-    NOTE(agents): everything around the answer is asserted above and holds; the 1.5B model itself does not reliably
-    answer these CLIs' 5-12k-token default prompts (issue 34 part 5; greedy, repetition_penalty 1.1, the prompts
-    checked against the model's own chat template and llama.cpp's conversions; docs/agents.md has the top
-    logprobs). After Claude Code's Read its next call wins over an answer ("```" -0.89, then "Write" -0.50 against
-    "Read" -1.29; "To" -2.40): Write on hello.py with the same text (denied in dontAsk); the turn after that is
-    flat ("To" -1.40, "I" -1.41) and, by the folder's path, quotes the file's line or asks what to do next. After
-    the output of Codex's command the first token is a four-way near tie ("```" -2.10, "``" -2.12, "The" -2.27,
-    "<" -2.47), and the call greedy writes is write_stdin ("write" -0.23 against "exec" -1.71) with the output's
-    "Chunk ID" as a session id, penalty or not; then it answers nothing.
-    """
-    if ANSWER not in answer:
-        pytest.xfail(f"{what}: the model's answer lacks {ANSWER}: {answer[-300:]!r}")
+# NOTE(agents): the answers. Everything around the answer is asserted before answer_or_xfail and holds; the 1.5B model
+# itself does not reliably answer these CLIs' 5-12k-token default prompts (issue 34 part 5; greedy, repetition_penalty
+# 1.1, the prompts checked against the model's own chat template and llama.cpp's conversions; docs/agents.md has the top
+# logprobs). After Claude Code's Read its next call wins over an answer ("```" -0.89, then "Write" -0.50 against "Read"
+# -1.29; "To" -2.40): Write on hello.py with the same text (denied in dontAsk); the turn after that is flat ("To" -1.40,
+# "I" -1.41) and, by the folder's path, quotes the file's line or asks what to do next. After the output of Codex's
+# command the first token is a four-way near tie ("```" -2.10, "``" -2.12, "The" -2.27, "<" -2.47), and the call greedy
+# writes is write_stdin ("write" -0.23 against "exec" -1.71) with the output's "Chunk ID" as a session id, penalty or
+# not; then it answers nothing.
 
 
 def _claude(server: ServeProcess, tmp_path: Path, version: str, *args: str) -> tuple[dict, str]:
@@ -105,13 +100,13 @@ def test_claude_code_with_its_default_tools(qwen: ServeProcess, tmp_path: Path, 
     """Claude Code's whole default request (~12k tokens of system prompt and 12-24 tools; 2.1.197's TaskCreate and
     TaskUpdate carry a propertyNames the grammar cannot enforce, which was a 400 on its first request and is now
     left out of the grammar, logged): the call, the result, the exit and the prefix reuse across its turns hold.
-    The 1.5B model's answer is a near tie (see _answer_or_xfail): after Read it calls Write (denied), then in the
+    The 1.5B model's answer is a near tie (see the NOTE on the answers): after Read it calls Write (denied), then in the
     test's runs (3 of 3, 2.1.332) sums up with the file's line ("To summarize the conversation so far, ...
     ```1\tprint("hello from ortserve, 7316")```"); from another folder the same turn said "To continue, please ask
     the user what they would like to do next." ("To" -1.40, "I" -1.41, then " continue" -1.43)."""
     result, log = _claude(qwen, tmp_path, version)
     assert "400" not in {str(s) for _, _, s in statuses(log)}
-    _answer_or_xfail(result["result"], f"claude code {version}, default tools")
+    answer_or_xfail(result["result"], f"claude code {version}, default tools")
 
 
 @pytest.mark.parametrize("version", release_params("codex"))
@@ -145,7 +140,7 @@ def test_codex_reads_a_file(qwen: ServeProcess, tmp_path: Path, version: str | N
     answers = [e["item"]["text"] for e in events if e["type"] == "item.completed"
                and e["item"]["type"] == "agent_message"]
     print(f"  commands: {[c['command'] for c in commands]}; answer: {(answers[-1] if answers else '')[-400:]!r}")
-    _answer_or_xfail(answers[-1] if answers else "", f"codex {version}")
+    answer_or_xfail(answers[-1] if answers else "", f"codex {version}")
 
 
 @pytest.mark.parametrize("cli", ["claude-code", "codex"])

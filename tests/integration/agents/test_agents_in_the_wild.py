@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.agents.agent_recipes import (ANSWER, RECIPES, Clock, Place, Run, check_server_side, report,
-                                             run_to_end, scratch_folder, statuses, tool_calls, turns)
+from tests.integration.agents.agent_recipes import (RECIPES, Clock, Place, Run, answer_or_xfail, check_server_side,
+                                                    report, run_to_end, scratch_folder, statuses, tool_calls, turns)
 from tests.integration.agents.conftest import KEY, MODEL, release_params
 from tests.integration.server.conftest import ServeProcess
 
@@ -55,18 +55,12 @@ def _run(server: ServeProcess, tmp_path: Path, name: str, version: str | None,
     return done, log, run
 
 
-def _answer_or_xfail(answer: str, what: str) -> None:
-    """The right number, or an expected failure that quotes what the model answered instead."""
-    if ANSWER not in answer:
-        pytest.xfail(f"{what}: the model's answer lacks {ANSWER}: {answer[-300:]!r}")
-
-
 @pytest.mark.parametrize("version", release_params("opencode"))
 def test_opencode_reads_a_file(qwen: ServeProcess, tmp_path: Path, version: str | None) -> None:
     done, log, run = _run(qwen, tmp_path, "opencode", version)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     check_server_side(log, run.path, "hello.py", tools=("read",))
-    _answer_or_xfail(done.stdout, f"opencode {version}")
+    answer_or_xfail(done.stdout, f"opencode {version}")
 
 
 @pytest.mark.parametrize("version", release_params("qwen-code"))
@@ -74,7 +68,7 @@ def test_qwen_code_reads_a_file(qwen: ServeProcess, tmp_path: Path, version: str
     done, log, run = _run(qwen, tmp_path, "qwen-code", version)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     check_server_side(log, run.path, "hello.py", tools=("read_file",))
-    _answer_or_xfail(done.stdout, f"qwen code {version}")
+    answer_or_xfail(done.stdout, f"qwen code {version}")
 
 
 @pytest.mark.parametrize("version", release_params("continue-cli"))
@@ -82,7 +76,7 @@ def test_continue_cli_reads_a_file(qwen: ServeProcess, tmp_path: Path, version: 
     done, log, run = _run(qwen, tmp_path, "continue-cli", version)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     check_server_side(log, run.path, "hello.py", tools=("Read",))
-    _answer_or_xfail(done.stdout, f"continue cli {version}")
+    answer_or_xfail(done.stdout, f"continue cli {version}")
 
 
 @pytest.mark.parametrize("version", release_params("aider", "pip"))
@@ -94,14 +88,14 @@ def test_aider_answers_about_a_file_in_its_chat(qwen: ServeProcess, tmp_path: Pa
     answered = statuses(log)
     assert any(p == run.path for _, p, _ in answered) and all(200 <= s < 300 for _, _, s in answered), answered
     assert turns(log), log[-2000:]
-    _answer_or_xfail(done.stdout, f"aider {version}")
+    answer_or_xfail(done.stdout, f"aider {version}")
 
 
 @pytest.mark.parametrize("version", release_params("mini-swe-agent", "pip"))
 def test_mini_swe_agent_reads_a_file(qwen: ServeProcess, tmp_path: Path, version: str | None) -> None:
     done, log, run = _run(qwen, tmp_path, "mini-swe-agent", version)
     check_server_side(log, run.path, "hello.py", tools=("bash",))
-    _answer_or_xfail(done.stdout + done.stderr, f"mini-swe-agent {version}")
+    answer_or_xfail(done.stdout + done.stderr, f"mini-swe-agent {version}")
 
 
 @pytest.mark.parametrize("version", release_params("smolagents", "pip"))
@@ -116,4 +110,4 @@ def test_smolagents_reads_a_file(qwen: ServeProcess, tmp_path: Path, version: st
     check_server_side(log, run.path, "hello.py", tools=("read_file",), calls=kind == "ToolCallingAgent",
                       results=False)
     answer = json.loads(done.stdout.strip().splitlines()[-1])["answer"]
-    _answer_or_xfail(answer, f"smolagents {kind} {version}")
+    answer_or_xfail(answer, f"smolagents {kind} {version}")
