@@ -142,6 +142,17 @@ class ServeProcess:
         return self.log.read()
 
 
+def wait_for(check: Callable[[], Any], timeout_s: float = 120.0, every_s: float = 0.1) -> Any:
+    """Call ``check`` every ``every_s`` until it returns something true, and return that; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(every_s)
+
+
 @contextlib.contextmanager
 def serve_process(model: Path, *args: str, ready_timeout_s: float = 120.0, wait_ready: bool = True,
                   env: dict[str, str] | None = None, decode_delay_s: float | None = None,

@@ -9,7 +9,6 @@ import contextlib
 import io
 import json
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 
 from server.app import create_app
 from tests.greedy_close import TOP_K, GreedyRun, assert_greedy_close
-from tests.integration.server.conftest import RunningServer, api_settings, serve_app
+from tests.integration.server.conftest import RunningServer, api_settings, serve_app, wait_for
 
 MODEL = "smol"
 EMBEDDER = "all-minilm-l6-v2"
@@ -41,16 +40,6 @@ def smol(request: pytest.FixtureRequest, default_model: Path,
                             served_embedding_model_name=EMBEDDER)
     with serve_app(create_app(settings)) as running:
         yield running
-
-
-def wait_for(check: Any, timeout_s: float = 120.0, every_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(every_s)
 
 
 # --- files ----------------------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import signal
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,23 +15,15 @@ from typing import Any
 import httpx
 import openai
 
-from tests.integration.server.conftest import serve_process
+from tests.integration.server.conftest import serve_process, wait_for
+
+CRASH_WAIT_S = 300.0  # a bound, not a timing: a batch or a response finishing after a restart on 2 cores
 
 MODEL = "smollm2-135m-instruct"
 
 
 def client(base: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def wait_for(check: Any, timeout_s: float = 300.0, every_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(every_s)
 
 
 def kill(served: Any) -> None:
@@ -50,13 +41,13 @@ def test_a_batch_killed_midway_completes_after_a_restart_with_every_line_once(de
         c = client(served.base)
         upload = c.files.create(file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
         batch = c.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
-        wait_for(lambda: c.batches.retrieve(batch.id).request_counts.completed >= 8, every_s=0.05)
+        wait_for(lambda: c.batches.retrieve(batch.id).request_counts.completed >= 8, CRASH_WAIT_S, 0.05)
         kill(served)
     with serve_process(default_model, *state) as served:
         c = client(served.base)
         before = c.batches.retrieve(batch.id)
         assert before.status == "in_progress" and 8 <= before.request_counts.completed < 40
-        done = wait_for(lambda: (b := c.batches.retrieve(batch.id)).status == "completed" and b)
+        done = wait_for(lambda: (b := c.batches.retrieve(batch.id)).status == "completed" and b, CRASH_WAIT_S, 0.2)
         assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (40, 40, 0)
         outputs = [json.loads(line) for line in c.files.content(done.output_file_id).text.splitlines()]
     ids = Counter(o["custom_id"] for o in outputs)
@@ -72,11 +63,13 @@ def test_a_background_response_killed_midway_completes_after_a_restart(default_m
         r = c.responses.create(model=MODEL, input="Tell me a long story.", background=True, max_output_tokens=300,
                                temperature=0, extra_body={"ignore_eos": True})
         # killed once some of its events are kept (the output so far is in the stored response)
-        wait_for(lambda: (x := c.responses.retrieve(r.id)).status == "in_progress" and x.output, every_s=0.05)
+        wait_for(lambda: (x := c.responses.retrieve(r.id)).status == "in_progress" and x.output, CRASH_WAIT_S,
+                 0.05)
         kill(served)
     with serve_process(default_model, *state) as served:
         c = client(served.base)
-        done = wait_for(lambda: (x := c.responses.retrieve(r.id)).status not in ("queued", "in_progress") and x)
+        done = wait_for(lambda: (x := c.responses.retrieve(r.id)).status not in ("queued", "in_progress") and x,
+                        CRASH_WAIT_S, 0.2)
         assert done.status == "incomplete" and done.usage.output_tokens == 300
         events = list(c.responses.retrieve(r.id, stream=True))
     assert [e.sequence_number for e in events] == list(range(len(events)))
