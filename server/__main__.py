@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="activation and KV dtype (float16 for GPUs)")
     convert.add_argument("--kv-dtype", default=None, choices=["float32", "float16"],
                          help="KV cache dtype when not --dtype's (float16 halves the KV of a float32 model)")
+    convert.add_argument("--exact-scales", action="store_true",
+                         help="float16: keep K-quant linears in float32 with exact scales (slower on GPUs) instead "
+                              "of rounding their scales to float16")
     convert.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
     convert.add_argument("--quiet", action="store_true", help="no progress bar")
     convert.set_defaults(func=_convert)
@@ -235,7 +238,8 @@ def _convert(args: argparse.Namespace) -> int:
 
     try:
         path = convert_gguf(args.gguf, args.out_dir, accuracy_level=args.accuracy_level, dtype=args.dtype,
-                            overwrite=args.overwrite, progress=not args.quiet, kv_dtype=args.kv_dtype)
+                            overwrite=args.overwrite, progress=not args.quiet, kv_dtype=args.kv_dtype,
+                            exact_scales=args.exact_scales)
     except (BuildError, OSError) as exc:
         print(f"ortserve convert: {exc}", file=sys.stderr)
         return 1

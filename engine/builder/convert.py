@@ -32,6 +32,7 @@ def convert_gguf(
     max_layers: int | None = None,
     marker: dict | None = None,
     kv_dtype: str | None = None,
+    exact_scales: bool = False,
 ) -> Path:
     """Converts a llama-like GGUF into a model folder (docs/ARCHITECTURE.md layout).
 
@@ -46,6 +47,8 @@ def convert_gguf(
         max_layers: keep only the first N decoder blocks (for tests).
         marker: cache bookkeeping written last into the folder (see folder.write_model_folder).
         kv_dtype: the KV cache's dtype when not ``dtype`` (float16 KV beside float32 activations halves the KV).
+        exact_scales: float16 only: keep K-quant linears in float32 (exact scales) instead of rounding their scales
+            to float16 (the default, the GPUs' fast path; engine.builder.graph).
     Returns:
         The folder, resolved.
     Raises:
@@ -79,7 +82,7 @@ def convert_gguf(
         def build(data: ExternalData):
             # 1. Each tensor is converted when the graph reaches it, written to the data file, and dropped.
             return build_graph(spec, model.stream_weights(on_tensor), dtype=dtype, accuracy_level=accuracy_level,
-                               data=data, kv_dtype=kv_dtype)
+                               data=data, kv_dtype=kv_dtype, exact_scales=exact_scales)
 
         return write_model_folder(out_dir, build, spec, tok, special, tok_cfg, max_length=max_len,
                                   overwrite=overwrite, marker=marker, embedding_pooling=model.pooling)

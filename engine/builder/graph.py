@@ -117,7 +117,21 @@ class _Graph:
     blocksums: dict[tuple[str, int], str] = field(default_factory=dict)
     casts: dict[tuple[str, int], str] = field(default_factory=dict)
     packed_names: dict[str, str] = field(default_factory=dict)  # share key -> initializer name
-    float32_linears: list[str] = field(default_factory=list)  # float16 builds: linears kept in float32
+    exact_scales: bool = False  # float16 builds: keep K-quant linears in float32 (True) or round their scales
+    float32_linears: list[str] = field(default_factory=list)  # float16 builds, exact_scales: linears kept in float32
+    rounded_scales: list[str] = field(default_factory=list)  # float16 builds: linears whose scales were rounded
+
+    def scale_dtype(self, scales: np.ndarray, name: str) -> tuple[type, int]:
+        """The dtype a quantized weight's scales (and its MatMulNBits) run in: the activation dtype, or float32
+        for a float16 build with ``exact_scales`` whose scales float16 cannot hold (``linear_parts``' note)."""
+        dt = self.np_dtype
+        if dt == np.float32 or np.array_equal(scales.astype(dt).astype(np.float32), scales):
+            return dt, self.onnx_dtype
+        if not self.exact_scales:
+            self.rounded_scales.append(name)
+            return dt, self.onnx_dtype
+        self.float32_linears.append(name)
+        return np.float32, TensorProto.FLOAT
 
     def node(self, op: str, inputs: list[str], outputs: list[str] | int, name: str, domain: str = "", **attrs):
         """Adds a node; ``outputs`` as an int makes that many names from ``name``. Returns output names."""
@@ -173,14 +187,16 @@ class _Graph:
             if bias is not None:
                 (y,) = self.node("Add", [y, self.act(f"{name}.bias", bias)], 1, f"{name}/bias")
             return y, None
-        # NOTE(builder): MatMulNBits takes its scales in the activation dtype. K-quant sub-block scales
-        # (an f16 times a 6- or 8-bit integer) need up to 19 significant bits: float16 would round them, so a
-        # float16 build runs such a linear in float32 between two Casts (listed in ``float32_linears``).
-        dt, onnx_dt = self.np_dtype, self.onnx_dtype
-        if dt != np.float32 and not np.array_equal(w.scales.astype(dt).astype(np.float32), w.scales):
-            dt, onnx_dt = np.float32, TensorProto.FLOAT
+        # NOTE(builder): MatMulNBits takes its scales in the activation dtype. K-quant sub-block scales (an f16
+        # times a 6- or 8-bit integer) need up to 19 significant bits, so float16 rounds them by at most 2**-11 of
+        # each block's scale: the size of the float16 activations' own rounding, and below what llama.cpp's CUDA
+        # kernels do to the activations (8-bit). A float16 build rounds them by default: the linear stays one
+        # float16 MatMulNBits on the GPU's fast path (the Llama-3.1-8B Q4_K_M on the H200: docs/perf/sizes.md).
+        # ``exact_scales`` keeps every value exact instead: such a linear runs in float32 between two Casts
+        # (listed in ``float32_linears``), on the GPUs' slower float32 kernels.
+        dt, onnx_dt = self.scale_dtype(w.scales, name)
+        if dt != self.np_dtype:
             x = self.cast(x, onnx_dt)
-            self.float32_linears.append(name)
         n, k = w.shape
         correction = None
         if w.offsets is not None:
@@ -284,9 +300,7 @@ def _embedding(g: _Graph, emb: LinearWeight, tied: bool) -> str:
     if not isinstance(emb, BlockQuantMatrix):
         (x,) = g.node("Gather", [g.act("embed.weight", emb), "input_ids"], 1, "embed", axis=0)
         return x
-    dt = g.np_dtype
-    if dt != np.float32 and not np.array_equal(emb.scales.astype(dt).astype(np.float32), emb.scales):
-        dt = np.float32  # see _Graph.linear: float16 would round K-quant scales
+    dt, _ = g.scale_dtype(emb.scales, "embed")  # see _Graph.linear_parts: K-quant scales in a float16 build
     hidden = emb.shape[1]
     # [V, nb, bytes] codes quantized along their last axis, scales [V, nb, 1]: the MatMulNBits layout, so the
     # LM head of a tied model reads the same initializer.
@@ -332,6 +346,7 @@ def build_graph(
     on_layer: Callable[[int], None] | None = None,
     data: ExternalData | None = None,
     kv_dtype: str | None = None,
+    exact_scales: bool = False,
 ) -> onnx.ModelProto:
     """Builds the decoder graph (I/O names and shapes as in docs/ARCHITECTURE.md).
 
@@ -348,12 +363,14 @@ def build_graph(
             the returned model.
         kv_dtype: the KV cache's dtype when it differs from ``dtype`` (float16 KV beside float32 activations, as
             llama.cpp keeps it on the CPU): attention then runs in ``kv_dtype`` between two Casts. None: ``dtype``.
+        exact_scales: a float16 build keeps the linears whose scales float16 cannot hold exactly (K-quants) in
+            float32 between two Casts; False (the default) rounds those scales to float16 (``_Graph.linear_parts``).
     Returns:
         The model; without ``data`` its weights are still inside it (save with external data).
     """
     np_dtype, onnx_dtype = DTYPES[dtype]
     kv_np_dtype, kv_onnx_dtype = DTYPES[kv_dtype or dtype]
-    g = _Graph(np_dtype, onnx_dtype, accuracy_level, data)
+    g = _Graph(np_dtype, onnx_dtype, accuracy_level, data, exact_scales=exact_scales)
     tied = weights.tied
     hd, nh, kvh = spec.head_size, spec.num_heads, spec.num_kv_heads
 
@@ -478,8 +495,11 @@ def build_graph(
     producer = next(n for n in reversed(g.nodes) if logits in n.output)
     producer.output[list(producer.output).index(logits)] = "logits"
     if g.float32_linears:
-        log.info("float16 build: %d linear layers have scales float16 cannot hold exactly (K-quant sub-block "
-                 "scales) and run in float32 between two Casts", len(g.float32_linears))
+        log.info("float16 build, exact scales: %d linear layers have scales float16 cannot hold exactly (K-quant "
+                 "sub-block scales) and run in float32 between two Casts", len(g.float32_linears))
+    if g.rounded_scales:
+        log.info("float16 build: %d quantized weights have K-quant sub-block scales rounded to float16 (at most "
+                 "2**-11 of each scale; --exact-scales keeps them in float32)", len(g.rounded_scales))
 
     # NOTE(builder): LOGITS_TO_KEEP is a graph input with a default (an overridable initializer): callers
     # that don't know it (onnxruntime-genai, plain session.run) get every position's logits as before.

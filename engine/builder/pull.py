@@ -32,6 +32,12 @@ from engine.builder.folder import (
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 BUILDER_VERSION = 4  # bump when the graph changes so cached folders are rebuilt (4: embedding.onnx)
+
+
+def _layout(dtype: str) -> dict[str, str]:
+    """What a folder's marker records beside BUILDER_VERSION for this dtype: float16 folders round K-quant scales
+    to float16 (engine.builder.graph), which older float16 folders did not, so only those are converted again."""
+    return {"scales": "float16"} if dtype == "float16" else {}
 EMBEDDING_MODEL = "all-minilm-l6-v2"  # the default --embedding-model
 
 
@@ -262,7 +268,8 @@ def _converted_gguf(path: Path, cache_dir: str | Path | None, progress: bool, dt
     sha = sha256_file(path)
     target = cache / "gguf" / (f"{path.stem}-{sha[:12]}" + ("" if dtype == "float32" else f"-{dtype}"))
     marker = {"source": str(path.resolve()), "sha256": sha, "dtype": dtype, "accuracy_level": 4,
-              "builder_version": BUILDER_VERSION}
+              "builder_version": BUILDER_VERSION,
+              **_layout(dtype)}
     if marker_matches(target, marker):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -291,7 +298,8 @@ def _fresh_gguf_folder(path: Path, cache: Path, dtype: str) -> Path | None:
     """A complete conversion of ``path`` in ``dtype`` (``_converted_folders``, plus the dtype and the folder's file
     sizes)."""
     for folder, marker in _converted_folders(path, cache):
-        if marker.get("dtype") == dtype and "files" in marker \
+        if marker.get("dtype") == dtype and marker.get("scales") == _layout(dtype).get("scales") \
+                and "files" in marker \
                 and marker_matches(folder, {k: v for k, v in marker.items() if k != "files"}):
             return folder
     return None
@@ -345,7 +353,7 @@ def local_model_folder(name_or_path: str | Path, cache_dir: str | Path | None = 
 def _known_marker(source: ModelSource, dtype: str, accuracy_level: int) -> dict[str, Any]:
     """The marker of a known model's folder converted with these settings (pull_model writes it)."""
     return {"source": source.requirement, "sha256": source.sha256, "dtype": dtype, "accuracy_level": accuracy_level,
-            "builder_version": BUILDER_VERSION}
+            "builder_version": BUILDER_VERSION, **_layout(dtype)}
 
 
 def _converted_st_folder(path: Path, cache_dir: str | Path | None) -> Path:

@@ -53,7 +53,11 @@ model_job() {  # model_job SHAPE VOCAB: the bench GGUF and its float16 conversio
       --mix Q4_K_M --out $P/$shape.gguf && \
     python3 -m perf.gpu.timed -- python3 -c 'import sys; from engine.builder import convert_gguf; \
       convert_gguf(sys.argv[1], sys.argv[2], accuracy_level=4, dtype=\"float16\", overwrite=True, progress=False)' \
-      $P/$shape.gguf $P/$shape"  # ortserve convert's own call: it runs before the project's wheels are installed
+      $P/$shape.gguf $P/$shape${EXACT_TOO:+ && python3 -m perf.gpu.timed -- python3 -c 'import sys; \
+      from engine.builder import convert_gguf; convert_gguf(sys.argv[1], sys.argv[2], accuracy_level=4, \
+      dtype=\"float16\", overwrite=True, progress=False, exact_scales=True)' $P/$shape.gguf $P/$shape-exact}"
+  # ortserve convert's own call: it runs before the project's wheels are installed. EXACT_TOO=1: also the
+  # --exact-scales folder (K-quant linears in float32), served by MODES' "exact"
 }
 build_once() {  # llama-server's build, unless it is built or building (start and start-32b in one call start it once)
   [ -n "${NO_BUILD:-}" ] && return 0
@@ -146,8 +150,9 @@ compare() {  # compare SIZE: both servers on $P/SIZE.gguf (llama-server) and $P/
     log "llama-server: not built ($(cat "$P/build.done" 2>/dev/null || echo running))"
   fi
   for mode in ${MODES:-spec0 default}; do  # drafts off, then on (the default: prompt lookup); MODES picks
-    args=(); [ $mode = spec0 ] && args=(--speculative-tokens 0)
-    ours 8400 "$P/$size" "${args[@]}" || continue
+    args=(); [ $mode != default ] && args=(--speculative-tokens 0)
+    folder=$P/$size; [ $mode = exact ] && folder=$P/$size-exact  # exact: the --exact-scales folder, drafts off
+    ours 8400 "$folder" "${args[@]}" || continue
     gpu_mem "$size-ours-$mode-loaded"; runs "$size-ours-$mode" 8400; stop $SERVER
   done
 }

@@ -36,10 +36,10 @@ GEMMA3 = TinyArch(arch="gemma3", hidden=256, ffn=512, head_size=128, qk_norm=Tru
                   embd_std=0.1 / 16)
 
 
-def build(tmp_path, cfg: TinyArch, *, accuracy_level: int = 0, dtype: str = "float32", name: str = "out"):
+def build(tmp_path, cfg: TinyArch, *, accuracy_level: int = 0, dtype: str = "float32", name: str = "out", **kw):
     src = write_tiny_gguf(tmp_path / f"{name}.gguf", cfg)
     folder = convert_gguf(src, tmp_path / name, accuracy_level=accuracy_level, dtype=dtype, progress=False,
-                          max_length=MAX_LEN)
+                          max_length=MAX_LEN, **kw)
     ref = ReferenceModel(open_gguf(src).spec, gguf_dequantized_weights(src, cfg))
     return src, folder, ref
 
@@ -188,14 +188,19 @@ def test_engine_serves_a_sliding_window_model(gemma3_tiny, ref_greedy):
         assert_greedy_close(ref_run, run, 2e-3, f"request {i} against the float64 reference")
 
 
-def test_float16_build_keeps_k_quant_linears_in_float32(tmp_path, make_runner):
-    """K-quant scales do not fit float16: those linears run in float32 between Casts, and stay accurate."""
-    _, folder, ref = build(tmp_path, GEMMA3, dtype="float16", accuracy_level=4)
+@pytest.mark.parametrize("exact_scales", [False, True], ids=["rounded", "exact"])
+def test_float16_build_k_quant_scales(tmp_path, make_runner, exact_scales):
+    """K-quant scales do not fit float16: rounded to float16 (the default, one float16 MatMulNBits), or with
+    ``exact_scales`` those linears run in float32 between Casts; both stay accurate."""
+    _, folder, ref = build(tmp_path, GEMMA3, dtype="float16", accuracy_level=4, exact_scales=exact_scales)
     graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
     inits = {i.name: i for i in graph.initializer}
-    assert inits["layers.0.o_proj.scales"].data_type == onnx.TensorProto.FLOAT  # Q4_K
-    assert inits["layers.0.down_proj.scales"].data_type == onnx.TensorProto.FLOAT  # Q6_K
+    k_quant = onnx.TensorProto.FLOAT if exact_scales else onnx.TensorProto.FLOAT16
+    assert inits["layers.0.o_proj.scales"].data_type == k_quant  # Q4_K
+    assert inits["layers.0.down_proj.scales"].data_type == k_quant  # Q6_K
     assert inits["layers.0.qkv_proj.scales"].data_type == onnx.TensorProto.FLOAT16  # Q5_0/Q8_0: f16 scales
+    casts_back = [n.name for n in graph.node if n.name.endswith("/cast_back")]
+    assert bool(casts_back) == exact_scales, casts_back
     runner = make_runner(folder)
     logits, _ = runner.step(runner.zeros(1, MAX_LEN), [PROMPT], [0])
     ref.reset()
