@@ -125,13 +125,14 @@ peer() {  # peer PORT GGUF: llama-server CUDA (PEER), all layers on the GPU, STR
 }
 SHORT="--prompt-tokens 25 --output-tokens 128"
 LONG=${LONG_PROMPT_TOKENS:-2000}
-runs() {  # runs NAME PORT: the same client against one server
-  local n=$1 port=$2
-  bench "$n-c1" "$port" $SHORT --concurrency 1 --num-requests 8 --warmup 1
-  bench "$n-c8" "$port" $SHORT --concurrency 8 --num-requests 32 --warmup 1 --client-processes 4
-  gpu_mem "$n-c8"
-  bench "$n-c64" "$port" $SHORT --concurrency 64 --num-requests 128 --warmup 1 --client-processes 4
-  gpu_mem "$n-c64"
+runs() {  # runs NAME PORT [WHICH]: the same client against one server; WHICH (default $RUNS, all four) picks
+  local n=$1 port=$2 which=" ${3:-${RUNS:-c1 c8 c64 ttft}} "
+  [[ $which == *" c1 "* ]] && bench "$n-c1" "$port" $SHORT --concurrency 1 --num-requests 8 --warmup 1
+  [[ $which == *" c8 "* ]] && bench "$n-c8" "$port" $SHORT --concurrency 8 --num-requests 32 --warmup 1 \
+    --client-processes 4 && gpu_mem "$n-c8"
+  [[ $which == *" c64 "* ]] && bench "$n-c64" "$port" $SHORT --concurrency 64 --num-requests 128 --warmup 1 \
+    --client-processes 4 && gpu_mem "$n-c64"
+  [[ $which == *" ttft "* ]] || return 0
   bench "$n-ttft-idle" "$port" --prompt-tokens "$LONG" --output-tokens 8 --concurrency 1 --num-requests 3 --warmup 1
   (sleep 2; bench "$n-ttft-busy" "$port" --prompt-tokens "$LONG" --output-tokens 8 --concurrency 1 --num-requests 3 \
     --warmup 0 --seed 7) &
@@ -153,7 +154,8 @@ compare() {  # compare SIZE: both servers on $P/SIZE.gguf (llama-server) and $P/
     args=(); [ $mode != default ] && args=(--speculative-tokens 0)
     folder=$P/$size; [ $mode = exact ] && folder=$P/$size-exact  # exact: the --exact-scales folder, drafts off
     ours 8400 "$folder" "${args[@]}" || continue
-    gpu_mem "$size-ours-$mode-loaded"; runs "$size-ours-$mode" 8400; stop $SERVER
+    which=; [ $mode = exact ] && which=${RUNS_EXACT:-c1 c8}  # the A/B of the scales' layout: decode alone
+    gpu_mem "$size-ours-$mode-loaded"; runs "$size-ours-$mode" 8400 "$which"; stop $SERVER
   done
 }
 has peer-8b && compare llama-3.1-8b
