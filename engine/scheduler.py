@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.prefix_cache import KVCopy, SlotPrefixCache
-from engine.row_holds import INTERACTIVE_HOLD_S, RowHolds
+from engine.row_holds import RowHolds
 from engine.spec_decode.policy import ModelDraftState, choose_drafts
 from engine.spec_decode.proposer import DRAFT_MODEL, NGRAM, DraftRow, NgramProposer
 from engine.speculative import CheckCost, NgramDrafter
@@ -241,7 +241,6 @@ class Scheduler:
             ``batched_prompt_len`` tokens) a step takes beside ``token_budget``: the core runs them together
             (``EngineCore._run_prompts``); 0: none beside it.
         batched_prompt_len: the longest prompt that counts against ``prompt_budget``.
-        interactive_hold_s: how long a row an interactive request left is kept from batch lines (``RowHolds``).
 
     A draft model drafts for rows too once ``use_draft_model`` says so.
     """
@@ -249,7 +248,7 @@ class Scheduler:
     def __init__(self, num_slots: int, max_waiting: int, token_budget: int, *, prefix_caching: bool = False,
                  can_copy: bool = False, speculative_tokens: int = 0, speculative_max_batch: int = 1,
                  low_slots: bool = False, max_prefills: int = 0, min_prefix_reuse: int = 1, prompt_budget: int = 0,
-                 batched_prompt_len: int = 0, interactive_hold_s: float = INTERACTIVE_HOLD_S) -> None:
+                 batched_prompt_len: int = 0) -> None:
         if token_budget <= num_slots:
             raise ValueError(f"token_budget must be > num_slots ({num_slots}), got {token_budget}")
         self.num_slots = num_slots
@@ -271,7 +270,7 @@ class Scheduler:
         self.cache = SlotPrefixCache(num_slots, enabled=prefix_caching, can_copy=can_copy, low_slots=low_slots,
                                      min_reuse=min_prefix_reuse)
         self._free: set[int] = set(range(num_slots))
-        self.holds = RowHolds(interactive_hold_s)
+        self.holds = RowHolds()  # rows interactive requests left, kept from batch lines a while (its hold_s)
         self._by_slot: list[Request | None] = [None] * num_slots
         self.prefix_queries_total = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits_total = 0  # of them, tokens whose KV was reused

@@ -137,8 +137,8 @@ def test_a_row_an_interactive_request_left_is_kept_from_batch_lines_and_its_prom
 
 
 def test_without_a_hold_batch_lines_take_every_row():
-    sched = Scheduler(num_slots=2, max_waiting=4, token_budget=32, prefix_caching=True, can_copy=True,
-                      interactive_hold_s=0.0)
+    sched = Scheduler(num_slots=2, max_waiting=4, token_budget=32, prefix_caching=True, can_copy=True)
+    sched.holds.hold_s = 0.0
     sched.add(make("i0", prompt_len=12))
     run_out(sched)
     sched.add(make("b0", priority=1))
