@@ -7,7 +7,8 @@ called for it), so each of its rows is scheduled again from where it was. Its KV
 a row's KV only at the positions it computes (past and present share one buffer), at or after what the row holds,
 and a later run writes each such position again before any token attends to it (every layer writes its new
 positions before it attends over them). Decode rows, prompt chunks and whole prompts run together are all of that
-kind; draft checks are never interrupted (their row's drafter keeps state per check).
+kind. Draft checks and the draft model's runs are not armed (short runs of one row, whose drafts the scheduler
+chose when it scheduled them).
 """
 
 from __future__ import annotations
