@@ -270,7 +270,7 @@ class Scheduler:
         self.cache = SlotPrefixCache(num_slots, enabled=prefix_caching, can_copy=can_copy, low_slots=low_slots,
                                      min_reuse=min_prefix_reuse)
         self._free: set[int] = set(range(num_slots))
-        self.holds = RowHolds()  # rows interactive requests left, kept from batch lines a while (its hold_s)
+        self.holds = RowHolds() if num_slots > 1 else RowHolds(0.0)  # the last interactive row, kept a while
         self._by_slot: list[Request | None] = [None] * num_slots
         self.prefix_queries_total = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits_total = 0  # of them, tokens whose KV was reused

@@ -145,3 +145,23 @@ def test_without_a_hold_batch_lines_take_every_row():
     sched.add(make("b1", priority=1))
     step(sched)
     assert not sched.waiting and sched.num_free_slots == 0
+
+
+def test_only_the_last_interactive_row_is_held_so_a_batch_never_waits_on_an_idle_engine():
+    sched = Scheduler(num_slots=3, max_waiting=4, token_budget=32, prefix_caching=True, can_copy=True)
+    for i in range(3):
+        sched.add(make(f"i{i}", prompt_len=12))
+    run_out(sched)  # three interactive requests left three rows
+    for i in range(3):
+        sched.add(make(f"b{i}", priority=1))
+    out, _ = step(sched)
+    assert len(sched.running) == 2 and [r.request_id for r in sched.waiting] == ["b2"] and out.prefills
+
+
+def test_a_single_row_is_never_held():
+    sched = Scheduler(num_slots=1, max_waiting=4, token_budget=32, prefix_caching=True, can_copy=True)
+    sched.add(make("i0", prompt_len=12))
+    run_out(sched)
+    sched.add(make("b0", priority=1))
+    step(sched)
+    assert sched.slot_owner(0).request_id == "b0"
