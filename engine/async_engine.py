@@ -263,6 +263,8 @@ class AsyncEngine:
                    "spec_draft_tokens_total": float(snap.spec_draft_tokens_total),
                    "spec_accepted_tokens_total": float(snap.spec_accepted_tokens_total),
                    "spec_drafts_total": float(snap.spec_drafts_total),
+                   "batch_runs_stopped_total": float(snap.runs_stopped_total),
+                   "batch_runs_skipped_total": float(snap.runs_skipped_total),
                    **{f"spec_accepted_pos_{i}": float(n) for i, n in enumerate(snap.spec_accepted_per_pos)},
                    "engine_thread_cpu_s": snap.thread_cpu_s,
                    **({"engine_process_cpu_s": self._core.process_cpu_s}

@@ -19,6 +19,7 @@ from engine.core_checks import DraftChecks, inject
 from engine.core_inbox import SHUTDOWN, CoreInbox
 from engine.core_wire import AbortRequests
 from engine.model_runner import ModelRunner
+from engine.run_interrupt import RunInterrupt, RunInterrupted
 from engine.sampler import RequestSampler, SampleResult, needs_logits, sample_batch
 from engine.scheduler import Finished, PrefillChunk, Request, Scheduler, SchedulerOutput
 from engine.step_stats import PHASES, StepStats
@@ -69,6 +70,9 @@ class EngineCore(DraftChecks):
         self.vocab_size = runner.vocab_size
         self._seeds = np.random.SeedSequence(seed)
         self._inbox = CoreInbox()
+        # NOTE(engine): runs of batch rows only stop when an interactive request arrives (engine.run_interrupt); a
+        # runner without a RunOptions to stop still keeps the next batch run from starting.
+        self._interrupt: RunInterrupt = getattr(runner, "interrupt", None) or RunInterrupt(None)
         self._thread: threading.Thread | None = None
         self.snapshot = CoreSnapshot(num_slots_free=scheduler.num_slots)
         self.dead: BaseException | None = None
@@ -88,6 +92,7 @@ class EngineCore(DraftChecks):
         """Queue a request for the core thread; raises EngineDeadError once the loop has ended."""
         if not self._inbox.add(request):
             raise EngineDeadError(f"the engine thread has stopped: {self.dead!r}")
+        self._interrupt.arrived(request.priority)  # after the add: the core finds it once it stops
 
     def abort(self, request_ids: Sequence[str], index: int | None = None) -> None:
         """Stop requests (every choice, or only choice ``index`` of an n > 1 request)."""
@@ -130,6 +135,7 @@ class EngineCore(DraftChecks):
         """Apply everything in the inbox; False once shutdown was asked for."""
         if self.between_steps is not None:
             self.between_steps(block)
+        self._interrupt.drained()
         changed = False
         while True:
             # NOTE(engine): empty() rather than get(block=False) and queue.Empty: an empty inbox is the usual
@@ -178,27 +184,32 @@ class EngineCore(DraftChecks):
         phase.schedule += t - t0
         prefills: Sequence[PrefillChunk] = out.prefills
         joined: tuple[PrefillChunk, ...] = ()
-        if prefills and self.runner.can_batch_prompts:
-            joined, prefills = self._run_prompts(prefills)
-            phase.prefill += clock() - t
-        if out.decode or joined:
-            t = clock()
-            self._run_decode(out.decode, joined)
-            if not (joined or out.verify or out.draft_rows or prefills) and len(out.decode) <= self.scheduler.speculative_max_batch:
-                self.scheduler.check_cost.record_decode(clock() - t)  # the step a draft check would replace
-        num_verified = 0
-        if out.verify or out.draft_rows:
-            t = clock()
-            for verify in (*out.verify, *(self._propose(out) if out.draft_rows else ())):
-                t1 = clock()
-                num_verified += self._run_verify(verify)
-                self.scheduler.check_cost.record_check(len(verify.draft), clock() - t1)
-            phase.verify += clock() - t
-        if prefills:
-            t = clock()
-            for chunk in prefills:  # NOTE(engine): each its own run; a last chunk's first token goes out at once
-                self._run_prefill(chunk)
-            phase.prefill += clock() - t
+        num_decoded = num_verified = 0
+        try:
+            if prefills and self.runner.can_batch_prompts:
+                joined, prefills = self._run_prompts(prefills)
+                phase.prefill += clock() - t
+            if out.decode or joined:
+                t = clock()
+                self._run_decode(out.decode, joined)
+                num_decoded = len(out.decode)
+                if (not (joined or out.verify or out.draft_rows or prefills)
+                        and num_decoded <= self.scheduler.speculative_max_batch):
+                    self.scheduler.check_cost.record_decode(clock() - t)  # the step a draft check would replace
+            if out.verify or out.draft_rows:
+                t = clock()
+                for verify in (*out.verify, *(self._propose(out) if out.draft_rows else ())):
+                    t1 = clock()
+                    num_verified += self._run_verify(verify)
+                    self.scheduler.check_cost.record_check(len(verify.draft), clock() - t1)
+                phase.verify += clock() - t
+            if prefills:
+                t = clock()
+                for chunk in prefills:  # NOTE(engine): each its own run; a last chunk's first token goes out at once
+                    self._run_prefill(chunk)
+                phase.prefill += clock() - t
+        except RunInterrupted as stop:  # NOTE(engine): nothing of the stopped run counts; its rows run again
+            stats.record_interrupt(stop.started)
         end = clock()
         if self._trace is not None:
             self._trace.step(t0, end, before, phase.as_tuple(), decode=len(out.decode) + len(joined),
@@ -206,7 +217,7 @@ class EngineCore(DraftChecks):
                              joined=len(joined), copies=len(out.copies),
                              verify=len(out.verify) + len(out.draft_rows), runs=self.runner.run_log)
             self.runner.run_log = []
-        stats.record_step(len(out.decode) + num_verified, end - t0)
+        stats.record_step(num_decoded + num_verified, end - t0)
         self._publish(time.monotonic())
 
     def _run_prompts(self, chunks: Sequence[PrefillChunk]) -> tuple[tuple[PrefillChunk, ...], list[PrefillChunk]]:
@@ -225,7 +236,10 @@ class EngineCore(DraftChecks):
         rest = [c for c in chunks if all(c is not b for b in batch)]
         try:
             inject(self.fault_injector, self.stats.steps_total, "prefill", [c.request for c in batch])
-            self.runner.prefill_prompts([c.request.slot for c in batch], [c.token_ids[:-1] for c in batch])
+            with self._interrupt.batch_run(all(c.request.priority for c in batch)):
+                self.runner.prefill_prompts([c.request.slot for c in batch], [c.token_ids[:-1] for c in batch])
+        except RunInterrupted:
+            raise
         except Exception as exc:
             self._fail([c.request for c in batch], exc)
             return (), rest
@@ -246,12 +260,15 @@ class EngineCore(DraftChecks):
             masked = self.masks.fill(batch, failed)
             inject(self.fault_injector, self.stats.steps_total, "decode", batch)
             samplers = [r.sampler_state for r in batch]
-            logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
-                                        [positions.get(id(r), r.num_computed_tokens) for r in batch],
-                                        logits=needs_logits(samplers, masked))
+            with self._interrupt.batch_run(all(r.priority for r in batch)):
+                logits = self.runner.decode([r.slot for r in batch], [r.last_token_id for r in batch],
+                                            [positions.get(id(r), r.num_computed_tokens) for r in batch],
+                                            logits=needs_logits(samplers, masked))
             t1 = clock()
             summary = self.runner.decode_summary
             results = sample_batch(logits, samplers, self.masks.bitmask, masked, summary=summary)
+        except RunInterrupted:
+            raise
         except Exception as exc:
             self._fail(batch, exc)
             return
@@ -277,12 +294,15 @@ class EngineCore(DraftChecks):
             # NOTE(engine): only the last chunk of a prompt samples, so only it is masked.
             masked = self.masks.fill(choices, failed) if chunk.is_last else []
             inject(self.fault_injector, self.stats.steps_total, "prefill", (request,))
-            logits = self.runner.prefill(request.slot, chunk.token_ids, chunk.start,
-                                         also=[f.slot for f in request.forks])
+            with self._interrupt.batch_run(request.priority > 0):
+                logits = self.runner.prefill(request.slot, chunk.token_ids, chunk.start,
+                                             also=[f.slot for f in request.forks])
             # n > 1: every choice samples its first token from the same logits, each with its own sampler
             results = sample_batch(np.broadcast_to(logits, (len(choices), len(logits))),
                                    [c.sampler_state for c in choices], self.masks.bitmask, masked) \
                 if chunk.is_last else []
+        except RunInterrupted:
+            raise
         except Exception as exc:
             self._fail(choices, exc)
             return

@@ -22,6 +22,7 @@ import onnxruntime as ort
 from engine.kv_cache import KVCache
 from engine.model_loader import GraphIO
 from engine.row_chunks import PROMPT_SHAPES, RowChunks, _value
+from engine.run_interrupt import RunInterrupt
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ class RunnerBase:
     def __init__(self, session: ort.InferenceSession, io: GraphIO, kv: KVCache, *, prefill_chunk: int,
                  max_position: int, input_allocator: InputAllocator = host_input) -> None:
         self.session = session
+        # NOTE(engine): the core arms it around runs of batch rows only; an interactive request's arrival stops them
+        self.interrupt = RunInterrupt(ort.RunOptions())
         self.io = io
         self.kv = kv
         self.num_slots = kv.shape.num_slots
@@ -165,6 +168,8 @@ class RunnerBase:
         for name, value in self._host_inputs.get(id(binding), ()):
             binding.bind_ortvalue_input(name, value)
         session = session or self.session
+        if run_options is None and self.interrupt.armed:
+            run_options = self.interrupt.options  # a batch run an interactive arrival may stop
         t0 = time.perf_counter() if self.run_log is not None else 0.0
         if run_options is None:
             session.run_with_iobinding(binding)

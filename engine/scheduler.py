@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.prefix_cache import KVCopy, SlotPrefixCache
+from engine.row_holds import RowHolds
 from engine.spec_decode.policy import ModelDraftState, choose_drafts
 from engine.spec_decode.proposer import DRAFT_MODEL, NGRAM, DraftRow, NgramProposer
 from engine.speculative import CheckCost, NgramDrafter
@@ -269,6 +270,7 @@ class Scheduler:
         self.cache = SlotPrefixCache(num_slots, enabled=prefix_caching, can_copy=can_copy, low_slots=low_slots,
                                      min_reuse=min_prefix_reuse)
         self._free: set[int] = set(range(num_slots))
+        self.holds = RowHolds() if num_slots > 1 else RowHolds(0.0)  # the last interactive row, kept a while
         self._by_slot: list[Request | None] = [None] * num_slots
         self.prefix_queries_total = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits_total = 0  # of them, tokens whose KV was reused
@@ -333,10 +335,12 @@ class Scheduler:
         #    finds no free slot takes the slot of a running request of a higher priority number (preemption).
         copies: list[KVCopy] = []
         released: list[tuple[int, int]] = []
+        now = time.monotonic()
         while self.waiting:
             head = self.waiting[0]
-            if len(self._free) > len(head.forks):
-                self._admit(self.waiting.popleft(), copies)
+            free = self.holds.open_to_batch(self._free, now) if head.priority else sorted(self._free)
+            if len(free) > len(head.forks):
+                self._admit(self.waiting.popleft(), copies, free)
                 if head.priority:
                     self._num_low_waiting -= 1
                 continue
@@ -397,7 +401,6 @@ class Scheduler:
                 break  # NOTE(engine): a sliver of a younger prompt costs a model run for little progress
             prefills.append(PrefillChunk(request, start, num))
             budget -= num
-        now = time.monotonic()
         for chunk in prefills:
             if chunk.request.first_scheduled_s is None:
                 chunk.request.first_scheduled_s = now
@@ -489,10 +492,10 @@ class Scheduler:
         """Drop what a free slot's KV was said to hold (its last run failed midway)."""
         self.cache.drop(slot)
 
-    def _admit(self, request: Request, copies: list[KVCopy]) -> None:
+    def _admit(self, request: Request, copies: list[KVCopy], free: list[int]) -> None:
+        """Into the slot of ``free`` (ascending) the prefix cache picks."""
         running = ((r.slot, r.computed_ids, r.num_computed_tokens) for r in self.running.values()
                    if r.num_computed_tokens > 0 and r.slot is not None)
-        free = sorted(self._free)
         placement = self.cache.place(request.prompt_ids, free, running if self.cache.can_copy else ())
         if request.forks and not self.cache.can_copy and placement.num_reused:
             # NOTE(engine): the other choices' rows can't receive this prefix by copy (opaque KV): all rows
@@ -509,7 +512,7 @@ class Scheduler:
         self.prefix_queries_total += len(request.prompt_ids)
         self.prefix_hits_total += placement.num_reused
         for fork in request.forks:
-            slot = self.cache.victim(self._free)
+            slot = self.cache.victim(set(free) & self._free)
             self._take(fork, slot)
             if placement.num_reused:
                 copies.append(KVCopy(request.slot, slot, 0, placement.num_reused))
@@ -517,6 +520,7 @@ class Scheduler:
     def _take(self, request: Request, slot: int) -> None:
         self._free.discard(slot)
         self.cache.drop(slot)
+        self.holds.taken(slot)
         request.slot = slot
         self._by_slot[slot] = request
         self.running[request.key] = request
@@ -553,3 +557,5 @@ class Scheduler:
         self._by_slot[request.slot] = None
         self._free.add(request.slot)
         self.cache.keep(request.slot, request.computed_ids)
+        if request.priority == 0 and self.cache.enabled:
+            self.holds.hold(request.slot, time.monotonic())

@@ -39,6 +39,9 @@ class StepStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     steps_total: int = 0
+    # batch runs (rows of priority > 0 only) an interactive request's arrival stopped midway, or kept from starting
+    runs_stopped_total: int = 0
+    runs_skipped_total: int = 0
     decode_tokens_per_s: float = 0.0  # recent decode tokens/s, all streams together (see record_step)
     spec_draft_tokens_total: int = 0  # tokens proposed by speculative drafts
     spec_accepted_tokens_total: int = 0  # of them, tokens the model kept
@@ -57,6 +60,13 @@ class StepStats:
             per_pos.extend([0] * (num_draft - len(per_pos)))
         for i in range(num_accepted):
             per_pos[i] += 1
+
+    def record_interrupt(self, started: bool) -> None:
+        """Count one batch run an interactive request's arrival stopped (``started``) or kept from starting."""
+        if started:
+            self.runs_stopped_total += 1
+        else:
+            self.runs_skipped_total += 1
 
     def record_step(self, num_decoded: int, elapsed_s: float) -> None:
         """Count one step that produced ``num_decoded`` decode tokens in ``elapsed_s`` wall seconds."""
@@ -79,4 +89,5 @@ class StepStats:
             spec_accepted_tokens_total=self.spec_accepted_tokens_total, spec_drafts_total=self.spec_drafts_total,
             spec_accepted_per_pos=tuple(self.spec_accepted_per_pos),
             num_kv_tokens_running=sum(r.num_computed_tokens for r in s.running.values()),
-            num_kv_tokens_cached=s.cache.num_tokens, phase_s=self.phase.as_tuple(), thread_cpu_s=thread_cpu_s)
+            num_kv_tokens_cached=s.cache.num_tokens, runs_stopped_total=self.runs_stopped_total,
+            runs_skipped_total=self.runs_skipped_total, phase_s=self.phase.as_tuple(), thread_cpu_s=thread_cpu_s)

@@ -313,6 +313,9 @@ class CoreSnapshot:
     # what free slots keep for prefix reuse (evictable, so not counted as used, as vLLM counts cached blocks).
     num_kv_tokens_running: int = 0
     num_kv_tokens_cached: int = 0
+    # batch runs an interactive request's arrival stopped midway / kept from starting (engine.run_interrupt)
+    runs_stopped_total: int = 0
+    runs_skipped_total: int = 0
     # Where the core thread's time went (wall seconds per phase, PHASES order) and its CPU seconds: a phase whose
     # wall time the CPU time does not cover waited (on the device, or on the interpreter held by the event loop).
     phase_s: tuple[float, ...] = ()

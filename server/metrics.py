@@ -83,6 +83,12 @@ class ServerMetrics:
                 "ortserve_spec_decode_accepted_tokens", "Draft tokens the model accepted.", m, registry=r),
             "steps_total": Counter("ortserve_engine_steps", "Engine steps (schedule, runs, outputs).", m,
                                    registry=r),
+            "batch_runs_stopped_total": Counter(
+                "ortserve_batch_runs_stopped", "Model runs of batch rows only (priority > 0) that an interactive "
+                "request's arrival stopped midway (run again later).", m, registry=r),
+            "batch_runs_skipped_total": Counter(
+                "ortserve_batch_runs_skipped", "Model runs of batch rows only that an interactive request waiting "
+                "kept from starting.", m, registry=r),
             "engine_thread_cpu_s": Counter(
                 "ortserve_engine_thread_cpu_seconds", "CPU seconds of the engine thread (beside its phases' wall "
                 "seconds: the rest waited on the device or the interpreter).", m, registry=r),

@@ -4,6 +4,7 @@ they were, with the same tokens."""
 
 from __future__ import annotations
 
+from engine.prefix_cache import MIN_RECOMPUTED
 from engine.scheduler import Request, Scheduler
 from engine.types import EngineOverloadedError, SamplingParams
 
@@ -110,3 +111,57 @@ def test_one_batch_line_prompt_per_step():
         sched.add(make(f"b{i}", priority=1))
     firsts = [[c.request.request_id for c in step(sched)[0].prefills] for _ in range(3)]
     assert firsts == [["b0"], ["b1"], ["b2"]]
+
+
+def run_out(sched: Scheduler) -> None:
+    for _ in range(40):
+        step(sched)
+        if not any(r.priority == 0 for r in sched.running.values()) and not sched.waiting:
+            return
+
+
+def test_a_row_an_interactive_request_left_is_kept_from_batch_lines_and_its_prompt_reused():
+    sched = Scheduler(num_slots=2, max_waiting=4, token_budget=32, prefix_caching=True, can_copy=True)
+    sched.add(make("i0", prompt_len=12))
+    run_out(sched)  # i0 finished: its row keeps its prompt and output
+    held = next(s for s in range(2) if sched.cache.cached(s))
+    sched.add(make("b0", priority=1))
+    sched.add(make("b1", priority=1))
+    step(sched)
+    assert sched.slot_owner(held) is None and [r.request_id for r in sched.waiting] == ["b1"]  # one row for the batch
+    sched.add(make("i1", prompt_len=12))  # the same prompt again
+    step(sched)
+    i1 = sched.slot_owner(held)
+    assert i1 is not None and i1.request_id == "i1" and i1.num_cached_tokens == 12 - MIN_RECOMPUTED
+    assert sched.num_preemptions_total == 0  # it found a free row: no batch line was computed again
+
+
+def test_without_a_hold_batch_lines_take_every_row():
+    sched = Scheduler(num_slots=2, max_waiting=4, token_budget=32, prefix_caching=True, can_copy=True)
+    sched.holds.hold_s = 0.0
+    sched.add(make("i0", prompt_len=12))
+    run_out(sched)
+    sched.add(make("b0", priority=1))
+    sched.add(make("b1", priority=1))
+    step(sched)
+    assert not sched.waiting and sched.num_free_slots == 0
+
+
+def test_only_the_last_interactive_row_is_held_so_a_batch_never_waits_on_an_idle_engine():
+    sched = Scheduler(num_slots=3, max_waiting=4, token_budget=32, prefix_caching=True, can_copy=True)
+    for i in range(3):
+        sched.add(make(f"i{i}", prompt_len=12))
+    run_out(sched)  # three interactive requests left three rows
+    for i in range(3):
+        sched.add(make(f"b{i}", priority=1))
+    out, _ = step(sched)
+    assert len(sched.running) == 2 and [r.request_id for r in sched.waiting] == ["b2"] and out.prefills
+
+
+def test_a_single_row_is_never_held():
+    sched = Scheduler(num_slots=1, max_waiting=4, token_budget=32, prefix_caching=True, can_copy=True)
+    sched.add(make("i0", prompt_len=12))
+    run_out(sched)
+    sched.add(make("b0", priority=1))
+    step(sched)
+    assert sched.slot_owner(0).request_id == "b0"
