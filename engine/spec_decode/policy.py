@@ -19,10 +19,10 @@ from engine.speculative import DECAY, MEMORY_TOKENS, MIN_GAIN, CheckCost, NgramD
 # A same-family draft model's tokens are kept ~70% of the time on free text (greedy), more on code; the estimate starts
 # there as if 2 tokens had been tested, and follows the request's own checks.
 MODEL_PRIOR = (1.4, 2.0)
-# A row whose draft-model drafts don't pay probes (a short draft) after this many plain steps, doubling after each
-# failed probe up to MAX_PROBE_INTERVAL and back to the first interval once a probe is kept whole.
-PROBE_INTERVAL = 4
-MAX_PROBE_INTERVAL = 64
+# A row whose draft-model drafts don't pay probes (a short draft) only out of a credit that grows by PROBE_SHARE of a
+# decode step per plain step; a probe takes what it costs beyond a plain step, its catch-up included
+# (``CheckCost.resume_steps``), and a probe kept whole gives it back: failed probes take ~PROBE_SHARE of the time.
+PROBE_SHARE = 1.0 / 24
 PROBE_TOKENS = 2
 
 
@@ -62,10 +62,10 @@ class ModelDraftState:
 
     def __init__(self, prior: tuple[float, float] = MODEL_PRIOR) -> None:
         self._accepted, self._tested = prior
-        self.num_drafts = self.num_drafted = self.num_accepted = 0
-        self._wait = 0  # plain steps before the next probe
-        self._interval = PROBE_INTERVAL
-        self._probing = False
+        self.num_drafts = self.num_drafted = self.num_accepted = self.num_probes = 0
+        self._credit = 0.0  # decode steps' worth a probe may spend
+        self._probe_cost = 0.0  # what the probe being checked took from the credit (0: not a probe)
+        self.drafted_last = False  # the last step drafted (the draft row is caught up but for a token or two)
 
     @property
     def acceptance_rate(self) -> float:
@@ -77,40 +77,44 @@ class ModelDraftState:
 
     def plan(self, limit: int, cost: CheckCost) -> tuple[int, float]:
         """``(tokens to draft, expected gain)`` this step, at most ``limit``: the best length, else a probe now and
-        then (``PROBE_TOKENS``), else ``(0, 1.0)``."""
+        then (``PROBE_TOKENS``, out of the probe credit), else ``(0, 1.0)``."""
         if limit <= 0:
             return 0, 1.0
+        resume = 0.0 if self.drafted_last else cost.resume_steps()
         num, gain = best_length(self.acceptance_rate, limit,
-                                lambda d: cost.draft_steps(d) + cost.steps(d))
+                                lambda d: cost.draft_steps(d) + cost.steps(d) + resume)
         if num:
-            self._probing = False
+            self._probe_cost = 0.0
             return num, gain
-        if self._wait > 0:  # NOTE(engine): drafts don't pay: a short probe now and then keeps the estimate fresh
-            self._wait -= 1
-            return 0, 1.0
-        self._probing = True
+        # NOTE(engine): drafts don't pay: a short probe now and then keeps the estimate fresh, out of a credit, so
+        # that failed probes (and their catch-ups) cost a bounded share of the time whatever the text
         num = min(PROBE_TOKENS, limit)
+        probe = cost.draft_steps(num) + cost.steps(num) + resume - 1.0  # beyond the plain step it replaces
+        if self.num_probes and self._credit < probe:  # (a request's first probe is free)
+            self._credit = min(self._credit + PROBE_SHARE, probe + PROBE_SHARE)
+            self._probe_cost = 0.0
+            return 0, 1.0
+        if self.num_probes:
+            self._credit -= probe
+        self.num_probes += 1
+        self._probe_cost = probe
         return num, self.gain(num, cost)
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         """Learn from a check: ``num_accepted`` of ``num_drafted`` tokens kept (the first rejected one counts as
-        tested)."""
+        tested); a probe kept whole gives its credit back."""
         self.num_drafts += 1
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
+        if self._probe_cost and num_drafted and num_accepted == num_drafted:
+            self._credit += self._probe_cost
+        self._probe_cost = 0.0
         tested = num_accepted + (num_accepted < num_drafted)
         self._accepted = DECAY * self._accepted + num_accepted
         self._tested = DECAY * self._tested + tested
         if self._tested > MEMORY_TOKENS:
             self._accepted *= MEMORY_TOKENS / self._tested
             self._tested = MEMORY_TOKENS
-        if self._probing:
-            self._probing = False
-            if num_drafted and num_accepted == num_drafted:
-                self._interval = PROBE_INTERVAL
-            else:
-                self._interval = min(2 * self._interval, MAX_PROBE_INTERVAL)
-            self._wait = self._interval
 
 
 def choose_drafts(decode: Sequence[Any], budget: int, ngram: NgramProposer, ngram_max: int, draft_max: int,
@@ -143,10 +147,16 @@ def choose_drafts(decode: Sequence[Any], budget: int, ngram: NgramProposer, ngra
             num, gain = request.model_draft.plan(min(limit, draft_max), cost)
             ngram_gain = (expected_tokens(request.drafter.acceptance_rate, len(draft)) / cost.steps(len(draft))
                           if draft else 0.0)
+            model = request.model_draft
             if num and gain > ngram_gain:
                 rows.append(DraftRow(request, num))
                 budget -= num
+                model.drafted_last = True
+                # NOTE(engine): what prompt lookup would have drafted is scored against the check's tokens for free,
+                # so its estimate follows the text while the draft model drafts (a copy it would draft at no cost)
+                request.shadow_draft = request.drafter.lookup(min(limit, ngram_max)) if ngram_max else ()
                 continue
+            model.drafted_last = False
         if draft:
             checks.append((request, draft))
             budget -= len(draft)
