@@ -53,7 +53,7 @@ DRAFT_COST_PER_TOKEN = 0.4
 # row that resumes drafting after plain steps catches up all the tokens the target added meanwhile (a chunk of ~5-65
 # tokens, ~3 runs). Before any measurement: these many draft tokens' worth.
 DRAFT_FIRST_TOKENS = 2.0
-DRAFT_RESUME_TOKENS = 3.0
+DRAFT_RESUME_PER_TOKEN = 0.05  # a resume's catch-up per token beyond the steady 2, in decode steps (before measured)
 MIN_GAIN = 0.05
 PRIOR = (0.5, 1.0)
 DECAY = 0.8  # weight of earlier checks against the newest one
@@ -78,7 +78,7 @@ class CheckCost:
         self.frozen = False  # keep the prior law whatever this machine measures (freeze())
         self.draft_token_s: float | None = None  # average seconds of a draft model's later token (decode runs, per row)
         self.draft_first_s: float | None = None  # average seconds to a row's first draft token (steady catch-up)
-        self.resume_s: float | None = None  # average seconds of a row's catch-up after plain steps (a resume)
+        self.resume_token_s: float | None = None  # average seconds per token of a longer catch-up, beyond the first 2
 
     def freeze(self) -> None:
         """Ignore measurements from now on: checks cost ``1 + CHECK_COST_PER_TOKEN * d`` decode steps whatever the
@@ -86,7 +86,7 @@ class CheckCost:
         """
         self.frozen = True
         self.decode_s, self.check_s, self._table, self._table_decode_s = None, {}, [], None
-        self.draft_token_s = self.draft_first_s = self.resume_s = None
+        self.draft_token_s = self.draft_first_s = self.resume_token_s = None
 
     def record_decode(self, seconds: float) -> None:
         if self.frozen:
@@ -106,10 +106,13 @@ class CheckCost:
         if num_later > 0:
             self.draft_token_s = _average(self.draft_token_s, later_s / num_later)
 
-    def record_resume(self, seconds: float) -> None:
-        """A row caught up the tokens the target added while it did not draft (one chunk) in ``seconds``."""
-        if not self.frozen:
-            self.resume_s = _average(self.resume_s, seconds)
+    def record_resume(self, seconds: float, num_tokens: int) -> None:
+        """A row caught up ``num_tokens`` tokens (more than a steady draft's 2: the target added them while it did not
+        draft, or a new prompt) in one chunk of ``seconds``."""
+        if self.frozen or num_tokens <= 2:
+            return
+        first = self.draft_first_s if self.draft_first_s is not None else 0.0
+        self.resume_token_s = _average(self.resume_token_s, max(0.0, seconds - first) / (num_tokens - 2))
 
     def draft_steps(self, num_tokens: int) -> float:
         """A draft model's ``num_tokens`` tokens in decode steps of the target: the first (a catch-up), then the rest
@@ -125,13 +128,14 @@ class CheckCost:
             first = self.draft_first_s / self.decode_s if self.draft_first_s is not None else DRAFT_FIRST_TOKENS * token
         return first + token * (num_tokens - 1)
 
-    def resume_steps(self) -> float:
-        """What a row that resumes drafting after plain steps pays beyond ``draft_steps`` (its longer catch-up), in
-        decode steps of the target."""
-        if self.resume_s is None or self.decode_s is None:
-            return DRAFT_RESUME_TOKENS * DRAFT_COST_PER_TOKEN
-        first = self.draft_first_s if self.draft_first_s is not None else 0.0
-        return max(0.0, self.resume_s - first) / self.decode_s
+    def resume_steps(self, num_tokens: int) -> float:
+        """What a row that resumes drafting ``num_tokens`` tokens behind pays beyond ``draft_steps`` (its longer
+        catch-up), in decode steps of the target."""
+        if num_tokens <= 2:
+            return 0.0
+        if self.resume_token_s is None or self.decode_s is None:
+            return DRAFT_RESUME_PER_TOKEN * (num_tokens - 2)
+        return self.resume_token_s / self.decode_s * (num_tokens - 2)
 
     def record_check(self, num_draft: int, seconds: float) -> None:
         if self.frozen:

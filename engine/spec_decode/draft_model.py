@@ -29,10 +29,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # A catch-up chunk of at most this many tokens is the steady cost of a draft's first token (after a check: the last
-# draft token and the target's own); a longer one, up to RESUME_TOKENS, is a row resuming after plain steps
-# (``CheckCost.record_resume``: what a probe costs besides); a longer one still is a new prompt's, paid once.
+# draft token and the target's own); a longer one (a row resuming after plain steps, a new prompt) is priced per token
+# (``CheckCost.record_resume``: what a probe after plain steps costs besides).
 CATCH_UP_TOKENS = 4
-RESUME_TOKENS = 96
 
 
 class DraftModelProposer:
@@ -112,8 +111,8 @@ class DraftModelProposer:
                 seconds = clock() - t1
                 if len(pending) <= CATCH_UP_TOKENS:  # NOTE(engine): each draft's own; longer ones are priced apart
                     first_s, first_rows = first_s + seconds, first_rows + 1
-                elif len(pending) <= RESUME_TOKENS and self.cost is not None:
-                    self.cost.record_resume(seconds)
+                elif self.cost is not None:
+                    self.cost.record_resume(seconds, len(pending))
                 held.extend(pending)
                 self._take(state, logits, masks)
             else:

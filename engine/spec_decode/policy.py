@@ -21,7 +21,7 @@ from engine.speculative import DECAY, MEMORY_TOKENS, MIN_GAIN, CheckCost, NgramD
 MODEL_PRIOR = (1.4, 2.0)
 # A row whose draft-model drafts don't pay probes (a short draft) only out of a credit that grows by PROBE_SHARE of a
 # decode step per plain step; a probe takes what it costs beyond a plain step, its catch-up included
-# (``CheckCost.resume_steps``), and a probe kept whole gives it back: failed probes take ~PROBE_SHARE of the time.
+# (``CheckCost.resume_steps``), and gets back a step for each of its tokens kept: probes take ~PROBE_SHARE of the time.
 PROBE_SHARE = 1.0 / 24
 PROBE_TOKENS = 2
 
@@ -66,6 +66,7 @@ class ModelDraftState:
         self._credit = 0.0  # decode steps' worth a probe may spend
         self._probe_cost = 0.0  # what the probe being checked took from the credit (0: not a probe)
         self.drafted_last = False  # the last step drafted (the draft row is caught up but for a token or two)
+        self.drafted_at = 0  # the request's tokens when it last drafted (0: never: the draft row lacks the prompt)
 
     @property
     def acceptance_rate(self) -> float:
@@ -75,12 +76,13 @@ class ModelDraftState:
         """Tokens per decode step's worth of a draft of ``num_draft`` tokens from the draft model now."""
         return expected_tokens(self.acceptance_rate, num_draft) / (cost.draft_steps(num_draft) + cost.steps(num_draft))
 
-    def plan(self, limit: int, cost: CheckCost) -> tuple[int, float]:
+    def plan(self, limit: int, cost: CheckCost, num_tokens: int = 0) -> tuple[int, float]:
         """``(tokens to draft, expected gain)`` this step, at most ``limit``: the best length, else a probe now and
-        then (``PROBE_TOKENS``, out of the probe credit), else ``(0, 1.0)``."""
+        then (``PROBE_TOKENS``, out of the probe credit), else ``(0, 1.0)``. ``num_tokens``: the request's tokens
+        (what a draft row that did not draft lately must catch up)."""
         if limit <= 0:
             return 0, 1.0
-        resume = 0.0 if self.drafted_last else cost.resume_steps()
+        resume = 0.0 if self.drafted_last else cost.resume_steps(num_tokens - self.drafted_at)
         num, gain = best_length(self.acceptance_rate, limit,
                                 lambda d: cost.draft_steps(d) + cost.steps(d) + resume)
         if num:
@@ -90,24 +92,25 @@ class ModelDraftState:
         # that failed probes (and their catch-ups) cost a bounded share of the time whatever the text
         num = min(PROBE_TOKENS, limit)
         probe = cost.draft_steps(num) + cost.steps(num) + resume - 1.0  # beyond the plain step it replaces
-        if self.num_probes and self._credit < probe:  # (a request's first probe is free)
+        if (self.num_probes or resume > 1.0) and self._credit < probe:  # (a first probe is free if it catches up little)
             self._credit = min(self._credit + PROBE_SHARE, probe + PROBE_SHARE)
             self._probe_cost = 0.0
             return 0, 1.0
-        if self.num_probes:
+        paid = self.num_probes or resume > 1.0
+        if paid:
             self._credit -= probe
         self.num_probes += 1
-        self._probe_cost = probe
+        self._probe_cost = probe if paid else 0.0
         return num, self.gain(num, cost)
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         """Learn from a check: ``num_accepted`` of ``num_drafted`` tokens kept (the first rejected one counts as
-        tested); a probe kept whole gives its credit back."""
+        tested); a probe gets a decode step back per token kept (its loss is what it cost beyond them)."""
         self.num_drafts += 1
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
-        if self._probe_cost and num_drafted and num_accepted == num_drafted:
-            self._credit += self._probe_cost
+        if self._probe_cost:
+            self._credit += min(self._probe_cost, float(num_accepted))
         self._probe_cost = 0.0
         tested = num_accepted + (num_accepted < num_drafted)
         self._accepted = DECAY * self._accepted + num_accepted
@@ -144,14 +147,14 @@ def choose_drafts(decode: Sequence[Any], budget: int, ngram: NgramProposer, ngra
         if draft_max:
             if request.model_draft is None:
                 request.model_draft = ModelDraftState()
-            num, gain = request.model_draft.plan(min(limit, draft_max), cost)
+            num, gain = request.model_draft.plan(min(limit, draft_max), cost, request.num_tokens)
             ngram_gain = (expected_tokens(request.drafter.acceptance_rate, len(draft)) / cost.steps(len(draft))
                           if draft else 0.0)
             model = request.model_draft
             if num and gain > ngram_gain:
                 rows.append(DraftRow(request, num))
                 budget -= num
-                model.drafted_last = True
+                model.drafted_last, model.drafted_at = True, request.num_tokens
                 # NOTE(engine): what prompt lookup would have drafted is scored against the check's tokens for free,
                 # so its estimate follows the text while the draft model drafts (a copy it would draft at no cost)
                 request.shadow_draft = request.drafter.lookup(min(limit, ngram_max)) if ngram_max else ()

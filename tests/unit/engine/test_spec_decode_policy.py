@@ -92,7 +92,7 @@ def test_a_row_whose_drafts_keep_missing_drafts_fewer_then_probes_out_of_a_bound
             state.record(num, 0)
     assert lengths[0] >= 1 and lengths[-1] == 0  # fewer, then none
     # failed probes (each priced with its catch-up: a row resuming after plain steps) take ~PROBE_SHARE of the time
-    probe = cost.draft_steps(PROBE_TOKENS) + cost.steps(PROBE_TOKENS) + cost.resume_steps() - 1.0
+    probe = cost.draft_steps(PROBE_TOKENS) + cost.steps(PROBE_TOKENS) + cost.resume_steps(0) - 1.0
     probes = plain = 0
     for _ in range(400):
         num, _ = state.plan(16, cost)
@@ -124,9 +124,10 @@ def test_a_drafts_first_token_costs_its_catch_up_and_a_resume_costs_more():
     cost = CheckCost()
     cost.record_decode(0.070)
     cost.record_draft(first_s=0.055, num_rows=1, later_s=0.081, num_later=3)  # a 2-token chunk, then 3 decode runs
-    cost.record_resume(0.085)
+    cost.record_resume(0.090, 9)  # 9 tokens behind: 7 more than a steady draft's catch-up
     assert abs(cost.draft_steps(4) - (0.055 + 3 * 0.027) / 0.070) < 1e-9
-    assert abs(cost.resume_steps() - (0.085 - 0.055) / 0.070) < 1e-9
+    assert abs(cost.resume_steps(9) - (0.090 - 0.055) / 0.070) < 1e-9
+    assert abs(cost.resume_steps(16) - 2 * cost.resume_steps(9)) < 1e-9 and cost.resume_steps(2) == 0.0
 
 
 def test_prompt_lookup_is_scored_against_the_draft_models_checks_for_free():
