@@ -24,6 +24,9 @@ MODEL_PRIOR = (1.4, 2.0)
 # (``CheckCost.resume_steps``), and gets back a step for each of its tokens kept: probes take ~PROBE_SHARE of the time.
 PROBE_SHARE = 1.0 / 24
 PROBE_TOKENS = 2
+# A request's first probe is free unless its catch-up (the prompt, in the draft row) costs more decode steps than this:
+# a long prompt's (a code edit's ~300 tokens: ~15 steps on the 2-core CPU) waits for the credit like any probe.
+FREE_PROBE_STEPS = 4.0
 
 
 def expected_tokens(acceptance_rate: float, num_draft: int) -> float:
@@ -92,15 +95,15 @@ class ModelDraftState:
         # that failed probes (and their catch-ups) cost a bounded share of the time whatever the text
         num = min(PROBE_TOKENS, limit)
         probe = cost.draft_steps(num) + cost.steps(num) + resume - 1.0  # beyond the plain step it replaces
-        if (self.num_probes or resume > 1.0) and self._credit < probe:  # (a first probe is free if it catches up little)
+        if (self.num_probes or resume > FREE_PROBE_STEPS) and self._credit < probe:  # (a first probe is free if it catches up little)
             self._credit = min(self._credit + PROBE_SHARE, probe + PROBE_SHARE)
             self._probe_cost = 0.0
             return 0, 1.0
-        paid = self.num_probes or resume > 1.0
+        paid = self.num_probes or resume > FREE_PROBE_STEPS
         if paid:
             self._credit -= probe
         self.num_probes += 1
-        self._probe_cost = probe if paid else 0.0
+        self._probe_cost = probe  # (a free one's kept tokens earn credit too: the next may follow)
         return num, self.gain(num, cost)
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
