@@ -3,9 +3,13 @@ back-off) and the expected gain of each source at the device's measured costs. P
 
 NOTE(engine): a draft of d tokens whose tokens are each kept with probability a (given the ones before were) yields
 ``1 + a + ... + a^d`` tokens per check. Prompt lookup drafts cost nothing to make, so a check of d tokens costs
-``steps(d)`` decode steps (``engine.speculative.CheckCost``); a draft model's d tokens cost d runs of the draft model
-besides, ``draft_steps(d)`` decode steps of the target (measured: ``CheckCost.record_draft``). Each step takes the
-source with the most tokens per decode step's worth of time, and neither where neither beats plain decoding.
+``steps(d)`` decode steps (``engine.speculative.CheckCost``); a draft model's d tokens cost its runs besides,
+``draft_steps(d)`` decode steps of the target (measured: ``CheckCost.record_draft``): the first token costs the row's
+catch-up (a 2-token chunk after a check kept whole: ~2 draft runs), each later one a decode run, and a row that did
+not draft last step first catches up every token since (``resume_steps``). Each step takes the source with the most
+tokens per decode step's worth of time, and neither where neither beats plain decoding; while the draft model drafts,
+what prompt lookup would have drafted is scored against its checks (``NgramDrafter.record_shadow``), so a text that
+copies its input moves to the drafts that cost nothing to make.
 """
 
 from __future__ import annotations
