@@ -34,6 +34,9 @@ BASE_PORT=${BASE_PORT:-8061}
 LOCK=${LOCK:-/work/locks/cpu-bench.lock}
 : "${LLAMA_SERVER:?set LLAMA_SERVER to a llama-server binary (see the header)}"
 export ORTSERVE_CACHE_DIR=${ORTSERVE_CACHE_DIR:-$ROOT/.cache}
+# NOTE(bench): this checkout's code, not the editable install's (a worktree sharing another checkout's .venv: its
+# console script would import the other checkout's engine)
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 log() { echo "[speculative] $(date +%H:%M:%S) $*" >&2; }
 mkdir -p "$OUT"
 

@@ -57,6 +57,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens whose KV was reused at admission (usage.cached_tokens)
     drafter: NgramDrafter | None = None  # prompt-lookup drafts' state (scheduler-owned), None = none yet
     model_draft: ModelDraftState | None = None  # the draft model's drafts' state (scheduler-owned), None = none yet
+    shadow_draft: tuple[int, ...] = ()  # what prompt lookup would have drafted beside a draft model's draft (scored)
     # 0: interactive. A request of a higher number (a batch line) is admitted after every lower one waiting, and
     # gives its slot up to one that finds no free slot (recompute preemption: ``Scheduler._preempt``).
     priority: int = 0
@@ -470,6 +471,10 @@ class Scheduler:
             state = v.request.model_draft if v.source == DRAFT_MODEL else v.request.drafter
             if state is not None:
                 state.record(len(v.draft), len(tokens) - 1)
+            if v.request.shadow_draft:
+                if v.request.drafter is not None:
+                    v.request.drafter.record_shadow(v.request.shadow_draft, tokens)
+                v.request.shadow_draft = ()
             advance(v.request, tokens)
         for item in finished:
             self._release(item.request)

@@ -48,6 +48,12 @@ CHECK_COST_PER_TOKEN = 0.25
 # A draft model's token before any measurement, in decode steps of the target: a 0.5B draft beside a 1.5B target reads
 # ~40% of its bytes per run (CPU runs are bound by them).
 DRAFT_COST_PER_TOKEN = 0.4
+# NOTE(engine): a draft's first token costs more than the others: the row catches up first (after a check that kept the
+# whole draft, a chunk of 2 tokens: its last draft token and the target's own, ~2 draft runs on the 2-core CPU), and a
+# row that resumes drafting after plain steps catches up all the tokens the target added meanwhile (a chunk of ~5-65
+# tokens, ~3 runs). Before any measurement: these many draft tokens' worth.
+DRAFT_FIRST_TOKENS = 2.0
+DRAFT_RESUME_PER_TOKEN = 0.05  # a resume's catch-up per token beyond the steady 2, in decode steps (before measured)
 MIN_GAIN = 0.05
 PRIOR = (0.5, 1.0)
 DECAY = 0.8  # weight of earlier checks against the newest one
@@ -70,7 +76,9 @@ class CheckCost:
         self._table: list[float] = []  # steps(d) for d < len, rebuilt after a check (not after each decode step)
         self._table_decode_s: float | None = None
         self.frozen = False  # keep the prior law whatever this machine measures (freeze())
-        self.draft_token_s: float | None = None  # average seconds of a draft model's token (its runs, per token)
+        self.draft_token_s: float | None = None  # average seconds of a draft model's later token (decode runs, per row)
+        self.draft_first_s: float | None = None  # average seconds to a row's first draft token (steady catch-up)
+        self.resume_token_s: float | None = None  # average seconds per token of a longer catch-up, beyond the first 2
 
     def freeze(self) -> None:
         """Ignore measurements from now on: checks cost ``1 + CHECK_COST_PER_TOKEN * d`` decode steps whatever the
@@ -78,7 +86,7 @@ class CheckCost:
         """
         self.frozen = True
         self.decode_s, self.check_s, self._table, self._table_decode_s = None, {}, [], None
-        self.draft_token_s = None
+        self.draft_token_s = self.draft_first_s = self.resume_token_s = None
 
     def record_decode(self, seconds: float) -> None:
         if self.frozen:
@@ -87,19 +95,47 @@ class CheckCost:
         if self._table_decode_s is not None and abs(self.decode_s - self._table_decode_s) > 0.05 * self._table_decode_s:
             self._table = []  # NOTE(engine): rebuilt only when the decode time moved by 5%: this runs every step
 
-    def record_draft(self, num_tokens: int, seconds: float) -> None:
-        """A draft model made ``num_tokens`` tokens (all rows of one proposal) in ``seconds``."""
-        if self.frozen or num_tokens <= 0:
+    def record_draft(self, first_s: float, num_rows: int, later_s: float, num_later: int) -> None:
+        """A draft model's proposal: ``num_rows`` rows got their first draft token in ``first_s`` seconds together
+        (their catch-up chunks of at most a few tokens, or their share of the first decode run), and ``num_later``
+        later tokens took ``later_s`` (decode runs of every drafting row)."""
+        if self.frozen:
             return
-        per_token = seconds / num_tokens
-        self.draft_token_s = per_token if self.draft_token_s is None else \
-            (1 - COST_WEIGHT) * self.draft_token_s + COST_WEIGHT * per_token
+        if num_rows > 0:
+            self.draft_first_s = _average(self.draft_first_s, first_s / num_rows)
+        if num_later > 0:
+            self.draft_token_s = _average(self.draft_token_s, later_s / num_later)
+
+    def record_resume(self, seconds: float, num_tokens: int) -> None:
+        """A row caught up ``num_tokens`` tokens (more than a steady draft's 2: the target added them while it did not
+        draft, or a new prompt) in one chunk of ``seconds``."""
+        if self.frozen or num_tokens <= 2:
+            return
+        first = self.draft_first_s if self.draft_first_s is not None else 0.0
+        self.resume_token_s = _average(self.resume_token_s, max(0.0, seconds - first) / (num_tokens - 2))
 
     def draft_steps(self, num_tokens: int) -> float:
-        """``num_tokens`` tokens of the draft model in decode steps of the target."""
-        if self.draft_token_s is None or self.decode_s is None:
-            return DRAFT_COST_PER_TOKEN * num_tokens
-        return self.draft_token_s / self.decode_s * num_tokens
+        """A draft model's ``num_tokens`` tokens in decode steps of the target: the first (a catch-up), then the rest
+        (a decode run each)."""
+        if num_tokens <= 0:
+            return 0.0
+        if self.decode_s is None or self.draft_token_s is None:
+            token = DRAFT_COST_PER_TOKEN
+            first = DRAFT_FIRST_TOKENS * token if self.draft_first_s is None or self.decode_s is None else \
+                self.draft_first_s / self.decode_s
+        else:
+            token = self.draft_token_s / self.decode_s
+            first = self.draft_first_s / self.decode_s if self.draft_first_s is not None else DRAFT_FIRST_TOKENS * token
+        return first + token * (num_tokens - 1)
+
+    def resume_steps(self, num_tokens: int) -> float:
+        """What a row that resumes drafting ``num_tokens`` tokens behind pays beyond ``draft_steps`` (its longer
+        catch-up), in decode steps of the target."""
+        if num_tokens <= 2:
+            return 0.0
+        if self.resume_token_s is None or self.decode_s is None:
+            return DRAFT_RESUME_PER_TOKEN * (num_tokens - 2)
+        return self.resume_token_s / self.decode_s * (num_tokens - 2)
 
     def record_check(self, num_draft: int, seconds: float) -> None:
         if self.frozen:
@@ -136,6 +172,10 @@ class CheckCost:
                 cost = ((1 - f) * self.check_s[lo] + f * self.check_s[hi]) / decode
             table.append(max(1.0, cost))
         self._table = table
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else (1 - COST_WEIGHT) * old + COST_WEIGHT * new
 
 
 class NgramDrafter:
@@ -226,6 +266,31 @@ class NgramDrafter:
             self._probe_cost = probe  # given back if the probe is kept (record): the first one's too
             self.num_probes += 1
         return self._draft(start, num)
+
+    def lookup(self, limit: int) -> tuple[int, ...]:
+        """What a draft of ``limit`` tokens would be now (the tokens ``propose`` last saw), or (): no side effects
+        (a lookup scored against another source's check: ``record_shadow``)."""
+        start = self._match() if limit > 0 and not self.stopped else None
+        return () if start is None else self._draft(start, limit)
+
+    def record_shadow(self, draft: Sequence[int], tokens: Sequence[int]) -> None:
+        """Learn from ``draft``, a ``lookup`` this request did not check, against the ``tokens`` its check emitted
+        (another source's): the estimate only, as a check of it would have (tested no further than that check got).
+        A kept token ends the lookup's back-off."""
+        draft = draft[:len(tokens)]
+        kept = 0
+        while kept < len(draft) and draft[kept] == tokens[kept]:
+            kept += 1
+        if not draft:
+            return
+        tested = kept + (kept < len(draft))
+        self._accepted = DECAY * self._accepted + kept
+        self._tested = DECAY * self._tested + tested
+        if self._tested > MEMORY_TOKENS:
+            self._accepted *= MEMORY_TOKENS / self._tested
+            self._tested = MEMORY_TOKENS
+        if kept:
+            self._misses, self._skip = 0, 0
 
     def _earn(self) -> None:
         """A plain decode step: the probe credit grows (capped at about one probe's worth)."""

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A catch-up chunk longer than this (a new prompt, tokens the target added while the row did not draft) is not part
-# of the draft's cost per token (``CheckCost.record_draft``): it is paid once.
+# A catch-up chunk of at most this many tokens is the steady cost of a draft's first token (after a check: the last
+# draft token and the target's own); a longer one (a row resuming after plain steps, a new prompt) is priced per token
+# (``CheckCost.record_resume``: what a probe after plain steps costs besides).
 CATCH_UP_TOKENS = 4
 
 
@@ -62,7 +63,7 @@ class DraftModelProposer:
         self.min_tokens = min_tokens
         self._held: list[list[int]] = [[] for _ in range(runner.num_slots)]
         self.num_runs = 0  # the draft model's runs (chunks and batched steps)
-        self.last_s = 0.0  # seconds of the last propose, less its catch-up chunks of more than CATCH_UP_TOKENS
+        self.last_s = 0.0  # seconds of the last propose
 
     def copy_kv(self, src: int, dst: int, start: int, end: int) -> None:
         """Mirror a target KV copy of positions ``[start, end)`` from slot ``src`` to ``dst`` where the draft rows hold
@@ -90,8 +91,9 @@ class DraftModelProposer:
                     state.constraint.restore(state.saved)
 
     def _propose(self, states: list[_RowDraft], masks: ConstraintMasks | None) -> list[Draft]:
-        t0 = time.perf_counter()
-        catch_up_s = 0.0
+        clock = time.perf_counter
+        t0 = clock()
+        first_s, first_rows, later_s, later_tokens = 0.0, 0, 0.0, 0
         # 1. Catch each row up: the tokens after the prefix its draft row holds, and its last token, as one chunk
         #    (its last logits give the first draft token); a row with only the last token to feed joins step 2 at once.
         for state in states:
@@ -104,10 +106,13 @@ class DraftModelProposer:
             self.runner.release(slot, keep=common)  # positions past it are free (idle rows write there)
             pending = tokens[common:]
             if len(pending) > 1:
-                t1 = time.perf_counter()
+                t1 = clock()
                 logits = self._chunk(slot, pending, common)
-                if len(pending) > CATCH_UP_TOKENS:  # NOTE(engine): a prompt's first draft: paid once, not per token
-                    catch_up_s += time.perf_counter() - t1
+                seconds = clock() - t1
+                if len(pending) <= CATCH_UP_TOKENS:  # NOTE(engine): each draft's own; longer ones are priced apart
+                    first_s, first_rows = first_s + seconds, first_rows + 1
+                elif self.cost is not None:
+                    self.cost.record_resume(seconds, len(pending))
                 held.extend(pending)
                 self._take(state, logits, masks)
             else:
@@ -119,15 +124,21 @@ class DraftModelProposer:
                 break
             slots = [s.row.request.slot for s in live]
             positions = [len(self._held[slot]) for slot in slots]
+            t1 = clock()
             logits = self.runner.decode(slots, [s.feed for s in live], positions)  # [n, V]
+            share = (clock() - t1) / len(live)
             self.num_runs += 1
             for state, slot, row_logits in zip(live, slots, logits):
+                if state.token_ids:
+                    later_s, later_tokens = later_s + share, later_tokens + 1
+                else:  # a row's first token (it had only its last token to feed)
+                    first_s, first_rows = first_s + share, first_rows + 1
                 self._held[slot].append(state.feed)
                 self._take(state, row_logits, masks)
-        self.last_s = time.perf_counter() - t0 - catch_up_s
+        self.last_s = clock() - t0
         drafts = [s.result(self.vocab_size, self.min_tokens) for s in states]
         if self.cost is not None:
-            self.cost.record_draft(sum(len(s.token_ids) for s in states), self.last_s)
+            self.cost.record_draft(first_s, first_rows, later_s, later_tokens)
         return drafts
 
     def _chunk(self, slot: int, tokens: list[int], start: int) -> np.ndarray:

@@ -3,9 +3,13 @@ back-off) and the expected gain of each source at the device's measured costs. P
 
 NOTE(engine): a draft of d tokens whose tokens are each kept with probability a (given the ones before were) yields
 ``1 + a + ... + a^d`` tokens per check. Prompt lookup drafts cost nothing to make, so a check of d tokens costs
-``steps(d)`` decode steps (``engine.speculative.CheckCost``); a draft model's d tokens cost d runs of the draft model
-besides, ``draft_steps(d)`` decode steps of the target (measured: ``CheckCost.record_draft``). Each step takes the
-source with the most tokens per decode step's worth of time, and neither where neither beats plain decoding.
+``steps(d)`` decode steps (``engine.speculative.CheckCost``); a draft model's d tokens cost its runs besides,
+``draft_steps(d)`` decode steps of the target (measured: ``CheckCost.record_draft``): the first token costs the row's
+catch-up (a 2-token chunk after a check kept whole: ~2 draft runs), each later one a decode run, and a row that did
+not draft last step first catches up every token since (``resume_steps``). Each step takes the source with the most
+tokens per decode step's worth of time, and neither where neither beats plain decoding; while the draft model drafts,
+what prompt lookup would have drafted is scored against its checks (``NgramDrafter.record_shadow``), so a text that
+copies its input moves to the drafts that cost nothing to make.
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ from engine.speculative import DECAY, MEMORY_TOKENS, MIN_GAIN, CheckCost, NgramD
 # A same-family draft model's tokens are kept ~70% of the time on free text (greedy), more on code; the estimate starts
 # there as if 2 tokens had been tested, and follows the request's own checks.
 MODEL_PRIOR = (1.4, 2.0)
-# A row whose draft-model drafts don't pay probes (a short draft) after this many plain steps, doubling after each
-# failed probe up to MAX_PROBE_INTERVAL and back to the first interval once a probe is kept whole.
-PROBE_INTERVAL = 4
-MAX_PROBE_INTERVAL = 64
+# A row whose draft-model drafts don't pay probes (a short draft) only out of a credit that grows by PROBE_SHARE of a
+# decode step per plain step; a probe takes what it costs beyond a plain step, its catch-up included
+# (``CheckCost.resume_steps``), and gets back a step for each of its tokens kept: probes take ~PROBE_SHARE of the time.
+PROBE_SHARE = 1.0 / 24
 PROBE_TOKENS = 2
+# A request's first probe is free unless its catch-up (the prompt, in the draft row) costs more decode steps than this:
+# a long prompt's (a code edit's ~300 tokens: ~15 steps on the 2-core CPU) waits for the credit like any probe.
+FREE_PROBE_STEPS = 4.0
 
 
 def expected_tokens(acceptance_rate: float, num_draft: int) -> float:
@@ -62,10 +69,11 @@ class ModelDraftState:
 
     def __init__(self, prior: tuple[float, float] = MODEL_PRIOR) -> None:
         self._accepted, self._tested = prior
-        self.num_drafts = self.num_drafted = self.num_accepted = 0
-        self._wait = 0  # plain steps before the next probe
-        self._interval = PROBE_INTERVAL
-        self._probing = False
+        self.num_drafts = self.num_drafted = self.num_accepted = self.num_probes = 0
+        self._credit = 0.0  # decode steps' worth a probe may spend
+        self._probe_cost = 0.0  # what the probe being checked took from the credit (0: not a probe)
+        self.drafted_last = False  # the last step drafted (the draft row is caught up but for a token or two)
+        self.drafted_at = 0  # the request's tokens when it last drafted (0: never: the draft row lacks the prompt)
 
     @property
     def acceptance_rate(self) -> float:
@@ -75,42 +83,48 @@ class ModelDraftState:
         """Tokens per decode step's worth of a draft of ``num_draft`` tokens from the draft model now."""
         return expected_tokens(self.acceptance_rate, num_draft) / (cost.draft_steps(num_draft) + cost.steps(num_draft))
 
-    def plan(self, limit: int, cost: CheckCost) -> tuple[int, float]:
+    def plan(self, limit: int, cost: CheckCost, num_tokens: int = 0) -> tuple[int, float]:
         """``(tokens to draft, expected gain)`` this step, at most ``limit``: the best length, else a probe now and
-        then (``PROBE_TOKENS``), else ``(0, 1.0)``."""
+        then (``PROBE_TOKENS``, out of the probe credit), else ``(0, 1.0)``. ``num_tokens``: the request's tokens
+        (what a draft row that did not draft lately must catch up)."""
         if limit <= 0:
             return 0, 1.0
+        resume = 0.0 if self.drafted_last else cost.resume_steps(num_tokens - self.drafted_at)
         num, gain = best_length(self.acceptance_rate, limit,
-                                lambda d: cost.draft_steps(d) + cost.steps(d))
+                                lambda d: cost.draft_steps(d) + cost.steps(d) + resume)
         if num:
-            self._probing = False
+            self._probe_cost = 0.0
             return num, gain
-        if self._wait > 0:  # NOTE(engine): drafts don't pay: a short probe now and then keeps the estimate fresh
-            self._wait -= 1
-            return 0, 1.0
-        self._probing = True
+        # NOTE(engine): drafts don't pay: a short probe now and then keeps the estimate fresh, out of a credit, so
+        # that failed probes (and their catch-ups) cost a bounded share of the time whatever the text
         num = min(PROBE_TOKENS, limit)
+        probe = cost.draft_steps(num) + cost.steps(num) + resume - 1.0  # beyond the plain step it replaces
+        if (self.num_probes or resume > FREE_PROBE_STEPS) and self._credit < probe:  # (a first probe is free if it catches up little)
+            self._credit = min(self._credit + PROBE_SHARE, probe + PROBE_SHARE)
+            self._probe_cost = 0.0
+            return 0, 1.0
+        paid = self.num_probes or resume > FREE_PROBE_STEPS
+        if paid:
+            self._credit -= probe
+        self.num_probes += 1
+        self._probe_cost = probe  # (a free one's kept tokens earn credit too: the next may follow)
         return num, self.gain(num, cost)
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         """Learn from a check: ``num_accepted`` of ``num_drafted`` tokens kept (the first rejected one counts as
-        tested)."""
+        tested); a probe gets a decode step back per token kept (its loss is what it cost beyond them)."""
         self.num_drafts += 1
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
+        if self._probe_cost:
+            self._credit += min(self._probe_cost, float(num_accepted))
+        self._probe_cost = 0.0
         tested = num_accepted + (num_accepted < num_drafted)
         self._accepted = DECAY * self._accepted + num_accepted
         self._tested = DECAY * self._tested + tested
         if self._tested > MEMORY_TOKENS:
             self._accepted *= MEMORY_TOKENS / self._tested
             self._tested = MEMORY_TOKENS
-        if self._probing:
-            self._probing = False
-            if num_drafted and num_accepted == num_drafted:
-                self._interval = PROBE_INTERVAL
-            else:
-                self._interval = min(2 * self._interval, MAX_PROBE_INTERVAL)
-            self._wait = self._interval
 
 
 def choose_drafts(decode: Sequence[Any], budget: int, ngram: NgramProposer, ngram_max: int, draft_max: int,
@@ -140,13 +154,19 @@ def choose_drafts(decode: Sequence[Any], budget: int, ngram: NgramProposer, ngra
         if draft_max:
             if request.model_draft is None:
                 request.model_draft = ModelDraftState()
-            num, gain = request.model_draft.plan(min(limit, draft_max), cost)
+            num, gain = request.model_draft.plan(min(limit, draft_max), cost, request.num_tokens)
             ngram_gain = (expected_tokens(request.drafter.acceptance_rate, len(draft)) / cost.steps(len(draft))
                           if draft else 0.0)
+            model = request.model_draft
             if num and gain > ngram_gain:
                 rows.append(DraftRow(request, num))
                 budget -= num
+                model.drafted_last, model.drafted_at = True, request.num_tokens
+                # NOTE(engine): what prompt lookup would have drafted is scored against the check's tokens for free,
+                # so its estimate follows the text while the draft model drafts (a copy it would draft at no cost)
+                request.shadow_draft = request.drafter.lookup(min(limit, ngram_max)) if ngram_max else ()
                 continue
+            model.drafted_last = False
         if draft:
             checks.append((request, draft))
             budget -= len(draft)

@@ -4,9 +4,9 @@ the draft model's per-request state, with scripted outputs (no model)."""
 from __future__ import annotations
 
 from engine.scheduler import Request, Scheduler, Verify
-from engine.spec_decode.policy import MAX_PROBE_INTERVAL, PROBE_INTERVAL, ModelDraftState, best_length, expected_tokens
+from engine.spec_decode.policy import PROBE_SHARE, PROBE_TOKENS, ModelDraftState, best_length, expected_tokens
 from engine.spec_decode.proposer import DRAFT_MODEL, DraftRow
-from engine.speculative import CheckCost
+from engine.speculative import CheckCost, NgramDrafter
 from engine.types import SamplingParams, StructuredOutput
 
 EOS = 2
@@ -54,7 +54,7 @@ def test_a_copying_request_takes_prompt_lookup_and_a_poor_draft_model_is_left_al
     sched.check_cost.freeze()
     r = decoding(sched, make_request("a", [5, 6, 7, 8, 9, 10, 11, 5, 6]), first=7)  # (6, 7) seen: lookup drafts
     r.model_draft = ModelDraftState(prior=(0.5, 10.0))  # its drafts are rarely kept: they cost more than they give
-    r.model_draft._wait = 10  # (not probing this step)
+    r.model_draft.num_probes = 1  # (its first probe is behind it, and its probe credit is empty: not probing)
     out = sched.schedule()
     assert not out.draft_rows and [v.draft[:1] for v in out.verify] == [(8,)]
 
@@ -80,7 +80,7 @@ def test_rows_that_turned_drafts_off_do_not_draft_and_constrained_rows_draft_wit
     assert out.draft_rows == (DraftRow(grammar, 8), DraftRow(capped, 2))
 
 
-def test_a_row_whose_drafts_keep_missing_drafts_fewer_then_probes_ever_less_often():
+def test_a_row_whose_drafts_keep_missing_drafts_fewer_then_probes_out_of_a_bounded_credit():
     cost = CheckCost()
     cost.freeze()
     state = ModelDraftState()
@@ -91,15 +91,56 @@ def test_a_row_whose_drafts_keep_missing_drafts_fewer_then_probes_ever_less_ofte
         if num:
             state.record(num, 0)
     assert lengths[0] >= 1 and lengths[-1] == 0  # fewer, then none
-    # probes come after PROBE_INTERVAL plain steps, then twice as many after each failed one (capped)
-    waits, plain = [], 0
+    # failed probes (each priced with its catch-up: a row resuming after plain steps) take ~PROBE_SHARE of the time
+    probe = cost.draft_steps(PROBE_TOKENS) + cost.steps(PROBE_TOKENS) + cost.resume_steps(0) - 1.0
+    probes = plain = 0
     for _ in range(400):
         num, _ = state.plan(16, cost)
         if num:
-            waits.append(plain)
-            plain = 0
+            probes += 1
             state.record(num, 0)
         else:
             plain += 1
-    assert waits[0] <= PROBE_INTERVAL * 2 and waits[-1] == MAX_PROBE_INTERVAL
-    assert all(b >= a for a, b in zip(waits, waits[1:]))
+    assert probes >= 2 and probes * probe <= PROBE_SHARE * plain + probe
+
+
+def test_a_probe_kept_whole_gives_its_credit_back():
+    cost = CheckCost()
+    cost.freeze()
+    state = ModelDraftState(prior=(0.5, 10.0))
+    assert state.plan(16, cost)[0] == PROBE_TOKENS  # the first probe is free
+    state.record(PROBE_TOKENS, 0)
+    waits, plain = [], 0
+    for kept in (0, PROBE_TOKENS, 0):
+        while not state.plan(16, cost)[0]:
+            plain += 1
+        waits.append(plain)
+        plain = 0
+        state.record(PROBE_TOKENS, kept)
+    assert waits[1] > 0 and waits[2] < waits[1]  # after the kept one, the next probe comes sooner
+
+
+def test_a_drafts_first_token_costs_its_catch_up_and_a_resume_costs_more():
+    cost = CheckCost()
+    cost.record_decode(0.070)
+    cost.record_draft(first_s=0.055, num_rows=1, later_s=0.081, num_later=3)  # a 2-token chunk, then 3 decode runs
+    cost.record_resume(0.090, 9)  # 9 tokens behind: 7 more than a steady draft's catch-up
+    assert abs(cost.draft_steps(4) - (0.055 + 3 * 0.027) / 0.070) < 1e-9
+    assert abs(cost.resume_steps(9) - (0.090 - 0.055) / 0.070) < 1e-9
+    assert abs(cost.resume_steps(16) - 2 * cost.resume_steps(9)) < 1e-9 and cost.resume_steps(2) == 0.0
+
+
+def test_prompt_lookup_is_scored_against_the_draft_models_checks_for_free():
+    sched = Scheduler(num_slots=2, max_waiting=4, token_budget=64, speculative_tokens=8)
+    sched.use_draft_model(8)
+    sched.check_cost.freeze()
+    r = decoding(sched, make_request("a", [5, 6, 7, 8, 9, 10, 11, 12, 5, 6]), first=7)  # lookup drafts 8, 9, ...
+    r.model_draft = ModelDraftState(prior=(9.9, 10.0))  # the draft model's drafts pay more
+    r.drafter = NgramDrafter(8, prior=(0.1, 1.0), cost=sched.check_cost)  # prompt lookup's estimate is low
+    out = sched.schedule()
+    assert not out.verify and [d.request for d in out.draft_rows] == [r]
+    before = r.drafter.acceptance_rate
+    k = out.draft_rows[0].num_tokens
+    sched.update_from_output(type(out)(None, (), (Verify(r, (8, 9, 10, 11)[:k], None, DRAFT_MODEL),)),
+                             {r: [8, 9, 10, 11, 12][:k + 1]})
+    assert r.drafter.acceptance_rate > before and r.drafter.num_drafted == 0  # learnt, though nothing was checked
