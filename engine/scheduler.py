@@ -200,6 +200,13 @@ class Finished:
     reason: FinishReason
 
 
+def _score_shadow(request: Request, tokens: list[int]) -> None:
+    """Scores what prompt lookup would have drafted beside a draft model's checked draft (then forgets it)."""
+    if request.shadow_draft and request.drafter is not None:
+        request.drafter.record_shadow(request.shadow_draft, tokens)
+    request.shadow_draft = ()
+
+
 def _victim(running: Iterable[Request], priority: int) -> Request | None:
     """The running request a waiting one of ``priority`` may preempt: of the highest priority number above it,
     the one admitted last (it has the least work to redo); never one with n > 1 choices."""
@@ -471,10 +478,7 @@ class Scheduler:
             state = v.request.model_draft if v.source == DRAFT_MODEL else v.request.drafter
             if state is not None:
                 state.record(len(v.draft), len(tokens) - 1)
-            if v.request.shadow_draft:
-                if v.request.drafter is not None:
-                    v.request.drafter.record_shadow(v.request.shadow_draft, tokens)
-                v.request.shadow_draft = ()
+            _score_shadow(v.request, tokens)
             advance(v.request, tokens)
         for item in finished:
             self._release(item.request)
