@@ -157,7 +157,7 @@ async def batch_round(server: Server, num_lines: int, max_tokens: int) -> dict[s
 
 def compare_alone(server: Server, outputs: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
     """Each line's answer against the same request alone, by tests/greedy_close.py's rule."""
-    from tests.greedy_close import GreedyRun, first_divergence
+    from tests.greedy_close import MAX_GAP_NATS, GreedyRun, first_divergence
 
     client = server.client()
     exact = near = far = 0
@@ -173,7 +173,7 @@ def compare_alone(server: Server, outputs: list[dict[str, Any]], max_tokens: int
         d = first_divergence(ref, got)
         if d is None:
             exact += 1
-        elif d.is_near_tie(0.5):
+        elif d.is_near_tie(MAX_GAP_NATS):  # the suite's bound (tests/greedy_close.py)
             near += 1
         else:
             far += 1
