@@ -63,7 +63,8 @@ def _run_cli(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Compl
 # not; then it answers nothing.
 
 
-def _claude(server: ServeProcess, tmp_path: Path, version: str, *args: str) -> tuple[dict, str]:
+def _claude(server: ServeProcess, tmp_path: Path, version: str, *args: str,
+            results: bool | str = True) -> tuple[dict, str]:
     """Claude Code -p TASK in a scratch folder with hello.py; returns (its JSON result, the server's log of it)."""
     scratch, home = scratch_folder(tmp_path)
     run = claude_code(require(version), Place(server.base, MODEL, KEY, scratch, home), *args)
@@ -81,7 +82,7 @@ def _claude(server: ServeProcess, tmp_path: Path, version: str, *args: str) -> t
     result = json.loads(done.stdout)
     print(f"  answer: {result.get('result', '')[-400:]!r}")
     assert result["subtype"] == "success" and not result["is_error"], result
-    check_server_side(log, run.path, "hello.py", tools=("Read",))
+    check_server_side(log, run.path, "hello.py", tools=("Read",), results=results)
     return result, log
 
 
@@ -104,7 +105,10 @@ def test_claude_code_with_its_default_tools(qwen: ServeProcess, tmp_path: Path, 
     test's runs (3 of 3, 2.1.332) sums up with the file's line ("To summarize the conversation so far, ...
     ```1\tprint("hello from ortserve, 7316")```"); from another folder the same turn said "To continue, please ask
     the user what they would like to do next." ("To" -1.40, "I" -1.41, then " continue" -1.43)."""
-    result, log = _claude(qwen, tmp_path, version)
+    # NOTE(agents): 2.1.332 on 5 Dec 2026 (a second session): Read parsed three times, each time in a 50-token side
+    # request that forks the conversation after its system prompt and tools, and no tool result came back in a later
+    # request: the agent's choice once every request was answered and parsed; `--tools Read` still requires results
+    result, log = _claude(qwen, tmp_path, version, results="xfail")
     assert "400" not in {str(s) for _, _, s in statuses(log)}
     answer_or_xfail(result["result"], f"claude code {version}, default tools")
 
