@@ -76,7 +76,7 @@ def _claude(server: ServeProcess, tmp_path: Path, version: str, *args: str,
         # NOTE(agents): the model's choice, not the server's: it went on calling tools to --max-turns (seen on
         # 5 Dec 2026 with the default tools: Read, then the Agent tool asked to summarise the changes to hello.py).
         # The server side must hold all the same; then it is the answer's expected failure.
-        check_server_side(log, run.path, None)
+        check_server_side(log, run.path, None, results=results)
         pytest.xfail(f"claude code {version}: the model called tools to --max-turns: {tool_calls(log)[-3:]}")
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], log[-3000:])
     result = json.loads(done.stdout)
