@@ -119,13 +119,10 @@ class CheckCost:
         (a decode run each)."""
         if num_tokens <= 0:
             return 0.0
-        if self.decode_s is None or self.draft_token_s is None:
-            token = DRAFT_COST_PER_TOKEN
-            first = DRAFT_FIRST_TOKENS * token if self.draft_first_s is None or self.decode_s is None else \
-                self.draft_first_s / self.decode_s
-        else:
-            token = self.draft_token_s / self.decode_s
-            first = self.draft_first_s / self.decode_s if self.draft_first_s is not None else DRAFT_FIRST_TOKENS * token
+        token = DRAFT_COST_PER_TOKEN if self.decode_s is None or self.draft_token_s is None else \
+            self.draft_token_s / self.decode_s
+        first = DRAFT_FIRST_TOKENS * token if self.decode_s is None or self.draft_first_s is None else \
+            self.draft_first_s / self.decode_s
         return first + token * (num_tokens - 1)
 
     def resume_steps(self, num_tokens: int) -> float:
@@ -176,6 +173,17 @@ class CheckCost:
 
 def _average(old: float | None, new: float) -> float:
     return new if old is None else (1 - COST_WEIGHT) * old + COST_WEIGHT * new
+
+
+def updated_estimate(accepted: float, tested: float, num_drafted: int, num_accepted: int) -> tuple[float, float]:
+    """A source's (accepted, tested) token counts after a check that kept ``num_accepted`` of ``num_drafted`` tokens
+    (the first rejected one counts as tested): older checks decay by DECAY, and the memory holds MEMORY_TOKENS."""
+    accepted = DECAY * accepted + num_accepted
+    tested = DECAY * tested + num_accepted + (num_accepted < num_drafted)
+    if tested > MEMORY_TOKENS:
+        accepted *= MEMORY_TOKENS / tested
+        tested = MEMORY_TOKENS
+    return accepted, tested
 
 
 class NgramDrafter:
@@ -278,17 +286,12 @@ class NgramDrafter:
         (another source's): the estimate only, as a check of it would have (tested no further than that check got).
         A kept token ends the lookup's back-off."""
         draft = draft[:len(tokens)]
+        if not draft:
+            return
         kept = 0
         while kept < len(draft) and draft[kept] == tokens[kept]:
             kept += 1
-        if not draft:
-            return
-        tested = kept + (kept < len(draft))
-        self._accepted = DECAY * self._accepted + kept
-        self._tested = DECAY * self._tested + tested
-        if self._tested > MEMORY_TOKENS:
-            self._accepted *= MEMORY_TOKENS / self._tested
-            self._tested = MEMORY_TOKENS
+        self._accepted, self._tested = updated_estimate(self._accepted, self._tested, len(draft), kept)
         if kept:
             self._misses, self._skip = 0, 0
 
@@ -325,12 +328,7 @@ class NgramDrafter:
             # 1 / PROBE_SHARE steps it took longer than a 128-token answer: 1.3x instead of 3.5x on the H200)
             self._credit += self._probe_cost
         self._probe_cost = 0.0
-        tested = num_accepted + (num_accepted < num_drafted)
-        self._accepted = DECAY * self._accepted + num_accepted
-        self._tested = DECAY * self._tested + tested
-        if self._tested > MEMORY_TOKENS:
-            self._accepted *= MEMORY_TOKENS / self._tested
-            self._tested = MEMORY_TOKENS
+        self._accepted, self._tested = updated_estimate(self._accepted, self._tested, num_drafted, num_accepted)
         if num_accepted == 0:
             self._misses += 1
             self._skip = min(2 ** self._misses - 1, MAX_SKIP_STEPS)

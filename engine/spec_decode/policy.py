@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.spec_decode.proposer import DraftRow, NgramProposer
-from engine.speculative import DECAY, MEMORY_TOKENS, MIN_GAIN, CheckCost, NgramDrafter
+from engine.speculative import MIN_GAIN, CheckCost, NgramDrafter, updated_estimate
 
 # A same-family draft model's tokens are kept ~70% of the time on free text (greedy), more on code; the estimate starts
 # there as if 2 tokens had been tested, and follows the request's own checks.
@@ -99,11 +99,11 @@ class ModelDraftState:
         # that failed probes (and their catch-ups) cost a bounded share of the time whatever the text
         num = min(PROBE_TOKENS, limit)
         probe = cost.draft_steps(num) + cost.steps(num) + resume - 1.0  # beyond the plain step it replaces
-        if (self.num_probes or resume > FREE_PROBE_STEPS) and self._credit < probe:  # (a first probe is free if it catches up little)
+        paid = self.num_probes or resume > FREE_PROBE_STEPS  # (a first probe is free if it catches up little)
+        if paid and self._credit < probe:
             self._credit = min(self._credit + PROBE_SHARE, probe + PROBE_SHARE)
             self._probe_cost = 0.0
             return 0, 1.0
-        paid = self.num_probes or resume > FREE_PROBE_STEPS
         if paid:
             self._credit -= probe
         self.num_probes += 1
@@ -119,12 +119,7 @@ class ModelDraftState:
         if self._probe_cost:
             self._credit += min(self._probe_cost, float(num_accepted))
         self._probe_cost = 0.0
-        tested = num_accepted + (num_accepted < num_drafted)
-        self._accepted = DECAY * self._accepted + num_accepted
-        self._tested = DECAY * self._tested + tested
-        if self._tested > MEMORY_TOKENS:
-            self._accepted *= MEMORY_TOKENS / self._tested
-            self._tested = MEMORY_TOKENS
+        self._accepted, self._tested = updated_estimate(self._accepted, self._tested, num_drafted, num_accepted)
 
 
 def choose_drafts(decode: Sequence[Any], budget: int, ngram: NgramProposer, ngram_max: int, draft_max: int,
