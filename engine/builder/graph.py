@@ -123,7 +123,8 @@ class _Graph:
 
     def scale_dtype(self, scales: np.ndarray, name: str) -> tuple[type, int]:
         """The dtype a quantized weight's scales (and its MatMulNBits) run in: the activation dtype, or float32
-        for a float16 build with ``exact_scales`` whose scales float16 cannot hold (``linear_parts``' note)."""
+        for a float16 build with ``exact_scales`` whose scales float16 cannot hold (``linear_parts``' note). Records
+        ``name`` in ``rounded_scales`` or ``float32_linears`` when float16 cannot hold them (the build's log line)."""
         dt = self.np_dtype
         if dt == np.float32 or np.array_equal(scales.astype(dt).astype(np.float32), scales):
             return dt, self.onnx_dtype

@@ -32,13 +32,13 @@ from engine.builder.folder import (
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 BUILDER_VERSION = 4  # bump when the graph changes so cached folders are rebuilt (4: embedding.onnx)
+EMBEDDING_MODEL = "all-minilm-l6-v2"  # the default --embedding-model
 
 
 def _layout(dtype: str) -> dict[str, str]:
     """What a folder's marker records beside BUILDER_VERSION for this dtype: float16 folders round K-quant scales
     to float16 (engine.builder.graph), which older float16 folders did not, so only those are converted again."""
     return {"scales": "float16"} if dtype == "float16" else {}
-EMBEDDING_MODEL = "all-minilm-l6-v2"  # the default --embedding-model
 
 
 GGUF, SENTENCE_TRANSFORMERS_ZIP = "gguf", "sentence-transformers-zip"  # ModelSource.kind
@@ -268,8 +268,7 @@ def _converted_gguf(path: Path, cache_dir: str | Path | None, progress: bool, dt
     sha = sha256_file(path)
     target = cache / "gguf" / (f"{path.stem}-{sha[:12]}" + ("" if dtype == "float32" else f"-{dtype}"))
     marker = {"source": str(path.resolve()), "sha256": sha, "dtype": dtype, "accuracy_level": 4,
-              "builder_version": BUILDER_VERSION,
-              **_layout(dtype)}
+              "builder_version": BUILDER_VERSION, **_layout(dtype)}
     if marker_matches(target, marker):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
