@@ -85,12 +85,10 @@ class RunInterrupt:
             if self._pending:
                 raise RunInterrupted(started=False)
             self._armed = True
-        stopped = False
         try:
             yield
         except Exception as exc:
-            stopped = self._disarm()
-            if stopped:
+            if self._disarm():
                 raise RunInterrupted(started=True) from exc
             raise
         self._disarm()  # NOTE(engine): set after the run ended: its results stand
