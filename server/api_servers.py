@@ -30,8 +30,10 @@ logger = logging.getLogger("ortserve")
 
 # NOTE(server): the response header that names the API process that answered (only with --api-server-count > 1)
 API_SERVER_HEADER = "ortserve-api-server"
-# how long an API process's load waits for the others to serve the socket before it reports ready anyway
+# how long an API process's load waits for the others to serve the socket and load before it reports ready anyway
 _ALL_SERVING_TIMEOUT_S = 60.0
+# the slots of the shared counters (``group``): API processes whose uvicorn serves the socket, whose engine loaded
+_SERVING, _LOADED = 0, 1
 # what the parent allows an API process beyond its uvicorn's graceful timeout before it kills it
 _STOP_SLACK_S = 10.0
 
@@ -114,9 +116,9 @@ def serve_api_servers(settings: Settings, graceful_timeout_s: float) -> int:
             sock.close()
         return 1
     ctx = multiprocessing.get_context("spawn")
-    serving = ctx.Value("i", 0)  # API processes whose uvicorn serves the socket
+    group = ctx.Array("i", 2)  # [_SERVING, _LOADED]: API processes that serve the socket, that loaded the engine
     procs = [ctx.Process(target=run_api_server, name=f"ortserve-api-{i}", daemon=True,
-                         args=(settings, sockets[i], engine.client_conns[i], i, serving, graceful_timeout_s,
+                         args=(settings, sockets[i], engine.client_conns[i], i, group, graceful_timeout_s,
                                _log_setup()))
              for i in range(count)]
     for proc in procs:
@@ -186,7 +188,7 @@ def _stop(procs: list[Any], engine: Any, timeout_s: float, engine_timeout_s: flo
 # -- one API process ---------------------------------------------------------------------------------------------------
 
 
-def run_api_server(settings: Settings, sock: socket.socket, conn: Connection, index: int, serving: Any,
+def run_api_server(settings: Settings, sock: socket.socket, conn: Connection, index: int, group: Any,
                    graceful_timeout_s: float, log_setup: tuple[int, str | None]) -> None:
     """An API process's main (a spawn target): the app over the shared engine, uvicorn on the shared socket."""
     level, fmt = log_setup
@@ -205,17 +207,21 @@ def run_api_server(settings: Settings, sock: socket.socket, conn: Connection, in
     factory = make_attached_factory(conn, index, count)
 
     def load(model_settings: Settings) -> Any:
-        engine = AsyncEngine.from_model_dir(model_settings.model, engine_config_from(model_settings),
-                                            core_factory=factory)
-        # NOTE(server): ready (/health 200) once every API process serves the socket, so that the first requests
-        # spread over all of them instead of going to whichever came up first
+        return AsyncEngine.from_model_dir(model_settings.model, engine_config_from(model_settings),
+                                          core_factory=factory)
+
+    def all_ready() -> None:
+        # NOTE(server): ready (/health 200) once every API process serves the socket and has loaded: the first
+        # requests spread over all of them instead of going to whichever came up first, and none lands on a
+        # process whose load is still under way (a 503 "still loading" after another's /health said 200)
+        with group.get_lock():
+            group[_LOADED] += 1
         deadline = time.monotonic() + _ALL_SERVING_TIMEOUT_S
-        while serving.value < count and time.monotonic() < deadline:
+        while min(group[_SERVING], group[_LOADED]) < count and time.monotonic() < deadline:
             time.sleep(0.01)
-        if serving.value < count:
-            logger.warning("API process %d: only %d of %d API processes serve after %.0f s; ready anyway", index,
-                           serving.value, count, _ALL_SERVING_TIMEOUT_S)
-        return engine
+        if min(group[_SERVING], group[_LOADED]) < count:
+            logger.warning("API process %d: of %d API processes, %d serve and %d loaded after %.0f s; ready anyway",
+                           index, count, group[_SERVING], group[_LOADED], _ALL_SERVING_TIMEOUT_S)
 
     app = create_app(settings, loader=load)
     app.add_middleware(ApiServerHeader, index=index)
@@ -223,16 +229,17 @@ def run_api_server(settings: Settings, sock: socket.socket, conn: Connection, in
                             timeout_graceful_shutdown=graceful_timeout_s)
 
     class CountingServer(uvicorn.Server):
-        """Counts itself in ``serving`` once its socket serves."""
+        """Counts itself in ``group[_SERVING]`` once its socket serves."""
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if not self.should_exit:
-                with serving.get_lock():
-                    serving.value += 1
+                with group.get_lock():
+                    group[_SERVING] += 1
 
     server = CountingServer(config)
     state = app.state.ortserve
+    state.before_ready = all_ready
 
     def stop_on_load_failure(_message: str) -> None:
         server.should_exit = True

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
+import anyio
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
@@ -159,6 +160,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if state.status == "stopping":  # shut down while loading: the lifespan's finally shuts it down
             return
         await registry.start()
+        if state.before_ready is not None:
+            await anyio.to_thread.run_sync(state.before_ready)
         state.status = "ready"
         engine = state.engine
         _tune_interpreter(state.settings, engine)

@@ -44,6 +44,9 @@ class ServerState:
     started_at: int = field(default_factory=lambda: int(time.time()))
     # Called (from the event loop) when loading fails, e.g. by the CLI to stop the server with exit 1.
     on_load_failed: Callable[[str], None] | None = None
+    # Called (in a thread) once the pinned models loaded, just before the server says it is ready: an API process
+    # of several (server.api_servers) waits there for the others.
+    before_ready: Callable[[], None] | None = None
     # What outlives a request (stored responses, conversations, files, batches): started by the app's lifespan.
     store: Store = field(init=False)
     jobs: Jobs = field(init=False)  # this process's background responses and batches
