@@ -1,6 +1,7 @@
 """Issue 47's batch figures, through HTTP as users see them, on one real `ortserve serve` (the default model, CPU):
 
-1. idle: interactive TTFT (one streamed chat request at a time), and an 8-stream bench's output tok/s;
+1. idle: interactive TTFT (one streamed chat request at a time), and an 8-stream bench's output tok/s (its
+   requests are the batch lines' own bodies, logprobs included: the ratio compares the same work);
 2. a 1,000-line chat batch (POST /v1/files, /v1/batches), with the same interactive requests sent one after
    another while it runs: their TTFT, and the batch's own output tok/s (its lines' completion tokens over the
    time from in_progress to the last line);
@@ -107,8 +108,9 @@ async def idle_round(server: Server, num_ttft: int, num_stream_requests: int, ma
         nonlocal tokens
         while queue:
             i = queue.pop()
-            r = await client.chat.completions.create(model=MODEL, messages=line_messages(i), max_tokens=max_tokens,
-                                                     temperature=0, extra_body={"ignore_eos": True})
+            body = line_body(i, max_tokens)
+            extra = {"ignore_eos": body.pop("ignore_eos")}
+            r = await client.chat.completions.create(**body, extra_body=extra)
             tokens += r.usage.completion_tokens
 
     start = time.perf_counter()
@@ -122,12 +124,15 @@ def line_messages(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Give a one-line fact about the number {i}."}]
 
 
+def line_body(i: int, max_tokens: int) -> dict[str, Any]:
+    """Batch line ``i``'s request body (the 8-stream bench sends the same ones)."""
+    return {"model": MODEL, "messages": line_messages(i), "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "logprobs": True, "top_logprobs": 5}
+
+
 def batch_lines(n: int, max_tokens: int) -> bytes:
     return "\n".join(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
-                                 "body": {"model": MODEL, "messages": line_messages(i), "max_tokens": max_tokens,
-                                          "temperature": 0, "ignore_eos": True, "logprobs": True,
-                                          "top_logprobs": 5}})
-                     for i in range(n)).encode()
+                                 "body": line_body(i, max_tokens)}) for i in range(n)).encode()
 
 
 async def batch_round(server: Server, num_lines: int, max_tokens: int) -> dict[str, Any]:

@@ -127,6 +127,19 @@ def test_image_runtime_contract(name: str) -> None:
     assert any("deploy/docker/entrypoint.sh /usr/local/bin/ortserve-entrypoint" in c for c in values["COPY"])
 
 
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_image_installs_the_postgres_extra(name: str) -> None:
+    """Replicas share one state store on PostgreSQL (k8s components/shared-state): the image has its driver."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("psycopg") for req in extras["postgres"])
+    installs = [a for k, a in dockerfile_instructions(DOCKER / name) if k == "RUN" and "pip install" in a
+                and re.search(r'"\.\[', a)]
+    (install,) = installs
+    assert "postgres" in re.search(r'"\.\[([^\]]*)\]"', install).group(1).split(",")
+
+
 def test_rocm_image_points_at_the_amdgpu_ep_library() -> None:
     stage = final_stage(dockerfile_instructions(DOCKER / "Dockerfile.rocm"))
     env = " ".join(args for keyword, args in stage if keyword == "ENV")

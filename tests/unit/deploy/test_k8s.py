@@ -213,19 +213,25 @@ def test_podmonitor_scrapes_the_server_pods(rendered: dict[str, list[dict[str, A
         assert endpoint["path"] == "/metrics"
 
 
-def test_shared_model_cache_component_swaps_in_the_claim(tmp_path: Path) -> None:
-    """An overlay plus components/shared-model-cache renders, validates, and mounts the RWX claim."""
+def _with_component(tmp_path: Path, overlay: str, component: str) -> list[dict[str, Any]]:
+    """An overlay plus one of deploy/k8s/components, rendered; every object validated against the newest schema."""
     # NOTE(deploy): kustomize refuses absolute resource paths, so the scratch kustomization names the
     # repository's folders relative to itself.
-    overlay = os.path.relpath(K8S / "overlays" / "cpu", tmp_path)
-    component = os.path.relpath(K8S / "components" / "shared-model-cache", tmp_path)
+    base = os.path.relpath(K8S / "overlays" / overlay, tmp_path)
+    part = os.path.relpath(K8S / "components" / component, tmp_path)
     (tmp_path / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources:\n  - {overlay}\ncomponents:\n  - {component}\n"
+        f"resources:\n  - {base}\ncomponents:\n  - {part}\n"
     )
     docs = kustomize(tmp_path)
     for doc in docs:
         _validate(doc, K8S_VERSIONS[-1])
+    return docs
+
+
+def test_shared_model_cache_component_swaps_in_the_claim(tmp_path: Path) -> None:
+    """An overlay plus components/shared-model-cache renders, validates, and mounts the RWX claim."""
+    docs = _with_component(tmp_path, "cpu", "shared-model-cache")
     claim = by_kind(docs, "PersistentVolumeClaim")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     volumes = {v["name"]: v for v in by_kind(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
@@ -233,3 +239,21 @@ def test_shared_model_cache_component_swaps_in_the_claim(tmp_path: Path) -> None
         "name": "model-cache",
         "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]},
     }
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_shared_state_component_gives_every_replica_the_database_url(
+        tmp_path: Path, rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    """An overlay plus components/shared-state: the server reads --state-url from the Secret (a required key, so a
+    pod never starts on a per-pod store by mistake), and keeps every other variable of the overlay."""
+    from server.settings import ENV_PREFIX, Settings
+
+    docs = _with_component(tmp_path, name, "shared-state")
+    container = server_container(by_kind(docs, "Deployment"))
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
+    ref = refs[f"{ENV_PREFIX}STATE_URL"]
+    assert ref["key"] == "url" and ref["name"] and not ref.get("optional", False)
+    assert "state_url" in Settings.model_fields  # the variable names a real setting
+    assert env_of(container) == env_of(server_container(by_kind(rendered[name], "Deployment")))
+    without = server_container(by_kind(rendered[name], "Deployment"))
+    assert f"{ENV_PREFIX}STATE_URL" not in {e["name"] for e in without.get("env", [])}
