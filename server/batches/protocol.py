@@ -59,6 +59,53 @@ def moved(batch: dict[str, Any], status: str, **fields: Any) -> dict[str, Any]:
     return out
 
 
+def no_usage() -> dict[str, Any]:
+    """A batch's ``usage`` before any line was answered."""
+    return {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 0,
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0}
+
+
+def _count(usage: dict[str, Any], key: str, detail: str | None = None) -> int:
+    value = usage.get(key)
+    if detail is not None:
+        value = value.get(detail) if isinstance(value, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def add_usage(usage: dict[str, Any] | None, result: dict[str, Any]) -> dict[str, Any]:
+    """A batch's ``usage`` with the output or error file line ``result`` added: a 2xx answer's tokens, whichever
+    endpoint answered (Responses: ``input_tokens``/``output_tokens``; chat, completions and embeddings:
+    ``prompt_tokens``/``completion_tokens``, embeddings without the latter); any other line adds nothing.
+
+    NOTE(server): total_tokens is input + output, not the lines' own totals summed (the same where every endpoint
+    keeps total = input + output, as ours do).
+    """
+    usage = usage or no_usage()
+    response = result.get("response") or {}
+    body, status = response.get("body"), response.get("status_code")
+    line = body.get("usage") if isinstance(body, dict) and isinstance(status, int) and 200 <= status < 300 else None
+    if not isinstance(line, dict):
+        return usage
+    if "input_tokens" in line:  # /v1/responses
+        keys = ("input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details")
+    else:
+        keys = ("prompt_tokens", "prompt_tokens_details", "completion_tokens", "completion_tokens_details")
+    input_tokens = usage["input_tokens"] + _count(line, keys[0])
+    output_tokens = usage["output_tokens"] + _count(line, keys[2])
+    cached = usage["input_tokens_details"]["cached_tokens"] + _count(line, keys[1], "cached_tokens")
+    reasoning = usage["output_tokens_details"]["reasoning_tokens"] + _count(line, keys[3], "reasoning_tokens")
+    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": input_tokens + output_tokens}
+
+
+def answered_model(result: dict[str, Any]) -> str | None:
+    """The model that answered the output file line ``result`` (its body's ``model``), if it says."""
+    body = (result.get("response") or {}).get("body")
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
 def batch_errors(code: str, message: str, line: int | None = None) -> dict[str, Any]:
     """The ``errors`` of a batch that failed as a whole (its file could not be read as a batch)."""
     return {"object": "list", "data": [{"code": code, "message": message, "param": None, "line": line}]}

@@ -85,7 +85,7 @@ async def _validate(state: ServerState, batch: dict[str, Any]) -> dict[str, Any]
         return failed
     await store.put_lines(batch["id"], lines)
     counts = await store.line_counts(batch["id"])
-    started = wire.moved(batch, "in_progress", request_counts=counts, model=model)
+    started = wire.moved(batch, "in_progress", request_counts=counts, model=model, usage=wire.no_usage())
     if not await store.update_batch(batch["id"], started, only_if=("validating",)):
         return (await store.get_batch(batch["id"])).body  # cancelled meanwhile
     return started
@@ -96,6 +96,10 @@ async def _run_lines(state: ServerState, batch: dict[str, Any]) -> dict[str, Any
     store, batch_id = state.store, batch["id"]
     concurrency = state.settings.batch_concurrency or state.settings.max_batch
     running: set[asyncio.Task] = set()
+    # NOTE(server): the running usage is the lines answered before this run (read back from the store: a batch
+    # resumed after a crash) plus each line this run records; _finalize sums the stored lines again, so a line
+    # this figure missed (another process's, or a task cancelled at the end) still counts once in the end.
+    usage = await _answered_usage(store, batch_id)
     after = -1
     next_check = 0.0
     cancelled = False
@@ -103,7 +107,9 @@ async def _run_lines(state: ServerState, batch: dict[str, Any]) -> dict[str, Any
         while True:
             for task in [t for t in running if t.done()]:
                 running.discard(task)
-                task.result()  # a line's own failure is its error line; anything else is a bug to surface
+                result = task.result()  # a line's own failure is its error line; anything else is a bug to surface
+                if result is not None:
+                    usage = wire.add_usage(usage, result)
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + CHECK_EVERY_S
                 current = await store.get_batch(batch_id)
@@ -113,7 +119,7 @@ async def _run_lines(state: ServerState, batch: dict[str, Any]) -> dict[str, Any
                 if time.time() > current.body["expires_at"]:  # past its completion window: no line is sent now
                     await _expire_pending(store, batch_id)
                     break
-                batch = {**current.body, "request_counts": await store.line_counts(batch_id)}
+                batch = {**current.body, "request_counts": await store.line_counts(batch_id), "usage": usage}
                 await store.update_batch(batch_id, batch, only_if=("in_progress",))
             if len(running) >= concurrency:
                 await asyncio.wait(running, timeout=CHECK_EVERY_S, return_when=asyncio.FIRST_COMPLETED)
@@ -151,8 +157,17 @@ async def _expire_pending(store: Store, batch_id: str) -> None:
                 custom_id, "batch_expired", "This request could not be run within the batch's completion window."))
 
 
-async def _run_line(state: ServerState, batch: dict[str, Any], line: BatchLine) -> None:
-    """One line through the app (its route answers as it would over HTTP); its result, kept once."""
+async def _answered_usage(store: Store, batch_id: str) -> dict[str, Any]:
+    """The usage of the batch's lines answered so far (as stored)."""
+    usage = wire.no_usage()
+    async for result in store.line_results(batch_id, "completed"):
+        usage = wire.add_usage(usage, result)
+    return usage
+
+
+async def _run_line(state: ServerState, batch: dict[str, Any], line: BatchLine) -> dict[str, Any] | None:
+    """One line through the app (its route answers as it would over HTTP); its result, kept once (None: it was
+    already recorded)."""
     assert line.request is not None
     request_id = uuid.uuid4().hex
     try:
@@ -164,7 +179,9 @@ async def _run_line(state: ServerState, batch: dict[str, Any], line: BatchLine) 
         status, body = 500, {"error": {"message": f"Internal server error: {type(exc).__name__}",
                                        "type": "internal_error", "param": None, "code": "internal_error"}}
     result = wire.result_line(line.request["custom_id"], status, body, request_id)
-    await state.store.finish_line(batch["id"], line.line_no, "completed" if status < 300 else "failed", result)
+    recorded = await state.store.finish_line(batch["id"], line.line_no, "completed" if status < 300 else "failed",
+                                             result)
+    return result if recorded else None
 
 
 async def call_app(state: ServerState, path: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -213,15 +230,23 @@ async def call_app(state: ServerState, path: str, body: dict[str, Any]) -> tuple
 
 
 async def _finalize(store: Store, batch: dict[str, Any]) -> None:
-    """Write the output and error files (lines in input order) and end the batch: completed, or cancelled."""
+    """Write the output and error files (lines in input order) and end the batch: completed, or cancelled, with the
+    usage of the output file's lines."""
     batch_id = batch["id"]
     ids: dict[str, str | None] = {}
+    usage, model = wire.no_usage(), batch.get("model")
     for status, key in (("completed", "output_file_id"), ("failed", "error_file_id")):
         file_id = f"file-{batch_id.removeprefix('batch_')}-{'output' if status == 'completed' else 'errors'}"
         await store.delete_file(file_id)  # an earlier, interrupted finalize's
 
         async def jsonl(kept: str = status) -> AsyncIterator[bytes]:
+            # NOTE(server): the usage is summed from the lines as they are written out, so it is the output file's
+            # by construction (each stored line once, whatever happened before a restart)
+            nonlocal usage, model
             async for result in store.line_results(batch_id, kept):
+                if kept == "completed":
+                    usage = wire.add_usage(usage, result)
+                    model = model or wire.answered_model(result)
                 yield (json.dumps(result, ensure_ascii=False) + "\n").encode("utf-8")
 
         record = await store.put_file(FileRecord(file_id, time.time(), f"{batch_id}_{key.split('_')[0]}.jsonl",
@@ -232,6 +257,6 @@ async def _finalize(store: Store, batch: dict[str, Any]) -> None:
     counts = await store.line_counts(batch_id)
     end = ("cancelled" if batch["status"] == "cancelling" else "expired" if time.time() > batch["expires_at"]
            else "completed")
-    await store.update_batch(batch_id, wire.moved(batch, end, request_counts=counts, **ids))
+    await store.update_batch(batch_id, wire.moved(batch, end, request_counts=counts, usage=usage, model=model, **ids))
     logger.info("batch %s %s: %d completed, %d failed of %d", batch_id, end, counts["completed"], counts["failed"],
                 counts["total"])

@@ -153,6 +153,22 @@ def wait_for(check: Callable[[], Any], timeout_s: float = 120.0, every_s: float 
         time.sleep(every_s)
 
 
+def summed_usage(outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a batch's ``usage`` must be: its output file lines' usage summed, each line once, in the Batch shape
+    (Responses lines: input/output tokens; chat, completions and embeddings lines: prompt/completion tokens)."""
+    usages = [o["response"]["body"]["usage"] for o in outputs]
+
+    def total(key: str, detail: str | None = None) -> int:
+        return sum(((u.get(key) or {}).get(detail, 0) if detail else u.get(key, 0)) for u in usages)
+
+    shape = "input" if usages and "input_tokens" in usages[0] else "prompt"
+    i, o = (("input_tokens", "output_tokens") if shape == "input" else ("prompt_tokens", "completion_tokens"))
+    return {"input_tokens": total(i), "input_tokens_details": {"cached_tokens": total(f"{i}_details", "cached_tokens")},
+            "output_tokens": total(o), "output_tokens_details": {
+                "reasoning_tokens": total(f"{o}_details", "reasoning_tokens")},
+            "total_tokens": total("total_tokens")}
+
+
 @contextlib.contextmanager
 def serve_process(model: Path, *args: str, ready_timeout_s: float = 120.0, wait_ready: bool = True,
                   env: dict[str, str] | None = None, decode_delay_s: float | None = None,

@@ -19,7 +19,7 @@ import pytest
 
 from server.app import create_app
 from tests.greedy_close import TOP_K, GreedyRun, assert_greedy_close
-from tests.integration.server.conftest import RunningServer, api_settings, serve_app, wait_for
+from tests.integration.server.conftest import RunningServer, api_settings, serve_app, summed_usage, wait_for
 
 MODEL = "smol"
 EMBEDDER = "all-minilm-l6-v2"
@@ -102,6 +102,9 @@ def test_a_batch_answers_as_each_request_alone_and_bad_lines_go_to_the_error_fil
     errors = {json.loads(line)["custom_id"]: json.loads(line)
               for line in client.files.content(done.error_file_id).text.splitlines()}
     assert [o["custom_id"] for o in outputs] == [f"c{i}" for i in range(6)]  # in input order, each once
+    # the answered lines' usage, each once (the refused bad-model line adds nothing)
+    assert done.usage is not None and done.usage.model_dump() == summed_usage(outputs)
+    assert done.usage.output_tokens > 0 and done.usage.input_tokens > 0
     assert errors[None]["error"]["code"] == "invalid_json_line" and errors[None]["response"] is None
     assert errors["bad-url"]["error"]["code"] == "invalid_url"
     missing = errors["bad-model"]["response"]
@@ -129,6 +132,9 @@ def test_a_batch_of_every_endpoint_kind(smol: RunningServer) -> None:
         assert out["response"]["status_code"] == 200 and done.error_file_id is None
         kind = {"/v1/completions": "text_completion", "/v1/responses": "response", "/v1/embeddings": "list"}
         assert out["response"]["body"]["object"] == kind[endpoint]
+        assert done.model == body["model"] and done.usage is not None
+        assert done.usage.model_dump() == summed_usage([out]) and done.usage.input_tokens > 0
+        assert (done.usage.output_tokens > 0) == (endpoint != "/v1/embeddings")
     direct = client.embeddings.create(model=EMBEDDER, input=["a cat", "a dog"])
     assert [len(e["embedding"]) for e in out["response"]["body"]["data"]] == [len(e.embedding) for e in direct.data]
 
@@ -160,6 +166,10 @@ def test_a_cancelled_batch_ends_cancelled_with_what_was_done(smol: RunningServer
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
     done = wait_for(lambda: (b := client.batches.retrieve(batch.id)).status == "cancelled" and b)
     assert done.cancelled_at and done.request_counts.completed < 40
+    outputs = ([json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+               if done.output_file_id else [])
+    assert len(outputs) == done.request_counts.completed
+    assert done.usage is not None and done.usage.model_dump() == summed_usage(outputs)  # the lines that ran
     with pytest.raises(openai.BadRequestError):  # a finished batch cannot be cancelled
         _cancel_finished(client)
 

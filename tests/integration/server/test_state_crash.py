@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 
-from tests.integration.server.conftest import serve_process, wait_for
+from tests.integration.server.conftest import serve_process, summed_usage, wait_for
 
 CRASH_WAIT_S = 300.0  # a bound, not a timing: a batch or a response finishing after a restart on 2 cores
 
@@ -47,6 +47,8 @@ def test_a_batch_killed_midway_completes_after_a_restart_with_every_line_once(de
         c = client(served.base)
         before = c.batches.retrieve(batch.id)
         assert before.status == "in_progress" and 8 <= before.request_counts.completed < 40
+        # the running usage written before the kill: at most the lines answered by then (24 tokens each)
+        assert before.usage is not None and before.usage.output_tokens <= 24 * before.request_counts.completed
         done = wait_for(lambda: (b := c.batches.retrieve(batch.id)).status == "completed" and b, CRASH_WAIT_S, 0.2)
         assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (40, 40, 0)
         outputs = [json.loads(line) for line in c.files.content(done.output_file_id).text.splitlines()]
@@ -54,6 +56,9 @@ def test_a_batch_killed_midway_completes_after_a_restart_with_every_line_once(de
     assert sorted(ids) == sorted(f"c{i}" for i in range(40)) and set(ids.values()) == {1}
     assert all(o["response"]["body"]["usage"]["completion_tokens"] == 24 for o in outputs)
     assert len({o["id"] for o in outputs}) == 40  # each line's result was written once
+    # usage counts every line once: those answered before the kill and those after the restart
+    assert done.usage is not None and done.usage.model_dump() == summed_usage(outputs)
+    assert done.usage.output_tokens == 40 * 24 and done.model == MODEL
 
 
 def test_a_background_response_killed_midway_completes_after_a_restart(default_model: Path, tmp_path: Path) -> None:
