@@ -55,6 +55,12 @@ DRAFT_COST_PER_TOKEN = 0.4
 DRAFT_FIRST_TOKENS = 2.0
 DRAFT_RESUME_PER_TOKEN = 0.05  # a resume's catch-up per token beyond the steady 2, in decode steps (before measured)
 MIN_GAIN = 0.05
+# NOTE(engine): a lookup's misses come in runs (the copied text ended: a code edit's changed line, the end of a quoted
+# function), where the acceptance estimate, built up over the copy, still pays for long drafts for a few checks: on
+# the 1.5B's code edits, checks of 10-12 tokens with none kept, each ~3 decode steps on 2 cores. So a check that kept
+# k of its tokens caps the next draft at k + 1 (a kept one first), and each check kept whole doubles the cap again
+# (1, 2, 4, 8, ...: a copy that goes on is back at long drafts within a few checks), below what the estimate pays.
+CAP_GROWTH = 2
 PRIOR = (0.5, 1.0)
 DECAY = 0.8  # weight of earlier checks against the newest one
 MEMORY_TOKENS = 16.0  # the estimate remembers about this many tested tokens (it follows the text as it changes)
@@ -222,6 +228,7 @@ class NgramDrafter:
         self._num_indexed = 0  # _tokens[:_num_indexed] have their preceding n-grams indexed
         self._skip = 0
         self._misses = 0
+        self._cap = max_tokens  # the longest next draft (CAP_GROWTH): what the last checks kept, growing
         self.cost = cost or CheckCost()
         self._credit = 0.0  # decode steps' worth a probe may spend
         self._probe_cost = 0.0  # what the probe being checked took from the credit
@@ -261,7 +268,7 @@ class NgramDrafter:
         if start is None or limit <= 0:  # NOTE(engine): nothing to draft: no cost model consulted (every step)
             self._earn()
             return ()
-        num = min(limit, self.num_tokens)
+        num = min(limit, self.num_tokens, self._cap)
         probing = num <= 0
         if probing:  # NOTE(engine): drafts don't pay now: try one token only out of the probe credit
             probe = self.cost.steps(1) - 1.0  # what a failed one-token check costs beyond the decode step
@@ -292,8 +299,17 @@ class NgramDrafter:
         while kept < len(draft) and draft[kept] == tokens[kept]:
             kept += 1
         self._accepted, self._tested = updated_estimate(self._accepted, self._tested, len(draft), kept)
+        self._update_cap(len(draft), kept)
         if kept:
             self._misses, self._skip = 0, 0
+
+    def _update_cap(self, num_drafted: int, num_accepted: int) -> None:
+        """After a check: kept whole, the cap grows by CAP_GROWTH; else the next draft is at most one past what was
+        kept."""
+        if num_accepted >= num_drafted:
+            self._cap = min(self.max_tokens, max(self._cap, num_drafted) * CAP_GROWTH)
+        else:
+            self._cap = num_accepted + 1
 
     def _earn(self) -> None:
         """A plain decode step: the probe credit grows (capped at about one probe's worth)."""
@@ -329,6 +345,7 @@ class NgramDrafter:
             self._credit += self._probe_cost
         self._probe_cost = 0.0
         self._accepted, self._tested = updated_estimate(self._accepted, self._tested, num_drafted, num_accepted)
+        self._update_cap(num_drafted, num_accepted)
         if num_accepted == 0:
             self._misses += 1
             self._skip = min(2 ** self._misses - 1, MAX_SKIP_STEPS)

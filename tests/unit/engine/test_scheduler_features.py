@@ -262,6 +262,23 @@ def test_drafter_grows_while_drafts_are_kept_and_backs_off_when_they_are_not():
     assert grown[-1] == 16
 
 
+def test_a_copy_that_ends_caps_the_next_draft_at_what_was_kept_and_a_kept_draft_doubles_it():
+    drafter = NgramDrafter(max_tokens=16, prior=(16.0, 16.0))  # a long copy so far: the estimate pays for 16
+    tokens = [1, 2, 3] * 10
+    assert len(drafter.propose(tokens, [], 99)) == 16
+    drafter.record(16, 5)  # the copy ended at the draft's 6th token (a changed line)
+    assert drafter.acceptance_rate > 0.9 and drafter.num_tokens > 6  # the estimate alone would still draft long
+    assert len(drafter.propose(tokens, [], 99)) == 6  # one past what was kept
+    drafter.record(6, 0)  # nothing kept: the next is one token (after the back-off's pause)
+    lengths = []
+    for _ in range(20):
+        draft = drafter.propose(tokens, [], 99)
+        if draft:
+            lengths.append(len(draft))
+            drafter.record(len(draft), len(draft))  # the copy goes on: each draft kept whole
+    assert lengths[:4] == [1, 2, 4, 8] and lengths[4] > 8  # (below what the estimate pays for)
+
+
 def spec_scheduler(**kw):
     return Scheduler(num_slots=2, max_waiting=4, token_budget=32, speculative_tokens=4, **kw)
 
