@@ -28,9 +28,15 @@ MODEL_PRIOR = (1.4, 2.0)
 # (``CheckCost.resume_steps``), and gets back a step for each of its tokens kept: probes take ~PROBE_SHARE of the time.
 PROBE_SHARE = 1.0 / 24
 PROBE_TOKENS = 2
-# A request's first probe is free unless its catch-up (the prompt, in the draft row) costs more decode steps than this:
-# a long prompt's (a code edit's ~300 tokens: ~15 steps on the 2-core CPU) waits for the credit like any probe.
+# A request's first probe is free unless its catch-up (the prompt, in the draft row) costs more decode steps than this,
+# and more than FREE_PROBE_SHARE of the answer it could speed up (its tokens left, at most FREE_PROBE_HORIZON).
+# NOTE(engine): the catch-up is paid once: a probe kept whole leaves the row in step, and its later drafts pay no
+# catch-up. Charged to the probe alone, a code edit's 253-token prompt (~15 steps on the 2-core CPU) kept the draft
+# model silent for its whole 128-token answer, whose tokens the 0.5B predicts 99.6% of the time (docs/perf/
+# speculative.md); an agent's 10,000-token prompt (hundreds of steps) still waits for the credit like any probe.
 FREE_PROBE_STEPS = 4.0
+FREE_PROBE_SHARE = 0.15
+FREE_PROBE_HORIZON = 256
 
 
 def expected_tokens(acceptance_rate: float, num_draft: int) -> float:
@@ -83,10 +89,10 @@ class ModelDraftState:
         """Tokens per decode step's worth of a draft of ``num_draft`` tokens from the draft model now."""
         return expected_tokens(self.acceptance_rate, num_draft) / (cost.draft_steps(num_draft) + cost.steps(num_draft))
 
-    def plan(self, limit: int, cost: CheckCost, num_tokens: int = 0) -> tuple[int, float]:
+    def plan(self, limit: int, cost: CheckCost, num_tokens: int = 0, num_left: int = 0) -> tuple[int, float]:
         """``(tokens to draft, expected gain)`` this step, at most ``limit``: the best length, else a probe now and
         then (``PROBE_TOKENS``, out of the probe credit), else ``(0, 1.0)``. ``num_tokens``: the request's tokens
-        (what a draft row that did not draft lately must catch up)."""
+        (what a draft row that did not draft lately must catch up); ``num_left``: the tokens it may still generate."""
         if limit <= 0:
             return 0, 1.0
         resume = 0.0 if self.drafted_last else cost.resume_steps(num_tokens - self.drafted_at)
@@ -99,7 +105,9 @@ class ModelDraftState:
         # that failed probes (and their catch-ups) cost a bounded share of the time whatever the text
         num = min(PROBE_TOKENS, limit)
         probe = cost.draft_steps(num) + cost.steps(num) + resume - 1.0  # beyond the plain step it replaces
-        paid = self.num_probes or resume > FREE_PROBE_STEPS  # (a first probe is free if it catches up little)
+        # (a first probe is free if it catches up little, or little against the answer it could speed up)
+        free_steps = max(FREE_PROBE_STEPS, FREE_PROBE_SHARE * min(num_left, FREE_PROBE_HORIZON))
+        paid = self.num_probes or resume > free_steps
         if paid and self._credit < probe:
             self._credit = min(self._credit + PROBE_SHARE, probe + PROBE_SHARE)
             self._probe_cost = 0.0
@@ -149,7 +157,8 @@ def choose_drafts(decode: Sequence[Any], budget: int, ngram: NgramProposer, ngra
         if draft_max:
             if request.model_draft is None:
                 request.model_draft = ModelDraftState()
-            num, gain = request.model_draft.plan(min(limit, draft_max), cost, request.num_tokens)
+            num, gain = request.model_draft.plan(min(limit, draft_max), cost, request.num_tokens,
+                                                 request.max_num_tokens - request.num_tokens)
             ngram_gain = (expected_tokens(request.drafter.acceptance_rate, len(draft)) / cost.steps(len(draft))
                           if draft else 0.0)
             model = request.model_draft

@@ -4,7 +4,8 @@ the draft model's per-request state, with scripted outputs (no model)."""
 from __future__ import annotations
 
 from engine.scheduler import Request, Scheduler, Verify
-from engine.spec_decode.policy import PROBE_SHARE, PROBE_TOKENS, ModelDraftState, best_length, expected_tokens
+from engine.spec_decode.policy import (FREE_PROBE_HORIZON, FREE_PROBE_SHARE, FREE_PROBE_STEPS, PROBE_SHARE, PROBE_TOKENS,
+                                      ModelDraftState, best_length, expected_tokens)
 from engine.spec_decode.proposer import DRAFT_MODEL, DraftRow
 from engine.speculative import CheckCost, NgramDrafter
 from engine.types import SamplingParams, StructuredOutput
@@ -118,6 +119,20 @@ def test_a_probe_kept_whole_gives_its_credit_back():
         plain = 0
         state.record(PROBE_TOKENS, kept)
     assert waits[1] > 0 and waits[2] < waits[1]  # after the kept one, the next probe comes sooner
+
+
+def test_a_long_prompts_first_probe_is_free_when_the_answer_left_is_long_enough_to_repay_its_catch_up():
+    cost = CheckCost()
+    cost.freeze()
+    prompt = 253  # a code edit's prompt: the draft row catches it all up before its first token
+    catch_up = cost.resume_steps(prompt)
+    assert FREE_PROBE_STEPS < catch_up <= FREE_PROBE_SHARE * 128  # (the prior law's price of that catch-up)
+    assert ModelDraftState().plan(16, cost, prompt, num_left=128)[0] == PROBE_TOKENS  # 128 tokens to go: free
+    assert ModelDraftState().plan(16, cost, prompt, num_left=16)[0] == 0  # 16 to go: paid, out of a credit of 0
+    assert ModelDraftState().plan(16, cost, prompt)[0] == 0  # (nothing known of what is left: the old rule)
+    long_prompt = 10_000  # an agent's: more than the longest answer counted could repay
+    assert cost.resume_steps(long_prompt) > FREE_PROBE_SHARE * FREE_PROBE_HORIZON
+    assert ModelDraftState().plan(16, cost, long_prompt, num_left=30_000)[0] == 0
 
 
 def test_a_drafts_first_token_costs_its_catch_up_and_a_resume_costs_more():
