@@ -27,7 +27,11 @@ def qwen(qwen_model: Path) -> Iterator[ServeProcess]:
     with serve_process(qwen_model, "--served-model-name", MODEL, "--max-batch", "2", "--api-key", KEY,
                        "--default-temperature", "0", "--log-level", "info", ready_timeout_s=600,
                        with_stdout=True) as server:
-        yield server
+        try:
+            yield server
+        finally:
+            if os.environ.get("AGENTS_SERVER_LOG"):  # the whole log of the package's server, kept for diagnosis
+                Path(os.environ["AGENTS_SERVER_LOG"]).write_text(server.stderr())
 
 
 def release_params(name: str, kind: str = "npm") -> list:
