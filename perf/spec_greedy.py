@@ -31,12 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 
 def _spec_counters(base: str) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
-        if line.startswith(("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")):
-            name, value = line.rsplit(" ", 1)
-            out[name.split("{")[0].removeprefix("vllm:spec_decode_num_").removesuffix("_total")] = float(value)
-    return out
+    """The server's draft tokens and accepted tokens so far (vLLM's spec_decode counters, summed over models)."""
+    from tests.integration.server.conftest import metrics_samples
+
+    samples = metrics_samples(httpx.get(f"{base}/metrics", timeout=30).text)
+    return {kind: sum(v for k, v in samples.items() if k.split("{")[0] == f"vllm:spec_decode_num_{kind}_total")
+            for kind in ("draft_tokens", "accepted_tokens")}
 
 
 def main() -> None:
