@@ -51,7 +51,7 @@ def gpu_points(summary: dict) -> list[dict]:
     return out
 
 
-def plot(cpu: list[dict], gpu: list[dict], path: Path) -> Path:
+def plot(cpu: list[dict], gpu: list[dict], path: Path, gpu_label: str = "GPU") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -60,7 +60,7 @@ def plot(cpu: list[dict], gpu: list[dict], path: Path) -> Path:
     fig, axes = plt.subplots(2, 3, figsize=(13, 7.5))
     rows = ((cpu, "CPU, 2 cores", (("decode_tok_s_1", "decode tok/s, 1 stream"),
                                    ("decode_tok_s_2", "decode tok/s, 2 streams"), ("ttft_s", "TTFT s, 2,000 tokens"))),
-            (gpu, "H200", (("tok_s_1", "tok/s, 1 stream (drafts off)"), ("tok_s_64", "tok/s, 64 streams"),
+            (gpu, gpu_label, (("tok_s_1", "tok/s, 1 stream (drafts off)"), ("tok_s_64", "tok/s, 64 streams"),
                            ("ttft_s", "TTFT s, 2,000 tokens, idle"))))
     for row_axes, (pts, device, panels) in zip(axes, rows):
         for ax, (key, title) in zip(row_axes, panels):
@@ -88,11 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("reports", nargs="+", type=Path, help="sizes reports (ortserve bench --scenario sizes --out)")
     p.add_argument("--gpu", type=Path, help="issue45.sh's issue45.json (absent: the GPU rows are pending)")
+    p.add_argument("--gpu-label", default="GPU", help="the GPU row's title (the card the figures came from)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     cpu = points([json.loads(r.read_text()) for r in args.reports])
-    gpu = gpu_points(json.loads(args.gpu.read_text())) if args.gpu and args.gpu.exists() else []
-    print(plot(cpu, gpu, args.out))
+    summary = json.loads(args.gpu.read_text()) if args.gpu and args.gpu.exists() else {}
+    gpu = gpu_points(summary.get("reports", summary))  # docs/perf/sizes-h100.json keeps them under "reports"
+    print(plot(cpu, gpu, args.out, args.gpu_label))
     return 0
 
 

@@ -34,6 +34,12 @@ mkdir -p "$P"
 export PYTHONUNBUFFERED=1
 log() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
 has() { [[ " $steps " == *" $1 "* ]]; }
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }  # seconds since $1 (no bc there)
+if [ -d .device/whl2 ] && [ -d /tmp/site ] && ! [ -d /tmp/site/sqlalchemy ]; then
+  # the server's own dependencies that prepare.sh's .device/whl lacks (the state store's SQLAlchemy, the Files API's
+  # python-multipart): perf/gpu/extra_wheels.sh fills .device/whl2 here; call 1 carries it (a warm machine keeps it)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/whl2/*.whl 2>&1 | grep -v WARNING
+fi
 LS=$P/build/bin/llama-server
 CTX=${CTX:-4096}          # tokens per stream on both servers (a 2,000-token prompt and its answer fit)
 STREAMS=${STREAMS:-64}
@@ -111,7 +117,7 @@ ours() {  # ours PORT MODEL ARGS...: ortserve on CUDA (SERVER), its load time lo
     --port "$port" --log-level info --shutdown-grace-s 2 "$@" > "$OUT/server-$port.log" 2>&1 &
   SERVER=$!
   wait_up "$port" $SERVER || { tail -n 5 "$OUT/server-$port.log" | tee -a "$LOG"; stop $SERVER; return 1; }
-  log "ortserve up in $(echo "$(date +%s.%N) - $t0" | bc) s; $(grep -E "model dtype|max_model_len|KV cache:|memory:" \
+  log "ortserve up in $(since "$t0") s; $(grep -E "model dtype|max_model_len|KV cache:|memory:" \
     "$OUT/server-$port.log" | cut -d' ' -f4- | tr '\n' ';' | cut -c1-600)"
 }
 peer() {  # peer PORT GGUF: llama-server CUDA (PEER), all layers on the GPU, STREAMS slots of CTX tokens
@@ -120,7 +126,7 @@ peer() {  # peer PORT GGUF: llama-server CUDA (PEER), all layers on the GPU, STR
     > "$OUT/llama-server-$1.log" 2>&1 &
   PEER=$!
   wait_up "$1" $PEER || { tail -n 5 "$OUT/llama-server-$1.log" | tee -a "$LOG"; stop $PEER; return 1; }
-  log "llama-server up in $(echo "$(date +%s.%N) - $t0" | bc) s; $(grep -iE "KV self size|kv_cache|model buffer size" \
+  log "llama-server up in $(since "$t0") s; $(grep -iE "KV self size|kv_cache|model buffer size" \
     "$OUT/llama-server-$1.log" | tr '\n' ';' | cut -c1-400)"
 }
 SHORT="--prompt-tokens 25 --output-tokens 128"
@@ -159,7 +165,9 @@ compare() {  # compare SIZE: both servers on $P/SIZE.gguf (llama-server) and $P/
   done
 }
 has peer-8b && compare llama-3.1-8b
-has peer-32b && compare qwen2.5-32b
+# NOTE(perf): 64 slots of 4,096 tokens of the 32B are 64 GiB of KV (256 KiB a token): beside 19-20 GiB of weights
+# they fit neither server on an 80 GB H100, so the 32B gets STREAMS_32B (default 16; 64 on an H200 with room)
+has peer-32b && STREAMS=${STREAMS_32B:-16} compare qwen2.5-32b
 
 if has coder; then
   CODER=$P/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
