@@ -5,6 +5,9 @@ it loaded, embeds with another and unloads. One line per check; exit status 1 wh
     ORT=http://127.0.0.1:18434 OWUI=http://127.0.0.1:18080 MODELS="a b" CHAT_MODEL=a EMBED_MODEL=b \\
         .venv/bin/python -m perf.openwebui_check [--screenshot picker.png]
 
+With --tools (and ORT_LOG, ortserve's log at --log-level debug), Open WebUI's native tool calling through each of
+its two connections to ortserve, the OpenAI one and the Ollama one (run_tool_checks).
+
 Open WebUI's routes (open_webui/routers/ollama.py, main.py): /ollama/api/* proxies one Ollama connection;
 /api/models is the model picker's list; /api/chat/completions is its chat (OpenAI-shaped, sent to the Ollama
 connection as /api/chat). With WEBUI_AUTH=false, POST /api/v1/auths/signin with empty fields gives the built-in
@@ -16,8 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
+import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -130,6 +136,149 @@ def run_checks(ort: str, owui: str, models: list[str], chat_model: str, embed_mo
     return 1 if c.failed else 0
 
 
+# --- native tool calling (TOOLS=1) -----------------------------------------------------------------------------
+
+TOOL_ID = "ortserve_files"
+# A workspace Tool as Open WebUI's editor makes one: a Tools class whose typed, docstring'd methods become the
+# tools' specs (get_local_tool_specs). It knows one file, with a number the model cannot guess.
+TOOL_SOURCE = '''"""
+title: ortserve files
+description: Reads the files of a small project.
+"""
+
+
+class Tools:
+    def __init__(self):
+        pass
+
+    def read_file(self, path: str) -> str:
+        """
+        Read a file of the user's project and return its text.
+        :param path: the file's path, such as hello.py
+        """
+        files = {"hello.py": 'print("hello from ortserve, 7316")\\n'}
+        name = path.strip().replace("\\\\", "/").split("/")[-1]
+        return files.get(name, f"no such file: {path}")
+'''
+TASK = "Read hello.py and tell me what it prints."
+_ACCESS = re.compile(r'"(GET|POST|HEAD|PUT|DELETE) (/\S*?)(?:\?\S*)? HTTP/1\.1" (\d{3})')
+
+
+def server_side(log: str) -> dict[str, Any]:
+    """What ortserve's log says about a piece of it: each request's (method, path, status), the tools each chat
+    request offered (a debug line of server/http/prepare.py), the calls parsed from the model's output, the tool
+    results received and the finished requests' token counts."""
+    return {"statuses": [(m[1], m[2], int(m[3])) for m in _ACCESS.finditer(log)],
+            "offered": re.findall(r"tools offered: (.*)", log),
+            "calls": re.findall(r"tool calls parsed \((\w+) format\): (.*)", log),
+            "results": re.findall(r"tool results received: (.*)", log),
+            "finished": re.findall(r"request (\S+) finished \((\w+)\): (\d+) prompt tokens, (\d+) cached, "
+                                   r"(\d+) generated", log)}
+
+
+def _text(item: dict[str, Any]) -> str:
+    for key in ("output", "content"):
+        value = item.get(key)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list):
+            return "".join(part.get("text", "") for part in value if isinstance(part, dict))
+    return ""
+
+
+def run_tool_checks(ort: str, owui: str, chat_model: str, ort_log: Path) -> int:
+    c = Checks()
+    client = httpx.Client(base_url=owui, headers=sign_in(owui), timeout=1800)
+    owui_version = client.get("/api/version").json().get("version")
+    ours = httpx.get(f"{ort}/api/version", timeout=30).json()
+    print(f"Open WebUI {owui_version}; ortserve {ours.get('ortserve')}; model {chat_model}")
+
+    # its two connections list the same model under two ids: the Ollama one tagged, the OpenAI one as /v1/models
+    connections = {"OpenAI": (chat_model, "openai", "/v1/chat/completions"),
+                   "Ollama": (tagged(chat_model), "ollama", "/api/chat")}
+    r = client.get("/api/models")
+    listed = {m["id"]: m for m in r.json().get("data", [])} if r.status_code == 200 else {}
+    c.check("/api/models lists the model through both connections",
+            all(listed.get(mid, {}).get("owned_by") == owner for mid, owner, _ in connections.values()),
+            f"{r.status_code} {[(i, m.get('owned_by')) for i, m in listed.items()]}")
+
+    r = client.post("/api/v1/tools/create", json={"id": TOOL_ID, "name": "ortserve files", "content": TOOL_SOURCE,
+                                                  "meta": {"description": "Reads the files of a small project."}})
+    specs = r.json().get("specs") if r.status_code == 200 else None
+    c.check(f"/api/v1/tools/create {TOOL_ID} (a workspace Tool in Python)",
+            bool(specs) and [s.get("name") for s in specs] == ["read_file"],
+            f"{r.status_code} specs {json.dumps(specs) if specs else r.text[:300]}")
+
+    # each chat model's advanced param "Function Calling: Native": a model entry over the base model, as the
+    # admin's model settings save one
+    for name, (mid, _, _) in connections.items():
+        r = client.post("/api/v1/models/create", json={
+            "id": mid, "name": mid, "base_model_id": None, "meta": {}, "params": {"function_calling": "native"}})
+        c.check(f"/api/v1/models/create {mid} ({name} connection): function_calling native", r.status_code == 200,
+                f"{r.status_code} {r.text[:160]}")
+    r = client.get("/api/models")
+    listed = {m["id"]: m for m in r.json().get("data", [])} if r.status_code == 200 else {}
+    params = {mid: ((listed.get(mid) or {}).get("info") or {}).get("params") for mid, _, _ in connections.values()}
+    c.check("/api/models: both models' params say native",
+            all((p or {}).get("function_calling") == "native" for p in params.values()), f"{params}")
+
+    for name, (mid, _, path) in connections.items():
+        chat_tools(c, client, ort_log, name, mid, path)
+
+    print(f"{len(c.failed)} failed: {c.failed}" if c.failed else "all checks passed")
+    return 1 if c.failed else 0
+
+
+def chat_tools(c: Checks, client: httpx.Client, ort_log: Path, connection: str, model_id: str, path: str) -> None:
+    """One chat as Open WebUI's page starts one (a new chat: parent_id null, the user message and the assistant
+    message's id), with tool_ids; without a socket session the request waits for the whole tool loop. Then
+    ortserve's log of it and the assistant message Open WebUI saved."""
+    start = ort_log.stat().st_size
+    user_id, assistant_id = str(uuid.uuid4()), str(uuid.uuid4())
+    payload = {"model": model_id, "stream": True, "messages": [{"role": "user", "content": TASK}],
+               "tool_ids": [TOOL_ID], "params": {"temperature": 0},
+               "parent_id": None, "id": assistant_id,
+               "user_message": {"id": user_id, "parentId": None, "childrenIds": [assistant_id], "role": "user",
+                                "content": TASK, "timestamp": int(time.time()), "models": [model_id]}}
+    began = time.perf_counter()
+    r = client.post("/api/chat/completions", json=payload)
+    took = time.perf_counter() - began
+    time.sleep(1)
+    with open(ort_log, encoding="utf-8", errors="replace") as f:
+        f.seek(start)
+        seen = server_side(f.read())
+    body: Any = r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text[:300]
+    c.check(f"{connection}: /api/chat/completions to {model_id} with tool_ids", r.status_code == 200,
+            f"{r.status_code} in {took:.0f} s: {json.dumps(body)[:200] if not isinstance(body, str) else body!r}")
+
+    chats = [s for s in seen["statuses"] if s[1] == path]
+    c.check(f"{connection}: every request to ortserve 2xx, two or more to {path}",
+            len(chats) >= 2 and all(200 <= s[2] < 300 for s in seen["statuses"]), f"{seen['statuses']}")
+    c.check(f"{connection}: each chat request carried tools",
+            len(seen["offered"]) >= len(chats) >= 1 and all("read_file" in o for o in seen["offered"]),
+            f"{seen['offered']}")
+    c.check(f"{connection}: the model's tool call parsed", any("read_file" in call for _, call in seen["calls"]),
+            f"{seen['calls']}")
+    c.check(f"{connection}: its result back in a later request", bool(seen["results"]), f"{seen['results']}")
+    for rid, finish, prompt, cached, generated in seen["finished"]:
+        print(f"      {rid}: {prompt} prompt tokens, {cached} cached, {generated} generated ({finish})")
+
+    chat_id = body.get("chat_id") if isinstance(body, dict) else None
+    message: dict[str, Any] = {}
+    for chat in client.get("/api/v1/chats/").json() if not chat_id else [{"id": chat_id}]:
+        full = client.get(f"/api/v1/chats/{chat['id']}").json().get("chat") or {}
+        message = ((full.get("history") or {}).get("messages") or {}).get(assistant_id) or message
+    output = message.get("output") or []
+    kinds = [item.get("type") for item in output]
+    ran = [item for item in output if item.get("type") == "function_call_output"]
+    c.check(f"{connection}: Open WebUI ran the tool (its saved message)", bool(ran) and "function_call" in kinds,
+            f"output items {kinds}; tool output {[_text(i)[:80] for i in ran]}")
+    answer = message.get("content") or ""
+    print(f"      answer ({'with' if '7316' in answer else 'without'} the number): {answer.strip()!r}")
+    if message.get("error"):
+        print(f"      error: {message['error']}")
+
+
 def screenshot(owui: str, path: str) -> bool:
     """The chat page with its model picker open (Debian's chromium through chromedriver, as tests/integration/ui)."""
     import tempfile
@@ -167,7 +316,11 @@ def screenshot(owui: str, path: str) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--screenshot", help="also save a picture of the chat page's model picker here (PNG)")
+    parser.add_argument("--tools", action="store_true", help="check native tool calling through both connections")
     args = parser.parse_args()
+    if args.tools:
+        return run_tool_checks(os.environ["ORT"], os.environ["OWUI"], os.environ["CHAT_MODEL"],
+                               Path(os.environ["ORT_LOG"]))
     return run_checks(os.environ["ORT"], os.environ["OWUI"], os.environ["MODELS"].split(), os.environ["CHAT_MODEL"],
                       os.environ["EMBED_MODEL"], args.screenshot)
 

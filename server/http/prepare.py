@@ -261,7 +261,12 @@ async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.
                 else body.template_messages())
     _log_tool_results(messages)
     body = sampling_defaults(body, settings, engine)
-    plan, rendered, prompt_ids = await chat_prompt(engine, messages, body.tool_request(), body.template_options(),
+    tool_request = body.tool_request()
+    if tool_request.tools and logger.isEnabledFor(logging.DEBUG):
+        logger.debug("tools offered: %s (tool_choice %s)", ", ".join(
+            str((t.get("function") or t).get("name")) for t in tool_request.tools), tool_request.function or
+            tool_request.choice)
+    plan, rendered, prompt_ids = await chat_prompt(engine, messages, tool_request, body.template_options(),
                                                    settings.tool_call_parser)
     default_max_tokens = settings.default_max_tokens or remaining_context(engine, len(prompt_ids))
     params = body.to_sampling_params(default_max_tokens, engine.max_model_len)
