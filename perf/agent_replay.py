@@ -95,6 +95,14 @@ def record(entry: str, base: str, key: str, out: Path, model: str, variant: list
         print(f"{index}: {seen['method']} {seen['path']} -> {seen['status']}")
 
 
+def proxy(base: str, port: int, out: Path) -> None:
+    """Only the recording proxy, on ``port`` in front of ``base``, until stopped (a client that is no recipe's,
+    such as Open WebUI: perf/openwebui_check.sh's RECORD)."""
+    out.write_text("")
+    server = ThreadingHTTPServer(("127.0.0.1", port), _proxy_handler(base.rstrip("/"), out, threading.Lock()))
+    server.serve_forever()
+
+
 def chat_body(path: str, body: dict[str, Any]) -> dict[str, Any]:
     """A recorded request as the chat completion the server runs for it."""
     if path.startswith("/v1/chat/completions"):
@@ -162,12 +170,17 @@ def main() -> None:
     rep.add_argument("--turn", type=int, default=0, help="which POST of the recording (0: the first)")
     rep.add_argument("--tokens", type=int, default=30)
     rep.add_argument("--prefix", help="force the answer's start (rendered prompt + PREFIX through /v1/completions)")
-    for p in (rec, rep):
+    pro = sub.add_parser("proxy", help="only the recording proxy, until stopped")
+    pro.add_argument("--port", type=int, required=True)
+    pro.add_argument("--out", type=Path, required=True)
+    for p in (rec, rep, pro):
         p.add_argument("--base", default="http://127.0.0.1:8000")
         p.add_argument("--key", default="")
         p.add_argument("--model", default="qwen2.5-coder-1.5b")
     args = parser.parse_args()
-    if args.command == "record":
+    if args.command == "proxy":
+        proxy(args.base, args.port, args.out)
+    elif args.command == "record":
         record(args.entry, args.base, args.key, args.out, args.model, args.variant, args.timeout_s)
     else:
         replay(args.file, args.base, args.key, args.turn, args.tokens, args.prefix)

@@ -204,10 +204,12 @@ def run_tool_checks(ort: str, owui: str, chat_model: str, ort_log: Path) -> int:
 
     r = client.post("/api/v1/tools/create", json={"id": TOOL_ID, "name": "ortserve files", "content": TOOL_SOURCE,
                                                   "meta": {"description": "Reads the files of a small project."}})
-    specs = r.json().get("specs") if r.status_code == 200 else None
+    created = r.status_code
+    exported = {t["id"]: t for t in client.get("/api/v1/tools/export").json()}  # the stored tool, with its specs
+    specs = (exported.get(TOOL_ID) or {}).get("specs") or []
     c.check(f"/api/v1/tools/create {TOOL_ID} (a workspace Tool in Python)",
-            bool(specs) and [s.get("name") for s in specs] == ["read_file"],
-            f"{r.status_code} specs {json.dumps(specs) if specs else r.text[:300]}")
+            created == 200 and [s.get("name") for s in specs] == ["read_file"],
+            f"{created}; its specs (/api/v1/tools/export): {json.dumps(specs)}")
 
     # each chat model's advanced param "Function Calling: Native": a model entry over the base model, as the
     # admin's model settings save one
@@ -216,10 +218,9 @@ def run_tool_checks(ort: str, owui: str, chat_model: str, ort_log: Path) -> int:
             "id": mid, "name": mid, "base_model_id": None, "meta": {}, "params": {"function_calling": "native"}})
         c.check(f"/api/v1/models/create {mid} ({name} connection): function_calling native", r.status_code == 200,
                 f"{r.status_code} {r.text[:160]}")
-    r = client.get("/api/models")
-    listed = {m["id"]: m for m in r.json().get("data", [])} if r.status_code == 200 else {}
-    params = {mid: ((listed.get(mid) or {}).get("info") or {}).get("params") for mid, _, _ in connections.values()}
-    c.check("/api/models: both models' params say native",
+    params = {mid: (client.get("/api/v1/models/model", params={"id": mid}).json() or {}).get("params")
+              for mid, _, _ in connections.values()}  # (/api/models shows only public params)
+    c.check("/api/v1/models/model: both models' params say native",
             all((p or {}).get("function_calling") == "native" for p in params.values()), f"{params}")
 
     for name, (mid, _, path) in connections.items():

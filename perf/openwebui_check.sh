@@ -19,6 +19,9 @@
 # and Open WebUI's saved chat: the requests carried `tools`, the model's call was parsed, Open WebUI ran the tool
 # and sent its result back in a second request, every request 2xx; the answer is printed (perf/openwebui_check.py).
 #
+# RECORD=FILE (with TOOLS=1) puts perf.agent_replay's recording proxy (port ORT_PORT+1) in front of the OpenAI
+# connection: each request and answer, for `perf.agent_replay replay FILE`.
+#
 # Usage: perf/openwebui_check.sh            (env overrides below)
 #        TOOLS=1 NICE=10 perf/openwebui_check.sh
 # Open WebUI is a dev-only tool, installed once into $OWUI_VENV (a venv under /tmp, never the project's .venv;
@@ -81,7 +84,13 @@ PIDS+=($!)
 wait_http "http://127.0.0.1:$ORT_PORT/api/tags" "${PIDS[-1]}" 600
 
 if [ -n "$TOOLS" ]; then  # both connections to the same ortserve
-  openai=(ENABLE_OPENAI_API=true OPENAI_API_BASE_URL="http://127.0.0.1:$ORT_PORT/v1" OPENAI_API_KEY=sk-local)
+  openai_base=http://127.0.0.1:$ORT_PORT
+  if [ -n "${RECORD:-}" ]; then  # the OpenAI connection's requests and answers, for perf.agent_replay replay
+    "$PY" -m perf.agent_replay proxy --base "$openai_base" --port $((ORT_PORT + 1)) --out "$RECORD" &
+    PIDS+=($!)
+    openai_base=http://127.0.0.1:$((ORT_PORT + 1))
+  fi
+  openai=(ENABLE_OPENAI_API=true OPENAI_API_BASE_URL="$openai_base/v1" OPENAI_API_KEY=sk-local)
 else
   openai=(ENABLE_OPENAI_API=false)
 fi

@@ -51,6 +51,7 @@ class Message(BaseModel):
     images: list[str] | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_name: str | None = None
+    tool_call_id: str | None = None  # not Ollama's own: Open WebUI's Ollama connection sends it on tool results
 
 
 class _Common(BaseModel):
@@ -151,9 +152,10 @@ def _thinking(think: bool | str | None) -> dict[str, Any]:
 
 def _openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
     """Ollama's messages as OpenAI's: tool calls get ids (arguments as JSON text), a tool result is matched to the
-    last call of its tool."""
+    call its tool_call_id names (Open WebUI sends the call's id back), else to the last call of its tool."""
     out: list[dict[str, Any]] = []
     call_ids: dict[str, str] = {}
+    every_id: set[str] = set()
     for i, message in enumerate(messages):
         if message.images:
             raise InvalidRequestError("images are not supported: the served models read text only",
@@ -166,6 +168,7 @@ def _openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
                 name, arguments = function.get("name", ""), function.get("arguments", {})
                 call_id = call.get("id") or f"call_{i}_{j}"
                 call_ids[name] = call_id
+                every_id.add(call_id)
                 calls.append({"id": call_id, "type": "function", "function": {
                     "name": name, "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
             item["tool_calls"] = calls
@@ -173,7 +176,8 @@ def _openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
                 item["content"] = None
         if message.role == "tool":
             name = message.tool_name or ""
-            item["tool_call_id"] = call_ids.get(name) or next(reversed(call_ids.values()), "call_0")
+            item["tool_call_id"] = (message.tool_call_id if message.tool_call_id in every_id else None) or \
+                call_ids.get(name) or next(reversed(call_ids.values()), "call_0")
         out.append(item)
     return out
 

@@ -22,6 +22,7 @@ download) behind an API key.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from datetime import datetime
 from pathlib import Path
@@ -145,3 +146,37 @@ def test_open_webui_shows_a_model_before_its_first_load(tiny_model: Path) -> Non
             shown[model] = r.json()["capabilities"]
         assert shown == {"tiny-a:latest": ["completion", "tools"], "minilm:latest": ["embedding"]}
         assert httpx.get(f"{running.base}/health", timeout=10).json()["models"] == []  # nothing was loaded
+
+
+def test_open_webui_sends_tool_results_by_their_call_ids(tiny_model: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The second request of Open WebUI's native tool calling over its Ollama connection (perf/openwebui_check.sh
+    TOOLS=1 runs the real one): its OpenAI-shaped conversation converted to /api/chat (utils/payload.py,
+    convert_messages_openai_to_ollama): the assistant's calls keep their ids (Open WebUI makes one for each call
+    of our answer, utils/response.py), arguments as objects, content ""; each result is a "tool" message with the
+    call's ``tool_call_id`` and no ``tool_name``. Two calls of one tool: each result answers its own call (both
+    used to be matched to the tool's last call). (Open WebUI sends its ``tools`` too; left out here: with them the
+    prompt outgrows the tiny model's 256-token context.)"""
+    settings = api_settings(tiny_model, served_model_name="tiny-a")
+    messages = [
+        {"role": "user", "content": "Read a.py and b.py."},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"index": 0, "id": "call_0b5e", "function": {"name": "read_file", "arguments": {"path": "a.py"}}},
+            {"index": 1, "id": "call_77c1", "function": {"name": "read_file", "arguments": {"path": "b.py"}}}]},
+        {"role": "tool", "content": "print(1)\n", "tool_call_id": "call_0b5e"},
+        {"role": "tool", "content": "print(22)\n", "tool_call_id": "call_77c1"},
+    ]
+    with serve_app(create_app(settings)) as running, caplog.at_level(logging.INFO, logger="server.http.prepare"):
+        r = httpx.post(f"{running.base}/api/chat", timeout=120, json={
+            "model": "tiny-a:latest", "messages": messages, "stream": False,
+            "options": {"temperature": 0, "num_predict": 4}})
+        assert r.status_code == 200, r.text
+        assert r.json()["done"] and r.json()["message"]["role"] == "assistant"
+        # a tool_call_id that names no call of the conversation (an Ollama client's own): matched as before
+        r = httpx.post(f"{running.base}/api/chat", timeout=120, json={
+            "model": "tiny-a:latest", "stream": False,
+            "messages": [*messages[:3], {**messages[3], "tool_call_id": "call_elsewhere"}],
+            "options": {"temperature": 0, "num_predict": 4}})
+        assert r.status_code == 200, r.text
+    received = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith("tool results")]
+    assert received == ["tool results received: call_0b5e (9 chars); call_77c1 (10 chars)",
+                        "tool results received: call_0b5e (9 chars); call_77c1 (10 chars)"]
