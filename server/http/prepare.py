@@ -254,6 +254,13 @@ def _log_tool_results(messages: Sequence[dict[str, Any]]) -> None:
             f"{m.get('tool_call_id') or '?'} ({len(m.get('content') or '')} chars)" for m in reversed(results)))
 
 
+def _log_tools_offered(request: ToolRequest) -> None:
+    """Log (debug) the tools a chat request offers and its tool_choice."""
+    if request.tools and logger.isEnabledFor(logging.DEBUG):
+        logger.debug("tools offered: %s (tool_choice %s)", ", ".join(t["function"]["name"] for t in request.tools),
+                     request.function or request.choice)
+
+
 async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.ChatCompletionRequest) -> PreparedChat:
     """Tool plan, template + tokenize (in a thread) and the checked SamplingParams; shared by chat, Responses and
     Messages."""
@@ -262,10 +269,7 @@ async def prepare_chat(engine: EngineClient, settings: Settings, body: protocol.
     _log_tool_results(messages)
     body = sampling_defaults(body, settings, engine)
     tool_request = body.tool_request()
-    if tool_request.tools and logger.isEnabledFor(logging.DEBUG):
-        logger.debug("tools offered: %s (tool_choice %s)", ", ".join(
-            str((t.get("function") or t).get("name")) for t in tool_request.tools), tool_request.function or
-            tool_request.choice)
+    _log_tools_offered(tool_request)
     plan, rendered, prompt_ids = await chat_prompt(engine, messages, tool_request, body.template_options(),
                                                    settings.tool_call_parser)
     default_max_tokens = settings.default_max_tokens or remaining_context(engine, len(prompt_ids))

@@ -3,8 +3,8 @@ under .cache/), each against the package's one warm `ortserve serve --model qwen
 its own documented local-server set-up (tests/integration/agents/agent_recipes.py) and nothing that bends the model:
 opencode (an OpenAI-compatible provider), Qwen Code (OPENAI_BASE_URL), the Continue CLI (a config.yaml model of
 provider openai), aider (--openai-api-base, in its own venv), mini-swe-agent (litellm), and smolagents'
-ToolCallingAgent and CodeAgent (OpenAIServerModel). `make test` installs and runs one release of each. Each gets a scratch folder with hello.py and "Read hello.py and
-tell me what it prints."
+ToolCallingAgent and CodeAgent (OpenAIServerModel). `make test` installs and runs one release of each. Each gets a
+scratch folder with hello.py and "Read hello.py and tell me what it prints."
 
 Asserted on the server's side: every request 2xx; the agent's tool call parsed from the model's own output and its
 result sent back in the next request (for the agents whose actions are text, aider and CodeAgent, the answer
@@ -27,7 +27,7 @@ from tests.integration.agents.conftest import KEY, MODEL, release_params
 from tests.integration.server.conftest import ServeProcess
 
 # NOTE(lead): `make test` runs one release of each (the Makefile's AGENT_CLIS_TEST and AGENT_PIPS); measured on 2
-# cores the longest whole run is Qwen Code's 265 s (docs/agents.md), so an agent still running at 480 s is looping on
+# cores the longest whole run is Qwen Code's 327 s (docs/agents.md), so an agent still running at 480 s is looping on
 # the model's answer (an expected failure), and seven such at worst still leave the suite inside CI's 90 minutes
 RUN_TIMEOUT_S = 480
 pytestmark = [pytest.mark.agents, pytest.mark.timeout(RUN_TIMEOUT_S + 600)]
