@@ -76,6 +76,9 @@ class EngineConfig:
             (ORT_FPA_INTB_GEMM), the one-row step runs on a session of its own made without them: their one-row
             GEMV is slower than ORT's own, their batched GEMM faster (docs/perf/GPU.md). It costs
             one more copy of the weights on the device. None -> on where that applies, False -> off.
+        share_weights: the decoder's sessions take one device copy of its large initializers instead of one each
+            (``engine.shared_weights``, where the device uses them in place); None -> on where the engine opens
+            the decoder more than once (captured decode steps on pointer rows: CUDA), False -> off.
         seed: seed of the rng used by requests that give no seed (None -> fresh entropy).
         chat_template: replaces the model's chat template: a built-in name (``engine.chat_template.
             BUILTIN_TEMPLATES``) or a Jinja file; None keeps the model's own.
@@ -134,6 +137,7 @@ class EngineConfig:
     fixed_chunk_shapes: bool | None = None
     device_row_summary: bool | None = None
     one_row_session: bool | None = None
+    share_weights: bool | None = None
     batched_prompts: bool | None = None
     batched_prompt_tokens: int | None = None
     seed: int | None = None

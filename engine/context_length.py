@@ -118,7 +118,7 @@ class ModelTooLargeError(ValueError):
 
 
 def check_fits(*, weights_bytes: int, kv_bytes: int, available_bytes: int | None, where: str,
-               overhead_bytes: int = LOAD_OVERHEAD_BYTES) -> str:
+               overhead_bytes: int = LOAD_OVERHEAD_BYTES, weight_copies: int = 1) -> str:
     """Refuse a model before it loads when its weights and KV cache cannot fit.
 
     Args:
@@ -126,19 +126,23 @@ def check_fits(*, weights_bytes: int, kv_bytes: int, available_bytes: int | None
         kv_bytes: the KV cache the chosen context and rows take.
         available_bytes: the memory they would live in (None: unknown, nothing is checked).
         where: that memory, for the message (e.g. "host memory available (MemAvailable)").
+        weight_copies: how many copies of the weights the sessions hold there (``engine.placement``: one per
+            decoder session, or one shared plus a fused kernel's prepacked layout).
     Returns:
         The start-up line that says what was checked.
     Raises:
         ModelTooLargeError: the message names every size and what to change.
     """
-    need = weights_bytes + kv_bytes + overhead_bytes
-    sizes = (f"weights {weights_bytes / GIB:.2f} GiB + KV cache {kv_bytes / GIB:.2f} GiB + "
+    all_weights = weights_bytes * weight_copies
+    need = all_weights + kv_bytes + overhead_bytes
+    copies = f"{weight_copies} x " if weight_copies > 1 else ""
+    sizes = (f"weights {copies}{weights_bytes / GIB:.2f} GiB + KV cache {kv_bytes / GIB:.2f} GiB + "
              f"{overhead_bytes / GIB:.2f} GiB runtime = {need / GIB:.2f} GiB")
     if available_bytes is None:
         return f"memory: {sizes}; the {where} is unknown, so not checked"
     if need > available_bytes:
         what = "the weights alone do not fit: a smaller quantization or a device with more memory is needed" \
-            if weights_bytes + overhead_bytes > available_bytes else \
+            if all_weights + overhead_bytes > available_bytes else \
             "lower --max-model-len or --max-batch, or set --kv-cache-memory-gib, for a smaller KV cache"
         raise ModelTooLargeError(
             f"the model needs {sizes}, but the {where} is {available_bytes / GIB:.2f} GiB: {what}")

@@ -50,6 +50,7 @@ class OpenedSession:
     row_summary: bool = False  # the graph also outputs ROW_ARGMAX, ROW_LOG_NORM, ROW_TOKEN_LOGPROB (add_row_summary)
     model_bytes: bytes | None = None  # the rewritten graph the session was made from (None: the folder's)
     profile: Any = None  # the device's ep.profiles.DeviceProfile
+    weights: Any = None  # engine.shared_weights.SharedWeights the decoder's sessions take (None: each its own)
 
 
 def capture_graph_bytes(folder: ModelFolder, kv_length: int, *, packed: bool = False,
@@ -255,12 +256,14 @@ def nodes_off_ep(session: ort.InferenceSession, ep_name: str) -> list[str]:
     return [f"{g.ep_name}:{n.op_type}" for g in groups if g.ep_name != ep_name for n in g.get_nodes()]
 
 
-def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int, profile: Any = None) -> OpenedSession:
+def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int, profile: Any = None,
+                 weights: Any = None) -> OpenedSession:
     """Open the decoder session, with graph capture where ``config.graph_capture`` asks for it and it works.
 
     ``graph_capture``: None (auto) captures on WebGPU and CUDA when the rewritten graph puts every node on the
     device and falls back to a plain session otherwise (the reason logged); True requires it; False never.
-    The packed-input graph is tried first, then the one with the three ordinary decode inputs.
+    The packed-input graph is tried first, then the one with the three ordinary decode inputs. ``weights``: the
+    decoder's shared device weights (``engine.shared_weights``), given to every session made here.
 
     Raises:
         ModelLoadError: the model can't be served, or ``graph_capture=True`` can't be honoured.
@@ -272,15 +275,16 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int, prof
     if selected is None:  # the plain CPU session
         if want:
             raise ModelLoadError("graph_capture=True needs the WebGPU or CUDA EP; the provider is cpu")
-        session, _ = create_session(folder, config)
-        return OpenedSession(session, None, False, "off: the CPU EP has no graph capture", profile=profile)
+        session, _ = create_session(folder, config, weights=weights)
+        return OpenedSession(session, None, False, "off: the CPU EP has no graph capture", profile=profile,
+                             weights=weights)
     if not profile.engine_capture or want is False:
         if want:
             raise ModelLoadError(f"graph_capture=True needs the WebGPU or CUDA EP; {selected.ep_name} was selected")
         note = "off: graph_capture=False" if want is False else \
             f"off: the engine drives no graph capture on {selected.ep_name}"
-        session, _ = create_session(folder, config, selected=selected)
-        return OpenedSession(session, selected, False, note, profile=profile)
+        session, _ = create_session(folder, config, selected=selected, weights=weights)
+        return OpenedSession(session, selected, False, note, profile=profile, weights=weights)
     inputs = folder.genai["model"]["decoder"].get("inputs", {})
     names = (inputs.get("input_ids", "input_ids"), inputs.get("position_ids", "position_ids"),
              inputs.get("attention_mask", "attention_mask"))
@@ -291,7 +295,8 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int, prof
         try:
             model_bytes = capture_graph_bytes(folder, kv_length, packed=packed, names=names, row_groups=row_groups,
                                               row_summary=summary, logits=logits)
-            session, _ = create_session(folder, config, selected=selected, graph_capture=True, model_bytes=model_bytes)
+            session, _ = create_session(folder, config, selected=selected, graph_capture=True, model_bytes=model_bytes,
+                                        weights=weights)
             off = nodes_off_ep(session, selected.ep_name)
             if off:
                 raise ModelLoadError(f"nodes outside {selected.ep_name}: {', '.join(sorted(set(off)))}")
@@ -305,7 +310,7 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int, prof
                 + (", each row's argmax and log-normalizer on the device" if summary else ""))
         log.info("graph capture %s", note)
         return OpenedSession(session, selected, True, note, PACKED_INPUT if packed else None, summary, model_bytes,
-                             profile)
+                             profile, weights)
     reason = "; ".join(errors)
     if want:
         raise ModelLoadError(f"graph capture on {selected.ep_name} is not possible: {reason}")
@@ -313,8 +318,8 @@ def open_session(folder: ModelFolder, config: EngineConfig, kv_length: int, prof
     # EP's: IOBinding copies host inputs when they are bound, and cached bindings were not bound again before each
     # run (engine.runner.RunnerBase._run). Uncaptured runs now match the CPU EP (tests/integration/ep).
     log.warning("graph capture is off on %s (%s)", selected.ep_name, reason)
-    session, _ = create_session(folder, config, selected=selected)
-    return OpenedSession(session, selected, False, f"off: {reason}", profile=profile)
+    session, _ = create_session(folder, config, selected=selected, weights=weights)
+    return OpenedSession(session, selected, False, f"off: {reason}", profile=profile, weights=weights)
 
 
 class DeviceDecodeIO:

@@ -249,10 +249,11 @@ def host_weights(config: EngineConfig) -> bool:
     return host_profile(config.provider) is not None
 
 
-def check_memory(folder: ModelFolder, context: ContextChoice, profile: Any) -> str:
+def check_memory(folder: ModelFolder, context: ContextChoice, profile: Any, weight_copies: int = 1) -> str:
     """Refuse the model before its session loads when its weights and KV cache cannot fit in the memory they will
     live in: the host's available memory where the device's rows are host memory (the CPU), the device's own memory
-    where it reports one (``ep.device.DeviceRecord.memory_bytes``), else nothing is checked.
+    where it reports one (``ep.device.DeviceRecord.memory_bytes``), else nothing is checked. ``weight_copies``: the
+    device copies of the weights the decoder's sessions will hold (``engine.placement``).
 
     Returns:
         The start-up line. Raises ModelLoadError naming every size.
@@ -264,7 +265,8 @@ def check_memory(folder: ModelFolder, context: ContextChoice, profile: Any) -> s
     else:
         available, where = selected.record.memory_bytes(), f"{selected.ep_name} device memory"
     try:
-        return check_fits(weights_bytes=folder.weights_bytes, kv_bytes=kv, available_bytes=available, where=where)
+        return check_fits(weights_bytes=folder.weights_bytes, kv_bytes=kv, available_bytes=available, where=where,
+                          weight_copies=weight_copies)
     except ModelTooLargeError as exc:
         raise ModelLoadError(f"{folder.path.name} cannot be served here: {exc}") from exc
 
@@ -380,7 +382,7 @@ def select_profile(config: EngineConfig) -> Any:
 
 
 def create_session(folder: ModelFolder, config: EngineConfig, *, selected: Any = None,
-                   graph_capture: bool = False, model_bytes: bytes | None = None,
+                   graph_capture: bool = False, model_bytes: bytes | None = None, weights: Any = None,
                    ) -> tuple[ort.InferenceSession, Any]:
     """Open the session on the configured provider.
 
@@ -394,6 +396,8 @@ def create_session(folder: ModelFolder, config: EngineConfig, *, selected: Any =
         graph_capture: ask the EP for graph capture (WebGPU; see ``engine.graph_capture``).
         model_bytes: a rewritten graph to load instead of ``folder.model_file``; its external weights are
             still read from the folder.
+        weights: an ``engine.shared_weights.SharedWeights`` whose device values the session takes in place of
+            loading its own (None: it loads its own).
     Returns:
         (session, ``ep.device.SelectedDevice`` or None for the plain CPU path).
     Raises:
@@ -408,6 +412,8 @@ def create_session(folder: ModelFolder, config: EngineConfig, *, selected: Any =
             so = session_options(config)
             if model_bytes is not None:
                 so.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(folder.path))
+            if weights is not None:
+                weights.add_to(so)
             return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]), None
         except Exception as exc:  # onnxruntime raises Fail/InvalidGraph/NoSuchFile/RuntimeError
             raise ModelLoadError(f"ONNX Runtime cannot load {folder.model_file}: {exc}") from exc
@@ -424,6 +430,8 @@ def create_session(folder: ModelFolder, config: EngineConfig, *, selected: Any =
         base.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(folder.path))
     if graph_capture:  # lets engine.graph_capture check that no node was left for the CPU EP
         base.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    if weights is not None:
+        weights.add_to(base)
     try:
         session = ep_providers.create_session(model, selected, session_options(config, base))
     except SessionCreateError as exc:

@@ -42,6 +42,7 @@ from engine.model_loader import (
 )
 from engine.model_runner import ModelRunner
 from engine.runner import Runner, make_input_allocator
+from engine.shared_weights import load_shared_weights, probe_sharing
 from engine.types import DevicePlacement, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -71,13 +72,29 @@ def load(folder: ModelFolder, config: EngineConfig) -> Loaded:
     log.info("%s", context.describe())
     planned_len = context.value
     profile = select_profile(config)
-    log.info("%s", check_memory(folder, context, profile))  # before anything loads: refused with the sizes named
+    resolved = profile.resolve(config)
+    share = resolved.share_weights and not probe_sharing(profile.selected)
+    copies = _weight_copies(resolved, profile, share)
+    # before anything loads: refused with the sizes named
+    log.info("%s", check_memory(folder, context, profile, weight_copies=copies))
+    weights = load_shared_weights(folder.model_file, profile.selected) if share else None
     try:
-        return _load(folder, config, open_session(folder, config, planned_len, profile), planned_len)
+        return _load(folder, config, open_session(folder, config, planned_len, profile, weights), planned_len)
     except _WarmupError as exc:  # graph capture was auto-chosen and its first run failed: run without it
         log.warning("graph capture failed at its first run (%s); running without it", exc)
         config = dataclasses.replace(config, graph_capture=False)
-        return _load(folder, config, open_session(folder, config, planned_len, profile), planned_len)
+        return _load(folder, config, open_session(folder, config, planned_len, profile, weights), planned_len)
+
+
+def _weight_copies(config: EngineConfig, profile: Any, shared: bool) -> int:
+    """How many copies of the weights the decoder's sessions will hold in the device's memory (``config``
+    resolved): one per session (the captured decode graph, the plain graph for prompt chunks, the one-row
+    session), or, shared, one plus the fused INT4 kernels' prepacked layout in the captured decode session."""
+    if not (profile.engine_capture and profile.kv_rows == POINTER) or config.graph_capture is False:
+        return 1
+    if shared:
+        return 1 + int(profile.int4_gemm)
+    return 2 + int(bool(config.one_row_session) and config.max_batch >= 2)
 
 
 def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, planned_len: int) -> Loaded:
@@ -176,7 +193,7 @@ def _prefill_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSe
     kernel = opened.profile.prompt_sdpa_kernel
     if kernel is not None and "sdpa_kernel" not in config.ep_options:
         config = dataclasses.replace(config, ep_options={**config.ep_options, "sdpa_kernel": kernel})
-    session, _ = create_session(folder, config, selected=opened.selected)
+    session, _ = create_session(folder, config, selected=opened.selected, weights=opened.weights)
     return session, check_graph(folder, session)
 
 
@@ -196,7 +213,7 @@ def _one_row_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSe
     try:
         with cuda_int4_gemm_off():
             session, _ = create_session(folder, config, selected=opened.selected, graph_capture=True,
-                                        model_bytes=opened.model_bytes)
+                                        model_bytes=opened.model_bytes, weights=opened.weights)
     except ModelLoadError as exc:  # e.g. no room for a second copy of the weights: serve without it
         log.warning("no one-row decode session (%s); one-row steps take the fused INT4 kernels", exc)
         return None

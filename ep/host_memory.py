@@ -145,17 +145,27 @@ def alloc_device(shape: Sequence[int], dtype: Any, selected: SelectedDevice, *,
             raise MemoryUnavailableError(f"{selected.ep_name}: cannot allocate {shape} {dtype}: shared allocator: "
                                          f"{e}; session allocator: {e2}") from e2
     if zero:
-        # NOTE(host_memory): on WebGPU (ORT 1.31.1) both an upload with copy_tensors and
-        # update_inplace take the data at call time and are ordered before the next run.
-        zeros = np.zeros(shape, dtype=dtype)
-        try:
-            ort.copy_tensors([ort.OrtValue.ortvalue_from_numpy(zeros)], [value])
-        except Exception:  # noqa: BLE001 - no data transfer registered for this pair: the EP's own copy
-            try:
-                value.update_inplace(zeros)
-            except Exception as e:  # noqa: BLE001
-                raise MemoryUnavailableError(f"{selected.ep_name}: cannot zero {shape} {dtype}: {e}") from e
+        upload(np.zeros(shape, dtype=dtype), value, selected)
     return value
+
+
+def upload(array: np.ndarray, value: ort.OrtValue, selected: SelectedDevice) -> None:
+    """Copy a host array into a device value of its shape and dtype (``alloc_device``'s).
+
+    Raises:
+        MemoryUnavailableError: neither ORT's data transfer nor the value's own copy could write it.
+    """
+    # NOTE(host_memory): on WebGPU (ORT 1.31.1) both an upload with copy_tensors and
+    # update_inplace take the data at call time and are ordered before the next run.
+    array = np.ascontiguousarray(array)
+    try:
+        ort.copy_tensors([ort.OrtValue.ortvalue_from_numpy(array)], [value])
+    except Exception:  # noqa: BLE001 - no data transfer registered for this pair: the EP's own copy
+        try:
+            value.update_inplace(array)
+        except Exception as e:  # noqa: BLE001
+            raise MemoryUnavailableError(
+                f"{selected.ep_name}: cannot write {list(array.shape)} {array.dtype} to the device: {e}") from e
 
 
 def prefix_view(buf: HostBuffer, shape: Sequence[int]) -> np.ndarray:

@@ -222,6 +222,12 @@ class DeviceProfile:
         return False
 
     @property
+    def share_weights(self) -> bool:
+        """The decoder's sessions share one device copy of its weights (``engine.shared_weights``): where the engine
+        opens the decoder more than once, its captured decode graph beside the plain one, on pointer rows."""
+        return self.engine_capture and self.kv_rows == Addressing.POINTER
+
+    @property
     def switch_interval_ms(self) -> float | None:
         """The interpreter's thread switch interval once the model is loaded (None: Python's own)."""
         return DEVICE_SWITCH_INTERVAL_MS if self.kv_rows != Addressing.HOST else None
@@ -256,7 +262,8 @@ class DeviceProfile:
             prefill_chunk=_pick(config.prefill_chunk, max(self.prefill_budget, config.max_batch + 1)),
             batched_prompts=_pick(config.batched_prompts, self.batched_prompts),
             # NOTE(engine): True does not force it: it applies only where the fused kernels are on
-            one_row_session=config.one_row_session is not False and self.one_row_session)
+            one_row_session=config.one_row_session is not False and self.one_row_session,
+            share_weights=_pick(config.share_weights, self.share_weights))
 
     # -- sessions ------------------------------------------------------------------------------------------
 
