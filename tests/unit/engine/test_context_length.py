@@ -70,16 +70,16 @@ def test_a_model_that_cannot_fit_is_refused_with_every_size_named():
 
 
 def test_every_copy_of_the_weights_the_sessions_hold_is_counted():
-    """The 32B shape on an 80 GB card: 19.5 GiB of weights fit once beside 16 GiB of KV, not three times."""
+    """The 32B shape: 19.5 GiB of weights fit twice beside 16 GiB of KV in 72 GiB, not three times."""
     from engine.context_length import ModelTooLargeError, check_fits
 
-    line = check_fits(weights_bytes=int(19.5 * GIB), kv_bytes=16 * GIB, available_bytes=79 * GIB,
+    line = check_fits(weights_bytes=int(19.5 * GIB), kv_bytes=16 * GIB, available_bytes=72 * GIB,
                       where="CUDA device memory", weight_copies=2)
     assert "weights 2 x 19.50 GiB + KV cache 16.00 GiB" in line
     with pytest.raises(ModelTooLargeError, match="lower --max-model-len") as three:
-        check_fits(weights_bytes=int(19.5 * GIB), kv_bytes=16 * GIB, available_bytes=79 * GIB,
+        check_fits(weights_bytes=int(19.5 * GIB), kv_bytes=16 * GIB, available_bytes=72 * GIB,
                    where="CUDA device memory", weight_copies=3)
     assert "weights 3 x 19.50 GiB" in str(three.value)
     with pytest.raises(ModelTooLargeError, match="the weights alone do not fit"):
-        check_fits(weights_bytes=30 * GIB, kv_bytes=GIB, available_bytes=79 * GIB, where="CUDA device memory",
+        check_fits(weights_bytes=30 * GIB, kv_bytes=GIB, available_bytes=72 * GIB, where="CUDA device memory",
                    weight_copies=3)
