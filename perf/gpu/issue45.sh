@@ -19,6 +19,7 @@
 #                       --speculative-tokens 0, and on, the default); TTFT of a 2,000-token prompt idle and beside 7
 #                       streams (the largest inter-token gap of the 7 while the prompt arrives); GPU memory used
 #                       (nvidia-smi) and the KV budget ortserve chose (its start-up line)
+#                       (SKIP_PEER=1 / SKIP_OURS=1: one server only)
 #   coder               the real Qwen2.5-Coder-1.5B Q4_K_M (staged by stage_model.sh): `ortserve serve --model
 #                       qwen2.5-coder-1.5b` with no dtype flag must say float16; code-editing prompts (bench --scenario
 #                       copy: real code, so prompt-lookup drafts hit) drafts off/on against llama-server; teacher-forced
@@ -117,8 +118,8 @@ ours() {  # ours PORT MODEL ARGS...: ortserve on CUDA (SERVER), its load time lo
     --port "$port" --log-level info --shutdown-grace-s 2 "$@" > "$OUT/server-$port.log" 2>&1 &
   SERVER=$!
   wait_up "$port" $SERVER || { tail -n 5 "$OUT/server-$port.log" | tee -a "$LOG"; stop $SERVER; return 1; }
-  log "ortserve up in $(since "$t0") s; $(grep -E "model dtype|max_model_len|KV cache:|memory:" \
-    "$OUT/server-$port.log" | cut -d' ' -f4- | tr '\n' ';' | cut -c1-600)"
+  log "ortserve up in $(since "$t0") s; $(grep -E "model dtype|max_model_len|KV cache:|memory:|shared|in place" \
+    "$OUT/server-$port.log" | cut -d' ' -f4- | tr '\n' ';' | cut -c1-900)"
 }
 peer() {  # peer PORT GGUF: llama-server CUDA (PEER), all layers on the GPU, STREAMS slots of CTX tokens
   local t0; t0=$(date +%s.%N)
@@ -156,6 +157,7 @@ compare() {  # compare SIZE: both servers on $P/SIZE.gguf (llama-server) and $P/
   else
     log "llama-server: not built ($(cat "$P/build.done" 2>/dev/null || echo running))"
   fi
+  [ -n "${SKIP_OURS:-}" ] && return 0
   for mode in ${MODES:-spec0 default}; do  # drafts off, then on (the default: prompt lookup); MODES picks
     args=(); [ $mode != default ] && args=(--speculative-tokens 0)
     folder=$P/$size; [ $mode = exact ] && folder=$P/$size-exact  # exact: the --exact-scales folder, drafts off
