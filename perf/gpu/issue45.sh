@@ -19,7 +19,8 @@
 #                       --speculative-tokens 0, and on, the default); TTFT of a 2,000-token prompt idle and beside 7
 #                       streams (the largest inter-token gap of the 7 while the prompt arrives); GPU memory used
 #                       (nvidia-smi) and the KV budget ortserve chose (its start-up line)
-#                       (SKIP_PEER=1 / SKIP_OURS=1: one server only)
+#                       (SKIP_PEER=1 / SKIP_OURS=1: one server only; MODES also no1row, nogemm: drafts off
+#                       and --no-one-row-session or --no-cuda-int4-gemm)
 #   coder               the real Qwen2.5-Coder-1.5B Q4_K_M (staged by stage_model.sh): `ortserve serve --model
 #                       qwen2.5-coder-1.5b` with no dtype flag must say float16; code-editing prompts (bench --scenario
 #                       copy: real code, so prompt-lookup drafts hit) drafts off/on against llama-server; teacher-forced
@@ -160,6 +161,8 @@ compare() {  # compare SIZE: both servers on $P/SIZE.gguf (llama-server) and $P/
   [ -n "${SKIP_OURS:-}" ] && return 0
   for mode in ${MODES:-spec0 default}; do  # drafts off, then on (the default: prompt lookup); MODES picks
     args=(); [ $mode != default ] && args=(--speculative-tokens 0)
+    [ $mode = no1row ] && args+=(--no-one-row-session)  # one-row steps on the fused INT4 kernels too
+    [ $mode = nogemm ] && args+=(--no-cuda-int4-gemm)  # ORT's own MatMulNBits kernels everywhere
     folder=$P/$size; [ $mode = exact ] && folder=$P/$size-exact  # exact: the --exact-scales folder, drafts off
     ours 8400 "$folder" "${args[@]}" || continue
     which=; [ $mode = exact ] && which=${RUNS_EXACT:-c1 c8}  # the A/B of the scales' layout: decode alone
