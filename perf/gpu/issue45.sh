@@ -24,7 +24,8 @@
 #   coder               the real Qwen2.5-Coder-1.5B Q4_K_M (staged by stage_model.sh): `ortserve serve --model
 #                       qwen2.5-coder-1.5b` with no dtype flag must say float16; code-editing prompts (bench --scenario
 #                       copy: real code, so prompt-lookup drafts hit) drafts off/on against llama-server; teacher-forced
-#                       top-1 agreement with llama-server on the same file (perf/gpu/top1.py, target >= 95%)
+#                       top-1 agreement with llama-server on the same file (perf/gpu/top1.py, target >= 95%);
+#                       CODER_TOP1_ONLY=1: the no-flag float16 start and the top-1 alone
 #   summarize           every r-*.json into $OUT/issue45.json (merged with what it held), the servers' logs into
 #                       $OUT/servers.log
 set -o pipefail
@@ -191,8 +192,10 @@ PY
     grep -q "model dtype float16" "$OUT/server-8402.log" && log "coder: served in float16 with no dtype flag" \
       || log "coder: NOT float16: $(grep 'model dtype' "$OUT/server-8402.log")"
     FOLDER=$(grep -oE "serving [^ ]+" "$OUT/server-8402.log" | head -n 1 | cut -d' ' -f2)
-    ours 8403 "$FOLDER" --speculative-tokens 0 && OURS0=$SERVER
+    [ -z "${CODER_TOP1_ONLY:-}" ] && ours 8403 "$FOLDER" --speculative-tokens 0 && OURS0=$SERVER
     [ -x "$LS" ] && peer 8401 "$CODER"
+  fi
+  if [ -n "${OURS:-}" ] && [ -z "${CODER_TOP1_ONLY:-}" ]; then
     # 1. Answers that repeat their input (real text: prompt-lookup drafts hit, as for an agent's edits), each request
     # interleaved over ours with drafts, ours without, and llama-server (bench.features' copy scenario).
     timeout 400 python3 -m server bench --scenario copy --url http://127.0.0.1:8402/v1 --label ours-drafts \
@@ -202,6 +205,8 @@ PY
     runs coder-ours-default 8402
     runs coder-ours-spec0 8403
     [ -n "${PEER:-}" ] && runs coder-peer 8401
+  fi
+  if [ -n "${OURS:-}" ]; then
     # 3. Teacher-forced top-1: our float16 graph on CUDA against llama-server's next token at every position.
     [ -n "${PEER:-}" ] && timeout 400 python3 -m perf.gpu.top1 --model-dir "$FOLDER" --peer http://127.0.0.1:8401 \
       --provider cuda --out "$OUT/top1-coder.json" 2>&1 | tail -n 3 | tee -a "$LOG"

@@ -18,7 +18,7 @@ split)
   gguf=$(.venv/bin/python -c 'from engine.builder.pull import fetch_gguf, model_cache_dir
 print(fetch_gguf("qwen2.5-coder-1.5b", model_cache_dir() / "gguf", progress=False))')
   rm -rf .device-model && mkdir -p .device-model
-  split -b 60000000 -d "$gguf" .device-model/part-
+  split -b 44000000 -d "$gguf" .device-model/part-  # (a call carries 64 MiB with the ~20 MB tree)
   sha256sum "$gguf" | cut -c1-64 > .device-model/sha256
   echo "$(ls .device-model | grep -c part-) parts of $gguf in .device-model: one device call each"
   ;;
