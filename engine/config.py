@@ -74,8 +74,9 @@ class EngineConfig:
             skip the CPU's pass over the logits; None -> on for the CUDA EP, False -> off.
         one_row_session: with captured decode steps on the CUDA EP and its fused INT4 kernels on
             (ORT_FPA_INTB_GEMM), the one-row step runs on a session of its own made without them: their one-row
-            GEMV is slower than ORT's own, their batched GEMM faster (docs/perf/GPU.md). It costs
-            one more copy of the weights on the device. None -> on where that applies, False -> off.
+            GEMV is slower than ORT's own, their batched GEMM faster (docs/perf/GPU.md). It shares
+            the weights' device copy (``share_weights``) but holds its own activations and CUDA graphs (3.3 GB on
+            the 8B shape, docs/perf/sizes.md). None -> on where that applies, False -> off.
         share_weights: the decoder's sessions take one device copy of its large initializers instead of one each
             (``engine.shared_weights``, where the device uses them in place); None -> on where the engine opens
             the decoder more than once (captured decode steps on pointer rows: CUDA), False -> off.

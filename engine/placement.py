@@ -214,7 +214,7 @@ def _one_row_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSe
         with cuda_int4_gemm_off():
             session, _ = create_session(folder, config, selected=opened.selected, graph_capture=True,
                                         model_bytes=opened.model_bytes, weights=opened.weights)
-    except ModelLoadError as exc:  # e.g. no room for a second copy of the weights: serve without it
+    except ModelLoadError as exc:  # e.g. no room for its activations and graphs: serve without it
         log.warning("no one-row decode session (%s); one-row steps take the fused INT4 kernels", exc)
         return None
     log.info("one-row decode steps on a session without the fused INT4 kernels (ORT_FPA_INTB_GEMM=0 for it)")
