@@ -84,7 +84,8 @@ class EpLibrary:
 # NOTE(ep): where a device's own memory is reported. ORT's Windows discovery puts DXGI's dedicated video memory in
 # the hardware metadata ("DxgiVideoMemory": "<N> MB"); the OpenVINO EP puts its device's total in its EP metadata
 # (bytes); on Linux the amdgpu driver (AMDGPU, MIGraphX) exposes mem_info_vram_total (bytes) on the PCI device whose
-# bus id ORT's discovery reports. The CUDA EP on Linux reports none.
+# bus id ORT's discovery reports. NVIDIA's driver has no such file: NVML (nvidia-ml-py) reads it by the same bus id
+# (the CUDA EP's device reports one, e.g. 0000:00:06.0 on the H100/H200 test machines).
 _EP_MEMORY_KEYS = ("GPU_DEVICE_TOTAL_MEM_SIZE", "NPU_DEVICE_TOTAL_MEM_SIZE")
 _MEMORY_UNITS = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3, "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3}
 SYSFS = Path("/sys")
@@ -141,7 +142,7 @@ class DeviceRecord:
                 text = (sysfs / "bus" / "pci" / "devices" / _normalize_pci(self.pci_bus_id) /
                         "mem_info_vram_total").read_text(encoding="ascii").strip()
             except OSError:
-                return None
+                return nvml_memory_bytes(self.pci_bus_id) if self.vendor_id == NVIDIA_VENDOR_ID else None
             return int(text) if text.isdigit() else None
         return None
 
@@ -248,6 +249,29 @@ def parse_selector(text: str | None) -> Selector | None:
         return Selector(text=text, vendor_id=int(m.group(1), 16), device_id=int(m.group(2), 16))
     raise EpOptionError(f"--device {text!r} is not an index (0), a PCI bus id (0000:03:00.0) "
                         "or vendor:device hex ids (1002:744c)")
+
+
+NVIDIA_VENDOR_ID = 0x10DE
+
+
+def nvml_memory_bytes(pci_bus_id: str) -> int | None:
+    """An NVIDIA GPU's total memory in bytes from NVML (nvidia-ml-py), found by its PCI bus id; None where NVML or
+    the device is not there (no NVIDIA driver, another machine's id)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:  # no driver library, or no device it can reach
+        return None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByPciBusId(_normalize_pci(pci_bus_id))
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def _normalize_pci(text: str) -> str:

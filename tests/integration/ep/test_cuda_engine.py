@@ -224,3 +224,21 @@ def test_cuda_row_2_of_a_shared_buffer_equals_a_buffer_of_its_own(cuda_device, i
     findings["row_2_identity"] = {"kv_equal": bool(np.array_equal(after[2, :, :n], solo[0, :, :n]))}
     np.testing.assert_array_equal(after[2, :, :n], solo[0, :, :n])
     np.testing.assert_array_equal(np.delete(after, 2, axis=0), np.delete(before, 2, axis=0))
+
+
+def test_cuda_device_memory_is_read_from_nvml_and_the_weights_are_shared(cuda_device, int4_fp16_model, caplog) -> None:
+    """The memory check knows the GPU's memory (NVML by the device's PCI bus id), and the engine's decoder sessions
+    take one shared device copy of the weights (the probe passes on the CUDA EP)."""
+    from engine.shared_weights import probe_sharing
+
+    total = cuda_device.record.memory_bytes()
+    assert total is not None and total > 8 << 30, (cuda_device.record.pci_bus_id, total)
+    assert probe_sharing(cuda_device) == ""
+    caplog.set_level("INFO")
+    engine = AsyncEngine.from_model_dir(int4_fp16_model, EngineConfig(provider="cuda", max_batch=4,
+                                                                     speculative_tokens=0, engine_process=False))
+    try:
+        assert engine.placement.graph_capture
+    finally:
+        engine.shutdown()
+    assert "shared weights:" in caplog.text and "device memory is unknown" not in caplog.text
