@@ -14,8 +14,8 @@ tensor over the same memory that owns nothing), and added to every session's opt
 layout stays its session's own.
 
 Whether a device takes the values in place is not assumed: a one-node probe session is made with a shared weight,
-the weight is changed, and the probe must see the change (a compiling EP, MIGraphX, copies weights into its
-program; then nothing is shared and each session loads its own, as before).
+the weight is changed, and the probe must see the change (an EP that compiles the graph with its weights into a
+program of its own would not; then nothing is shared and each session loads its own, as before).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ SHARE_MIN_BYTES = 1 << 20
 class SharedWeights:
     """Device values of a decoder's large initializers, by name; ``add_to`` hands them to a session's options.
 
-    The values (and the device memory under them) live as long as this object: keep it beside the sessions.
+    The device memory under a value lives while this object or any session made with it does (the DLPack view
+    keeps its owner alive), so the object may go once the sessions are made.
     """
 
     values: dict[str, ort.OrtValue]
