@@ -94,7 +94,12 @@ def _weight_copies(config: EngineConfig, profile: Any, shared: bool) -> int:
         return 1
     if shared:
         return 1 + int(profile.int4_gemm)
-    return 2 + int(bool(config.one_row_session) and config.max_batch >= 2)
+    return 2 + int(_one_row_applies(config))
+
+
+def _one_row_applies(config: EngineConfig) -> bool:
+    """The one-row decode session is asked for (``config`` resolved) and there are rows beside the one."""
+    return bool(config.one_row_session) and config.max_batch >= 2
 
 
 def _load(folder: ModelFolder, config: EngineConfig, opened: OpenedSession, planned_len: int) -> Loaded:
@@ -208,7 +213,7 @@ def _one_row_session(folder: ModelFolder, config: EngineConfig, opened: OpenedSe
     """
     from ep.flags import cuda_int4_gemm_off
 
-    if not config.one_row_session or not opened.graph_capture or config.max_batch < 2:  # (resolved by the profile)
+    if not _one_row_applies(config) or not opened.graph_capture:  # (resolved by the profile)
         return None
     try:
         with cuda_int4_gemm_off():

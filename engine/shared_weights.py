@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from engine.context_length import GIB
+
 log = logging.getLogger(__name__)
 
-GIB = 1 << 30
 # NOTE(engine): smaller initializers (norm weights, shape constants, which ORT may plan on the CPU) stay each
 # session's own: a few MiB at most, and a shared value planned elsewhere would only be copied again.
 SHARE_MIN_BYTES = 1 << 20
@@ -128,7 +129,7 @@ def _device_value(array: np.ndarray, selected: Any) -> tuple[ort.OrtValue, Any]:
     from onnxruntime.capi import _pybind_state as C
 
     if selected is None:  # host memory (the stand-in): a numpy array of its own
-        host = np.ascontiguousarray(array).copy()
+        host = np.array(array, order="C")  # (a copy: the memory map is read-only)
         return ort.OrtValue(C.OrtValue.from_dlpack(host.__dlpack__(), False)), host
     from ep import host_memory
 
