@@ -4,7 +4,8 @@ server with drafts off, llama.cpp's llama-server with and without its draft mode
 Workloads (written for this bench): code edit (rewrite a given function with one change: the answer copies most of
 its input), free chat (open questions), JSON (an answer asked for as a JSON object in the prompt, no grammar), each at
 the given temperatures and stream counts. Per cell and target: completion tokens per second of wall time (each of the
-``streams`` clients sends ``requests`` requests one after another), draft acceptance where the server reports it
+``streams`` clients sends ``requests`` requests one after another, streamed), the same after the first token (the
+prompt left out: what drafts can speed up) and the time to it, draft acceptance where the server reports it
 (ortserve's vLLM-named /metrics, per position; llama-server's response ``timings``), and at temperature 0 whether the
 texts equal the first target's. Ratios come from the same round, so load that comes and goes hits every target alike.
 
@@ -98,10 +99,18 @@ class CellRun:
     drafted: float | None  # draft tokens during the run (None: not reported)
     accepted: float | None
     per_pos: list[float] | None  # accepted tokens by draft position during the run
+    ttft_s: float = 0.0  # the requests' summed times to their first content token
+    decode_s: float = 0.0  # the requests' summed times from their first content token to their last chunk
+    decode_tokens: int = 0  # the requests' completion tokens after the first
 
     @property
     def tok_s(self) -> float:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Tokens after the first per second after the first (one stream's decode rate; the prompt left out)."""
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
 
 async def _metrics(http: httpx.AsyncClient, target: Target) -> dict[str, float] | None:
@@ -134,34 +143,57 @@ async def run_cell(client: openai.AsyncOpenAI, http: httpx.AsyncClient, target: 
     llama_drafted = llama_accepted = 0.0
     llama_seen = False
 
+    ttft = decode = 0.0
+    decode_tokens = 0
+
     async def one_stream(s: int) -> None:
-        nonlocal tokens, llama_drafted, llama_accepted, llama_seen
+        nonlocal tokens, llama_drafted, llama_accepted, llama_seen, ttft, decode, decode_tokens
         for r in range(requests):
             i = s * requests + r
-            resp = await client.chat.completions.create(
+            # streamed, so that the time to the first token (the prompt) and the decode after it are told apart
+            start = time.perf_counter()
+            first = last = None
+            parts: list[str] = []
+            used = 0
+            stream = await client.chat.completions.create(
                 model=target.model or "default", messages=messages_of(workload, i), max_tokens=max_tokens,
-                temperature=temperature, seed=seed + i, extra_body={"top_k": 0, "top_p": 1.0, "min_p": 0.0,
-                                                                      "repetition_penalty": 1.0})
-            texts[i] = resp.choices[0].message.content or ""
-            tokens += resp.usage.completion_tokens if resp.usage else 0
-            timings = (resp.model_extra or {}).get("timings") or {}
-            if "draft_n" in timings:  # llama-server's per-response draft counts
-                llama_seen = True
-                llama_drafted += timings.get("draft_n", 0)
-                llama_accepted += timings.get("draft_n_accepted", 0)
+                temperature=temperature, seed=seed + i, stream=True, stream_options={"include_usage": True},
+                extra_body={"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0})
+            async for chunk in stream:
+                now = time.perf_counter()
+                if chunk.choices and chunk.choices[0].delta.content:
+                    parts.append(chunk.choices[0].delta.content)
+                    first = now if first is None else first
+                    last = now
+                if chunk.usage:
+                    used = chunk.usage.completion_tokens
+                timings = (chunk.model_extra or {}).get("timings") or {}
+                if "predicted_n" in timings and not used:  # llama-server's count, where it sends no usage
+                    used = int(timings["predicted_n"])
+                if "draft_n" in timings:  # llama-server's per-response draft counts (on its last chunk)
+                    llama_seen = True
+                    llama_drafted += timings.get("draft_n", 0)
+                    llama_accepted += timings.get("draft_n_accepted", 0)
+            texts[i] = "".join(parts)
+            tokens += used
+            if first is not None and last is not None and used > 1:
+                ttft += first - start
+                decode += last - first
+                decode_tokens += used - 1
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one_stream(s) for s in range(streams)))
     wall = time.perf_counter() - t0
+    phases = (ttft, decode, decode_tokens)
     after = await _metrics(http, target)
     if before is not None and after is not None:
         delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         npos = max((int(k[4:]) + 1 for k in delta if k.startswith("pos_")), default=0)
         return CellRun(tokens, wall, texts, delta.get("draft_tokens"), delta.get("accepted_tokens"),
-                       [delta.get(f"pos_{i}", 0.0) for i in range(npos)])
+                       [delta.get(f"pos_{i}", 0.0) for i in range(npos)], *phases)
     if llama_seen:
-        return CellRun(tokens, wall, texts, llama_drafted, llama_accepted, None)
-    return CellRun(tokens, wall, texts, None, None, None)
+        return CellRun(tokens, wall, texts, llama_drafted, llama_accepted, None, *phases)
+    return CellRun(tokens, wall, texts, None, None, None, *phases)
 
 
 def _first_difference(a: str, b: str) -> int | None:
@@ -213,15 +245,23 @@ def _report(targets: list[Target], cells: list[tuple], runs: dict, **settings: A
             entry["targets"][t.label] = {
                 "tok_s": [round(r.tok_s, 3) for r in rs], "median_tok_s": round(statistics.median(r.tok_s for r in rs), 3),
                 "tokens": [r.tokens for r in rs],
+                # the prompt left out: tokens after the first over the time after the first, and the time to it
+                "decode_tok_s": [round(r.decode_tok_s, 3) for r in rs],
+                "median_decode_tok_s": round(statistics.median(r.decode_tok_s for r in rs), 3),
+                "ttft_ms": [round(1000 * r.ttft_s / max(1, len(r.texts)), 1) for r in rs],
                 "draft_tokens": sum(drafted) if drafted else None, "accepted_tokens": sum(accepted) if accepted else None,
                 "accepted_per_pos": [sum(p[i] if i < len(p) else 0.0 for p in per_pos) for i in range(width)] or None,
             }
         # ratios in each round against every other target, then the median over rounds
-        ratios = {}
+        ratios, decode_ratios = {}, {}
         for t in targets[1:]:
-            per_round = [a.tok_s / b.tok_s for a, b in zip(runs[cell][first], runs[cell][t.label]) if b.tok_s > 0]
+            pairs = list(zip(runs[cell][first], runs[cell][t.label]))
+            per_round = [a.tok_s / b.tok_s for a, b in pairs if b.tok_s > 0]
             ratios[f"{first} / {t.label}"] = round(statistics.median(per_round), 3) if per_round else None
-        entry["ratios"] = ratios
+            per_round = [a.decode_tok_s / b.decode_tok_s for a, b in pairs if b.decode_tok_s > 0]
+            decode_ratios[f"{first} / {t.label}"] = round(statistics.median(per_round), 3) if per_round else None
+        entry["ratios"] = ratios  # wall time, the prompt included
+        entry["decode_ratios"] = decode_ratios  # after the first token
         if cell[1] == 0:
             same = {}
             for t in targets[1:]:
@@ -242,7 +282,10 @@ def format_summary(report: dict[str, Any]) -> str:
     for c in report["cells"]:
         toks = " ".join(f"{c['targets'][lb]['median_tok_s']:>18.2f}" for lb in labels)
         ratios = ", ".join(f"{k.split(' / ')[1]}: {v:.2f}x" for k, v in c["ratios"].items() if v is not None)
-        lines.append(f"{c['workload']:10} {c['temperature']:>4} {c['streams']:>7} {toks}   {ratios}")
+        decode = ", ".join(f"{k.split(' / ')[1]}: {v:.2f}x" for k, v in c.get("decode_ratios", {}).items()
+                           if v is not None)
+        lines.append(f"{c['workload']:10} {c['temperature']:>4} {c['streams']:>7} {toks}   {ratios}"
+                     + (f"; after the first token {decode}" if decode else ""))
     return "\n".join(lines)
 
 
