@@ -43,6 +43,12 @@ class EngineConfig:
             on WebGPU, whose staged prompt runs cost about the same up to 512 tokens), at least max_batch + 1.
         intra_op_threads: ORT intra-op threads; None -> number of physical cores.
         allow_spinning: let ORT's intra-op threads spin between ops (lower latency, burns CPU).
+        stop_spinning: stop the intra-op threads spinning as each run ends (ORT's ``session.force_spinning_stop``;
+            spinning between the ops of a run stays). Two sessions that run in turn on the same cores, a draft
+            model and its target, each have a thread pool; one left spinning after its run takes the cores from
+            the other's (on 2 cores: a 1.5B's decode step 70 -> 100 ms after each 0.5B draft step, the 0.5B's
+            26 -> 48 ms; docs/perf/speculative.md). None -> on where a draft model is loaded (both its sessions
+            and the target's).
         kv_rows: how KV rows are bound, overriding what the device's memory allows (``engine.placement``):
             None -> the device's way; "opaque" -> the bucket path of opaque buffers (prefix views, a staging row,
             device row copies: on the CPU EP a stand-in for WebGPU); "pointer" -> rows bound by address (on the
@@ -132,6 +138,7 @@ class EngineConfig:
     prefill_chunk: int | None = None
     intra_op_threads: int | None = None
     allow_spinning: bool = True
+    stop_spinning: bool | None = None
     kv_rows: str | None = None
     graph_capture: bool | None = None
     matmul_row_groups: int | None = None

@@ -130,8 +130,10 @@ def load_draft_model(folder: ModelFolder, config: EngineConfig, loaded: placemen
     """
     draft_folder = read_model_folder(Path(config.draft_model))
     check_same_vocabulary(folder.path, draft_folder.path)
+    # NOTE(engine): the draft's thread pool must not spin against the target's after its runs (config.stop_spinning)
     draft_config = dataclasses.replace(config, max_model_len=loaded.max_model_len, speculative_tokens=0,
-                                       draft_model=None, batched_prompts=False, graph_capture=False)
+                                       draft_model=None, batched_prompts=False, graph_capture=False,
+                                       stop_spinning=config.stop_spinning is not False)
     draft = placement.load(draft_folder, draft_config)
     if draft.runner.whole_buffer or not draft.runner.can_verify:
         raise ModelLoadError(f"the draft model {draft_folder.model_name} needs KV rows of its own on this device "

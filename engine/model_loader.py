@@ -356,13 +356,16 @@ def physical_cores() -> int:
 
 
 def session_options(config: EngineConfig, base: ort.SessionOptions | None = None) -> ort.SessionOptions:
-    """Graph optimization ALL, intra-op threads, spinning; on top of ``base`` (from ep/) if given."""
+    """Graph optimization ALL, intra-op threads, spinning (``EngineConfig.stop_spinning``: not after a run); on top of
+    ``base`` (from ep/) if given."""
     so = base if base is not None else ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = config.intra_op_threads or physical_cores()
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.allow_spinning else "0")
+    if config.stop_spinning or (config.stop_spinning is None and config.draft_model):
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     so.log_severity_level = 3
     return so

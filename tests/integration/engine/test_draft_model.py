@@ -291,3 +291,17 @@ def test_the_real_pair_gives_the_drafts_off_greedy_text(qwen_model: Path, qwen_d
     finally:
         drafted.shutdown()
         plain.shutdown()
+
+
+def test_the_target_and_its_draft_stop_their_threads_spinning_after_each_run(engines) -> None:
+    """Two sessions run in turn on the same cores: each stops its intra-op threads spinning as a run ends, so neither
+    pool spins against the other's next run (EngineConfig.stop_spinning); a model with no draft keeps spinning."""
+    drafted, plain = engines
+
+    def entry(session) -> str:
+        return session.get_session_options().get_session_config_entry("session.force_spinning_stop")
+
+    assert entry(drafted._core.runner.session) == "1"
+    assert entry(drafted._core.core.draft_model.runner.session) == "1"
+    with pytest.raises(Exception):  # not set: ONNX Runtime's default (threads may spin on between runs)
+        assert entry(plain._core.runner.session) != "1"
