@@ -63,11 +63,12 @@ async def count_runs(model: Path, requests: int, temperature: float, distinct: b
             "drafted": extra["spec_draft_tokens_total"], "accepted": extra["spec_accepted_tokens_total"]}
 
 
-def check_costs(model: Path, sizes: list[int], threads: int, rounds: int, position: int = 200) -> dict[int, float]:
+def check_costs(model: Path, sizes: list[int], threads: int, rounds: int, position: int = 200,
+                stop_spinning: bool | None = None) -> dict[int, float]:
     """Median time of a run of S tokens (S logits kept) over a one-token run's, single runs interleaved."""
     from perf.ceiling import BareLoop
 
-    loop = BareLoop(model, 1, threads, position + 64)
+    loop = BareLoop(model, 1, threads, position + 64, stop_spinning=stop_spinning)
     loop.prefill([(17 * i + 100) % 40000 + 100 for i in range(position)])
     ort, io = loop.ort, loop.io
     bound = {}

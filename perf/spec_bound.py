@@ -1,0 +1,232 @@
+"""The most a draft model can give on this machine: speculative decoding's ceiling from measured parts (issue 48).
+
+No engine, no HTTP: the target's and the draft's graphs on the engine's own session options (perf.ceiling.BareLoop),
+and the bench's own prompts (bench.speculative). Per workload:
+
+1. the target's greedy answer (``--tokens``), then the draft model teacher-forced over prompt + answer in one run:
+   at each answer position, whether the draft's argmax is the target's token, and so the run of agreeing tokens from
+   there (what a draft started there would get kept under greedy);
+2. the costs, in target decode steps, timed in interleaved single runs (medians): a draft decode step, a draft run
+   of 2 tokens (the catch-up after a check kept whole), and a target check of S tokens;
+3. the decode speed-up over the answer, replayed cycle by cycle from the agreement runs, for each fixed draft length
+   k and for an oracle that knows the run that will be kept and drafts the part of it that pays most (it never
+   drafts a token that is thrown away and never misses a draft that would pay: no length policy does better with
+   this draft model), and for drafts that go on while the draft model is sure of its next token (``--draft-p-min``). Nothing else is charged (no
+   sampling, no Python, no scheduling), so every figure is a ceiling for the engine.
+
+    ORTSERVE_CACHE_DIR=.cache flock /work/locks/cpu-bench.lock .venv/bin/python -m perf.spec_bound \\
+        --json docs/perf/spec-bound-cpu.json
+
+Findings: docs/perf/speculative.md ("The ceiling").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAX_DRAFT = 8
+P_MINS = (0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+
+
+def _model(name: str) -> Path:
+    from engine.builder.pull import local_model_folder, resolve_model
+
+    return local_model_folder(name) or resolve_model(name)
+
+
+def prompt_ids(folder: Path, workload: str, i: int) -> list[int]:
+    """The bench's i-th request of ``workload``, rendered by the model's chat template and tokenized."""
+    from tokenizers import Tokenizer
+
+    from bench.speculative import messages_of
+    from engine.chat_template import ChatTemplate
+
+    template = ChatTemplate.from_tokenizer_config(json.loads((folder / "tokenizer_config.json").read_text()))
+    text = template.render(messages_of(workload, i))
+    return Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+
+
+def all_logits(loop: Any, ids: list[int]) -> np.ndarray:
+    """One run of ``ids`` from position 0 on a BareLoop's row 0, every position's logits kept: ``[n, vocab]``."""
+    n = len(ids)
+    arr = np.array([ids], np.int64)
+    pos = np.arange(n, dtype=np.int64)[None]
+    mask = np.zeros((1, loop.length), np.int64)
+    mask[0, :n] = 1
+    keep = loop.ort.OrtValue.ortvalue_from_numpy(np.array([n], np.int64))
+    logits = np.zeros((1, n, loop.io.vocab_size), np.float32)
+    b = loop.session.io_binding()
+    b.bind_cpu_input(loop.io.input_ids, arr)
+    if loop.io.position_ids:
+        b.bind_cpu_input(loop.io.position_ids, pos)
+    b.bind_cpu_input(loop.io.attention_mask, mask)
+    if loop.keep_last:
+        b.bind_ortvalue_input("logits_to_keep", keep)
+    b.bind_output(loop.io.logits, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+    loop._bind_kv(b, 0, 1)
+    loop.session.run_with_iobinding(b)
+    return logits[0]
+
+
+def greedy_answer(loop: Any, prompt: list[int], tokens: int, stop: set[int]) -> list[int]:
+    """The target's greedy answer after ``prompt`` (at most ``tokens``, ending at a stop token)."""
+    first = loop.prefill(prompt)
+    out = [int(first[0])]
+    loop.begin(first, len(prompt))
+    while len(out) < tokens and out[-1] not in stop:
+        out.append(int(loop.step()[0]))
+    return out
+
+
+def agreement_runs(agree: list[bool]) -> list[int]:
+    """For each position, how many positions from there on agree in a row."""
+    runs = [0] * (len(agree) + 1)
+    for j in range(len(agree) - 1, -1, -1):
+        runs[j] = runs[j + 1] + 1 if agree[j] else 0
+    return runs[:-1]
+
+
+def replay(runs: list[int], cost: dict[str, Any], k: int | None) -> float:
+    """Decode speed-up over plain steps of a greedy answer whose agreement runs are ``runs``: each cycle drafts ``k``
+    tokens (None: the oracle, which knows the run and drafts the length of it that gives the most tokens per step;
+    0 drafted: a plain step), the target checks them in one run
+    and keeps the agreeing prefix plus its own next token."""
+    c, c2, check = cost["draft_step"], cost["draft_run2"], cost["check"]
+    j, steps = 0, 0.0
+    caught_up = True  # the draft row lacks at most the one token the target chose after the last check
+    while j < len(runs):
+        first = c if caught_up else c2
+        if k is None:  # the oracle: of the lengths the run allows, the most tokens per step this cycle (0: none)
+            d = max(range(min(runs[j], MAX_DRAFT, len(runs) - j - 1) + 1),
+                    key=lambda n: 1.0 if n == 0 else (n + 1) / (first + c * (n - 1) + check[n + 1]))
+        else:
+            d = min(k, len(runs) - j - 1)
+        if d <= 0:
+            steps += 1.0
+            j += 1
+            caught_up = False
+            continue
+        kept = min(d, runs[j])
+        # the draft's first run takes the token(s) it lacks (2 after a check kept whole), then one token a run
+        steps += first + c * (d - 1) + check[d + 1]
+        caught_up = kept < d  # a check kept whole leaves the draft row two tokens behind
+        j += kept + 1
+    return len(runs) / steps
+
+
+def replay_confident(runs: list[int], conf: list[float], cost: dict[str, Any], p_min: float) -> float:
+    """Like ``replay`` for a policy that reads the draft's own confidence: each cycle drafts one token, and more while
+    the draft model gives its next token at least ``p_min`` (llama.cpp's --draft-p-min), at most MAX_DRAFT."""
+    c, c2, check = cost["draft_step"], cost["draft_run2"], cost["check"]
+    j, steps, caught_up = 0, 0.0, True
+    while j < len(runs) - 1:
+        d = 1
+        while d < min(MAX_DRAFT, len(runs) - j - 1) and conf[j + d] >= p_min:
+            d += 1
+        kept = min(d, runs[j])
+        steps += (c if caught_up else c2) + c * (d - 1) + check[d + 1]
+        caught_up = kept < d
+        j += kept + 1
+    steps += len(runs) - j  # the last token: a plain step
+    return len(runs) / steps
+
+
+def timed(fn: Any, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--workloads", default="code_edit,chat,json")
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per workload (the bench's first N)")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=30, help="timed runs per cost (medians)")
+    ap.add_argument("--spinning", action="store_true",
+                    help="the sessions' threads spin on after each run (the engine before stop_spinning)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+
+    from perf.ceiling import BareLoop
+    from perf.spec_cost import check_costs
+
+    target_dir, draft_dir = _model(args.target), _model(args.draft)
+    length = 1024
+    # both with the engine's settings beside a draft model (EngineConfig.stop_spinning: neither pool spins on)
+    stop = None if args.spinning else True
+    tl = BareLoop(target_dir, 1, args.threads, length, stop_spinning=stop)
+    dl = BareLoop(draft_dir, 1, args.threads, length, stop_spinning=stop)
+    tok = json.loads((target_dir / "genai_config.json").read_text())["model"]
+    eos = {int(t) for t in np.atleast_1d(tok.get("eos_token_id", []))}
+
+    print("[spec_bound] costs (interleaved single runs, medians)", file=sys.stderr, flush=True)
+    prompt = prompt_ids(target_dir, "chat", 0)
+    tl.begin(tl.prefill(prompt), len(prompt))
+    dl.begin(dl.prefill(prompt), len(prompt))
+    t_step, d_step = [], []
+    for _ in range(args.rounds):
+        t_step.append(timed(tl.step, 1))
+        d_step.append(timed(dl.step, 1))
+    step = statistics.median(t_step)
+    check = check_costs(target_dir, list(range(2, MAX_DRAFT + 2)), args.threads, args.rounds, position=len(prompt),
+                        stop_spinning=stop)
+    draft_checks = check_costs(draft_dir, [2], args.threads, args.rounds, position=len(prompt), stop_spinning=stop)
+    cost = {"target_step_ms": round(1000 * step, 2), "draft_step_ms": round(1000 * statistics.median(d_step), 2),
+            "draft_step": statistics.median(d_step) / step}
+    cost["draft_run2"] = cost["draft_step"] * draft_checks[2]
+    cost["check"] = {s: round(v, 3) for s, v in check.items()}
+
+    report: dict[str, Any] = {"target": str(target_dir), "draft": str(draft_dir), "tokens": args.tokens,
+                              "threads": args.threads, "spinning": args.spinning, "costs": {k: (round(v, 3) if isinstance(v, float) else v)
+                                                                 for k, v in cost.items()}, "workloads": {}}
+    for workload in args.workloads.split(","):
+        runs_all: list[list[int]] = []
+        confs: list[list[float]] = []
+        agreed = total = 0
+        for i in range(args.prompts):
+            prompt = prompt_ids(target_dir, workload, i)
+            answer = greedy_answer(tl, prompt, args.tokens, eos)
+            logits = all_logits(dl, prompt + answer)
+            guess = np.argmax(logits[len(prompt) - 1:len(prompt) + len(answer) - 1], axis=-1)
+            agree = [int(g) == a for g, a in zip(guess, answer)]
+            z = logits[len(prompt) - 1:len(prompt) + len(answer) - 1]
+            z = np.exp(z - z.max(axis=-1, keepdims=True))
+            confs.append([float(v) for v in (z.max(axis=-1) / z.sum(axis=-1))])
+            agreed, total = agreed + sum(agree), total + len(agree)
+            runs_all.append(agreement_runs(agree))
+        ks = {str(k): round(statistics.mean(replay(r, cost, k) for r in runs_all), 3) for k in range(1, MAX_DRAFT + 1)}
+        oracle = round(statistics.mean(replay(r, cost, None) for r in runs_all), 3)
+        gated = {str(p): round(statistics.mean(replay_confident(r, q, cost, p) for r, q in zip(runs_all, confs)), 3)
+                 for p in P_MINS}
+        best = max(ks, key=ks.get)
+        best_p = max(gated, key=gated.get)
+        report["workloads"][workload] = {"agreement": round(agreed / total, 3), "tokens": total,
+                                         "speedup_by_draft_length": ks, "best_fixed": [int(best), ks[best]],
+                                         "oracle": oracle, "speedup_by_p_min": gated,
+                                         "best_p_min": [float(best_p), gated[best_p]]}
+        print(f"[spec_bound] {workload}: agreement {agreed / total:.1%} over {total} tokens; ceiling: best fixed "
+              f"k={best} {ks[best]:.2f}x, by the draft's confidence (p_min {best_p}) {gated[best_p]:.2f}x, "
+              f"oracle {oracle:.2f}x", file=sys.stderr, flush=True)
+    print(json.dumps(report, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
