@@ -155,10 +155,19 @@ async def run_cell(client: openai.AsyncOpenAI, http: httpx.AsyncClient, target: 
             first = last = None
             parts: list[str] = []
             used = 0
-            stream = await client.chat.completions.create(
-                model=target.model or "default", messages=messages_of(workload, i), max_tokens=max_tokens,
-                temperature=temperature, seed=seed + i, stream=True, stream_options={"include_usage": True},
-                extra_body={"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0})
+            for attempt in range(3):
+                try:
+                    stream = await client.chat.completions.create(
+                        model=target.model or "default", messages=messages_of(workload, i), max_tokens=max_tokens,
+                        temperature=temperature, seed=seed + i, stream=True, stream_options={"include_usage": True},
+                        extra_body={"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0})
+                    break
+                except openai.APIConnectionError:
+                    # NOTE(bench): a kept-alive connection the server closed between two requests (llama-server
+                    # does) fails before the request is sent: open a new one, no more than twice
+                    if attempt == 2:
+                        raise
+                    start = time.perf_counter()
             async for chunk in stream:
                 now = time.perf_counter()
                 if chunk.choices and chunk.choices[0].delta.content:

@@ -30,9 +30,11 @@ class BareLoop:
     """Greedy decode of B rows with one IOBinding per shape; the engine's session options."""
 
     def __init__(self, model_dir: Path, batch: int, threads: int, max_length: int,
-                 profile_prefix: str | None = None, stop_spinning: bool | None = None) -> None:
+                 profile_prefix: str | None = None, stop_spinning: bool | None = None,
+                 allow_spinning: bool = True) -> None:
         """``profile_prefix``: turn on ONNX Runtime's profiler, its JSON written from that prefix (op_profile);
-        ``stop_spinning``: ``EngineConfig.stop_spinning`` (two loops run in turn, as a target and its draft)."""
+        ``stop_spinning``, ``allow_spinning``: ``EngineConfig``'s (two loops run in turn, as a target and its
+        draft)."""
         import onnxruntime as ort
 
         from engine.config import EngineConfig
@@ -40,7 +42,8 @@ class BareLoop:
 
         self.ort = ort
         folder = read_model_folder(model_dir)
-        options = session_options(EngineConfig(intra_op_threads=threads, stop_spinning=stop_spinning))
+        options = session_options(EngineConfig(intra_op_threads=threads, stop_spinning=stop_spinning,
+                                                allow_spinning=allow_spinning))
         if profile_prefix is not None:
             options.enable_profiling = True
             options.profile_file_prefix = profile_prefix
