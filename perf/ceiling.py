@@ -64,31 +64,34 @@ class BareLoop:
             binding.bind_ortvalue_output(ok, k)
             binding.bind_ortvalue_output(ov, v)
 
-    def prefill(self, prompt: list[int]) -> np.ndarray:
-        """The prompt into every row (one B=1 run per row); returns each row's first token."""
+    def prompt_logits(self, prompt: list[int], row: int = 0, keep_all: bool = False) -> np.ndarray:
+        """One run of ``prompt`` from position 0 in ``row``: the last position's logits ``[1, vocab]``, or every
+        position's ``[n, vocab]`` (``keep_all``, or a graph that keeps them all)."""
         n = len(prompt)
-        firsts = []
         # NOTE(bench): IOBinding keeps no reference to the numpy arrays it binds: they must outlive the run.
         ids = np.array([prompt], np.int64)
         pos = np.arange(n, dtype=np.int64)[None]
         # The mask is as wide as the KV buffer, as the engine binds a prompt's.
         mask = np.zeros((1, self.length), np.int64)
         mask[0, :n] = 1
-        keep = self.ort.OrtValue.ortvalue_from_numpy(np.ones(1, np.int64))
-        for row in range(self.batch):
-            b = self.session.io_binding()
-            b.bind_cpu_input(self.io.input_ids, ids)
-            if self.io.position_ids:
-                b.bind_cpu_input(self.io.position_ids, pos)
-            b.bind_cpu_input(self.io.attention_mask, mask)
-            if self.keep_last:
-                b.bind_ortvalue_input("logits_to_keep", keep)
-            logits = np.zeros((1, 1 if self.keep_last else n, self.io.vocab_size), np.float32)
-            b.bind_output(self.io.logits, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-            self._bind_kv(b, row, row + 1)
-            self.session.run_with_iobinding(b)
-            firsts.append(int(np.argmax(logits[0, -1])))
-        return np.array(firsts, np.int64)
+        kept = n if keep_all or not self.keep_last else 1
+        keep = self.ort.OrtValue.ortvalue_from_numpy(np.array([kept], np.int64))
+        b = self.session.io_binding()
+        b.bind_cpu_input(self.io.input_ids, ids)
+        if self.io.position_ids:
+            b.bind_cpu_input(self.io.position_ids, pos)
+        b.bind_cpu_input(self.io.attention_mask, mask)
+        if self.keep_last:
+            b.bind_ortvalue_input("logits_to_keep", keep)
+        logits = np.zeros((1, kept, self.io.vocab_size), np.float32)
+        b.bind_output(self.io.logits, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        self._bind_kv(b, row, row + 1)
+        self.session.run_with_iobinding(b)
+        return logits[0]
+
+    def prefill(self, prompt: list[int]) -> np.ndarray:
+        """The prompt into every row (one B=1 run per row); returns each row's first token."""
+        return np.array([int(np.argmax(self.prompt_logits(prompt, row)[-1])) for row in range(self.batch)], np.int64)
 
     def begin(self, first: np.ndarray, start: int) -> None:
         """Bind the decode inputs for greedy steps from position ``start``, feeding ``first`` (``[B]``) first."""

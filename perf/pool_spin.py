@@ -20,7 +20,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ MODES = ("spin", "stop", "nospin")
 
 def one_mode(target: Path, draft: Path, mode: str, threads: int, steps: int) -> dict[str, Any]:
     """Median step times (ms) of both models alone and in turn, in one setting."""
+    from perf import spec_bound
     from perf.ceiling import BareLoop
 
     stop = True if mode == "stop" else None
@@ -38,10 +38,8 @@ def one_mode(target: Path, draft: Path, mode: str, threads: int, steps: int) -> 
     for loop in loops:
         loop.begin(loop.prefill(prompt), len(prompt))
 
-    def timed(loop: Any) -> float:
-        t0 = time.perf_counter()
-        loop.step()
-        return 1000 * (time.perf_counter() - t0)
+    def timed(loop: Any) -> float:  # ms
+        return 1000 * spec_bound.timed(loop.step)
 
     t_alone = [timed(loops[0]) for _ in range(steps)]
     d_alone = [timed(loops[1]) for _ in range(steps)]
@@ -54,7 +52,7 @@ def one_mode(target: Path, draft: Path, mode: str, threads: int, steps: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.builder.pull import local_model_folder, resolve_model
+    from engine.builder.pull import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
@@ -64,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=MODES, help="one setting in this process (default: each in its own)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    target = local_model_folder(args.target) or resolve_model(args.target)
-    draft = local_model_folder(args.draft) or resolve_model(args.draft)
+    target, draft = resolve_model(args.target), resolve_model(args.draft)
     if args.mode:
         print(json.dumps(one_mode(target, draft, args.mode, args.threads, args.steps)))
         return 0

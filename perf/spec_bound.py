@@ -36,12 +36,6 @@ MAX_DRAFT = 8
 P_MINS = (0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 
 
-def _model(name: str) -> Path:
-    from engine.builder.pull import local_model_folder, resolve_model
-
-    return local_model_folder(name) or resolve_model(name)
-
-
 def prompt_ids(folder: Path, workload: str, i: int) -> list[int]:
     """The bench's i-th request of ``workload``, rendered by the model's chat template and tokenized."""
     from tokenizers import Tokenizer
@@ -52,28 +46,6 @@ def prompt_ids(folder: Path, workload: str, i: int) -> list[int]:
     template = ChatTemplate.from_tokenizer_config(json.loads((folder / "tokenizer_config.json").read_text()))
     text = template.render(messages_of(workload, i))
     return Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text, add_special_tokens=False).ids
-
-
-def all_logits(loop: Any, ids: list[int]) -> np.ndarray:
-    """One run of ``ids`` from position 0 on a BareLoop's row 0, every position's logits kept: ``[n, vocab]``."""
-    n = len(ids)
-    arr = np.array([ids], np.int64)
-    pos = np.arange(n, dtype=np.int64)[None]
-    mask = np.zeros((1, loop.length), np.int64)
-    mask[0, :n] = 1
-    keep = loop.ort.OrtValue.ortvalue_from_numpy(np.array([n], np.int64))
-    logits = np.zeros((1, n, loop.io.vocab_size), np.float32)
-    b = loop.session.io_binding()
-    b.bind_cpu_input(loop.io.input_ids, arr)
-    if loop.io.position_ids:
-        b.bind_cpu_input(loop.io.position_ids, pos)
-    b.bind_cpu_input(loop.io.attention_mask, mask)
-    if loop.keep_last:
-        b.bind_ortvalue_input("logits_to_keep", keep)
-    b.bind_output(loop.io.logits, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-    loop._bind_kv(b, 0, 1)
-    loop.session.run_with_iobinding(b)
-    return logits[0]
 
 
 def greedy_answer(loop: Any, prompt: list[int], tokens: int, stop: set[int]) -> list[int]:
@@ -139,13 +111,11 @@ def replay_confident(runs: list[int], conf: list[float], cost: dict[str, Any], p
     return len(runs) / steps
 
 
-def timed(fn: Any, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def timed(fn: Any) -> float:
+    """Seconds one call of ``fn`` takes."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,10 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
+    from engine.builder.pull import resolve_model
     from perf.ceiling import BareLoop
     from perf.spec_cost import check_costs
 
-    target_dir, draft_dir = _model(args.target), _model(args.draft)
+    target_dir, draft_dir = resolve_model(args.target), resolve_model(args.draft)
     length = 1024
     # both with the engine's settings beside a draft model (EngineConfig.stop_spinning: neither pool spins on)
     stop = None if args.spinning else True
@@ -180,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     dl.begin(dl.prefill(prompt), len(prompt))
     t_step, d_step = [], []
     for _ in range(args.rounds):
-        t_step.append(timed(tl.step, 1))
-        d_step.append(timed(dl.step, 1))
+        t_step.append(timed(tl.step))
+        d_step.append(timed(dl.step))
     step = statistics.median(t_step)
     check = check_costs(target_dir, list(range(2, MAX_DRAFT + 2)), args.threads, args.rounds, position=len(prompt),
                         stop_spinning=stop)
@@ -201,10 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.prompts):
             prompt = prompt_ids(target_dir, workload, i)
             answer = greedy_answer(tl, prompt, args.tokens, eos)
-            logits = all_logits(dl, prompt + answer)
-            guess = np.argmax(logits[len(prompt) - 1:len(prompt) + len(answer) - 1], axis=-1)
-            agree = [int(g) == a for g, a in zip(guess, answer)]
-            z = logits[len(prompt) - 1:len(prompt) + len(answer) - 1]
+            # the draft's logits before each answer token
+            z = dl.prompt_logits(prompt + answer, keep_all=True)[len(prompt) - 1:len(prompt) + len(answer) - 1]
+            agree = [int(g) == a for g, a in zip(np.argmax(z, axis=-1), answer)]
             z = np.exp(z - z.max(axis=-1, keepdims=True))
             confs.append([float(v) for v in (z.max(axis=-1) / z.sum(axis=-1))])
             agreed, total = agreed + sum(agree), total + len(agree)
