@@ -91,9 +91,15 @@ def test_claude_code_reads_a_file(qwen: ServeProcess, tmp_path: Path, version: s
     """Claude Code as a read-only agent (`--tools Read`: its ~2.3k-token prompt; thinking, context_management,
     max_tokens 32000, streamed): it calls Read on hello.py, gets the file back, answers with what it prints;
     exit 0. Seen (2.1.332, greedy, repetition_penalty 1.1): "**Why:** The `print` statement in the `hello.py` file
-    outputs the string "hello from ortserve, 7316". ..."."""
+    outputs the string "hello from ortserve, 7316". ..." (the "**Why:**" mimics the format its prompt's memory section
+    asks for)."""
+    # NOTE(agents): the answer is the model's (see the NOTE on the answers): Claude Code's prompt carries the date, the
+    # scratch folder's path (twice) and the kernel's version, so the same greedy request differs from day to day and
+    # machine to machine. In CI on 5 Dec 2026 the same turn, after the same Read and its result, said "The user
+    # requested to see the contents of `hello.py`, which contains two print statements. The output is presented in
+    # cat -n format, ..." without the number; the server side (call parsed, result received, prefix reused) held.
     result, _ = _claude(qwen, tmp_path, version, "--tools", "Read")
-    assert ANSWER in result["result"], result["result"]
+    answer_or_xfail(result["result"], f"claude code {version} --tools Read")
 
 
 @pytest.mark.parametrize("version", release_params("claude-code"))
