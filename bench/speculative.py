@@ -212,10 +212,23 @@ def _first_difference(a: str, b: str) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+WARMUP_MESSAGES = [{"role": "user", "content": "Say hello in one short sentence."}]
+
+
+async def warm_up(client: openai.AsyncOpenAI, target: Target, n: int) -> None:
+    """``n`` unrecorded requests before the first cell: a server's first runs (its allocations, page faults, the
+    kernels' first calls) would otherwise fall on the first cell's first target alone. A prompt no workload shares,
+    so the measured prompts stay cold in round 1 for every target."""
+    for _ in range(n):
+        await client.chat.completions.create(model=target.model or "default", messages=WARMUP_MESSAGES,
+                                             max_tokens=16, temperature=0.0)
+
+
 async def run_bench(targets: list[Target], *, workloads: list[str], temperatures: list[float], streams: list[int],
-                    rounds: int, requests: int, max_tokens: int, seed: int = 0,
+                    rounds: int, requests: int, max_tokens: int, seed: int = 0, warmup: int = 1,
                     progress: bool = True) -> dict[str, Any]:
-    """Every cell on every target, ``rounds`` times (the targets' order rotated each round); the report."""
+    """Every cell on every target, ``rounds`` times (the targets' order rotated each round), after ``warmup``
+    unrecorded requests to each target; the report."""
     cells = [(w, t, s) for w in workloads for t in temperatures for s in streams]
     runs: dict[tuple, dict[str, list[CellRun]]] = {c: {t.label: [] for t in targets} for c in cells}
     async with httpx.AsyncClient() as http:
@@ -224,6 +237,7 @@ async def run_bench(targets: list[Target], *, workloads: list[str], temperatures
         for t in targets:
             if t.model is None:
                 t.model = (await clients[t.label].models.list()).data[0].id
+            await warm_up(clients[t.label], t, warmup)
         for rnd in range(rounds):
             for n, cell in enumerate(cells):
                 order = targets[(rnd + n) % len(targets):] + targets[:(rnd + n) % len(targets)]
@@ -237,7 +251,8 @@ async def run_bench(targets: list[Target], *, workloads: list[str], temperatures
                               file=sys.stderr, flush=True)
         for c in clients.values():
             await c.close()
-    return _report(targets, cells, runs, rounds=rounds, requests=requests, max_tokens=max_tokens, seed=seed)
+    return _report(targets, cells, runs, rounds=rounds, requests=requests, max_tokens=max_tokens, seed=seed,
+                   warmup=warmup)
 
 
 def _report(targets: list[Target], cells: list[tuple], runs: dict, **settings: Any) -> dict[str, Any]:
@@ -344,4 +359,4 @@ async def run(args: Any) -> dict[str, Any]:
     return await run_bench(targets, workloads=args.workloads, temperatures=args.temperatures,
                            streams=args.concurrency or [1], rounds=args.rounds, requests=args.num_requests or 2,
                            max_tokens=args.output_tokens or 128, seed=args.seed,
-                           progress=args.progress is not False)
+                           warmup=max(0, getattr(args, "warmup", 1)), progress=args.progress is not False)

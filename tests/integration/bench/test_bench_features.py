@@ -4,8 +4,10 @@ peer that has the feature off: the reports hold what the scenarios promise (no t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bench.cli import main
@@ -76,13 +78,18 @@ def test_distinct_prompts_keep_two_targets_on_one_server_apart(tiny_model: Path,
 
 def test_speculative_reports_the_decode_rate_apart_from_the_prompt(tiny_model: Path, tmp_path: Path, capsys) -> None:
     """The speculative scenario streams each answer: the rate after the first token (what drafts speed up) and the
-    time to it come apart from the wall-time rate, for both targets, with the drafts' counts from /metrics."""
+    time to it come apart from the wall-time rate, for both targets, with the drafts' counts from /metrics. Each
+    target gets --warmup unrecorded requests first (2 here), so its first runs do not fall on the first cell."""
     with serve_app(create_app(api_settings(tiny_model))) as ours, \
             serve_app(create_app(api_settings(tiny_model, speculative_tokens=0))) as peer:
         out = tmp_path / "speculative.json"
         assert main(["--scenario", "speculative", "--url", ours.url, "--peer-url", peer.url, "--peer-label", "off",
                      "--workloads", "chat", "--temperatures", "0", "--rounds", "1", "--num-requests", "1",
-                     "--output-tokens", "24", "--no-progress", "--out", str(out)]) == 0
+                     "--output-tokens", "24", "--warmup", "2", "--no-progress", "--out", str(out)]) == 0
+        for server in (ours, peer):  # 2 warm-ups and the one measured request, each finished
+            scraped = httpx.get(f"{server.base}/metrics").text
+            finished = re.findall(r'^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$', scraped, re.M)
+            assert sum(float(v) for v in finished) == 3, scraped[-2000:]
     printed = capsys.readouterr().out
     assert "after the first token off:" in printed
     (cell,) = json.loads(out.read_text())["cells"]
