@@ -161,7 +161,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     if settings.draft_model:  # pulled (and converted) now too; the engine checks its vocabulary at load
         try:
-            draft_dir = resolve_model(settings.draft_model)
+            # NOTE(server): the draft takes the target's dtype (float16 on a GPU) and, from a GGUF or a name, its
+            # --draft-quant copy (a folder is used as it is)
+            draft_dir = resolve_model(settings.draft_model, dtype=dtype.dtype, requant=settings.draft_requant)
         except (BuildError, OSError) as exc:
             print(f"ortserve serve: cannot resolve draft model {settings.draft_model!r}: {exc}", file=sys.stderr)
             return 1

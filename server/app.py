@@ -88,7 +88,7 @@ def load_engine(settings: Settings) -> EngineClient:
     from engine.builder import resolve_model
 
     model_dir = resolve_model(settings.model)
-    draft_dir = resolve_model(settings.draft_model) if settings.draft_model else None
+    draft_dir = resolve_model(settings.draft_model, requant=settings.draft_requant) if settings.draft_model else None
     return AsyncEngine.from_model_dir(model_dir, engine_config_from(settings, draft_dir))
 
 

@@ -324,6 +324,12 @@ class Settings(StateStoreSettings):
         0.6, ge=0.0, le=1.0, description="A row stops drafting once the draft model gave its token less than this "
         "probability (llama.cpp's --spec-draft-p-min).",
     )
+    draft_quant: Literal["q4_0", "none"] = Field(
+        "q4_0", description="How a draft model from a .gguf file or a known name is converted: q4_0 requantizes "
+        "its weights stored in more than 4 bits (Q5_0, Q8_0, Q6_K: 8-bit in ONNX) to llama.cpp's Q4_0, so that a "
+        "draft step reads about half the bytes (the target checks every draft token, so its output is unchanged); "
+        "none converts it exactly. A model folder is used as it is (vLLM's speculative-config quantization).",
+    )
     per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = Field(
         "none", description="Each chat or completions response (the last chunk with usage, when streamed) and "
         "each Responses or Messages response carries its own draft checks in `metrics.speculative_decoding`, as "
@@ -331,6 +337,11 @@ class Settings(StateStoreSettings):
         "acceptance rate, histogram); detailed adds each check's drafted and accepted counts. none: responses "
         "are unchanged.",
     )
+
+    @property
+    def draft_requant(self) -> str | None:
+        """--draft-quant as the builder's ``requant`` (None: exact)."""
+        return None if self.draft_quant == "none" else self.draft_quant
 
     step_trace: str | None = Field(
         None, description="Append a JSON line per engine step and per garbage collection to this file (when, how "

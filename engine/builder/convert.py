@@ -33,6 +33,7 @@ def convert_gguf(
     marker: dict | None = None,
     kv_dtype: str | None = None,
     exact_scales: bool = False,
+    requant: str | None = None,
 ) -> Path:
     """Converts a llama-like GGUF into a model folder (docs/ARCHITECTURE.md layout).
 
@@ -49,6 +50,9 @@ def convert_gguf(
         kv_dtype: the KV cache's dtype when not ``dtype`` (float16 KV beside float32 activations halves the KV).
         exact_scales: float16 only: keep K-quant linears in float32 (exact scales) instead of rounding their scales
             to float16 (the default, the GPUs' fast path; engine.builder.graph).
+        requant: "q4_0": every linear stored in more than 4 bits (Q5_0, Q8_0, Q6_K, float, ...) requantized as
+            llama.cpp's Q4_0 (engine.builder.quant.to_q4_0): lossy, for a draft model (``--draft-quant``), whose
+            4-bit weights read half the bytes. None (the default): every value exact.
     Returns:
         The folder, resolved.
     Raises:
@@ -81,7 +85,7 @@ def convert_gguf(
 
         def build(data: ExternalData):
             # 1. Each tensor is converted when the graph reaches it, written to the data file, and dropped.
-            return build_graph(spec, model.stream_weights(on_tensor), dtype=dtype, accuracy_level=accuracy_level,
+            return build_graph(spec, model.stream_weights(on_tensor, requant), dtype=dtype, accuracy_level=accuracy_level,
                                data=data, kv_dtype=kv_dtype, exact_scales=exact_scales)
 
         return write_model_folder(out_dir, build, spec, tok, special, tok_cfg, max_length=max_len,

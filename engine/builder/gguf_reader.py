@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as T
 from engine.builder.errors import GGUFFormatError, UnsupportedArchitectureError, UnsupportedTensorTypeError
 from engine.builder.ggml_quants import CONVERTERS, SUPPORTED_TYPES
 from engine.builder.graph import LayerWeights, ModelSpec, ModelWeights
-from engine.builder.quant import BlockQuantMatrix, LinearWeight, split_rows
+from engine.builder.quant import REQUANT_FORMATS, BlockQuantMatrix, LinearWeight, split_rows, to_q4_0
 
 GGUF_MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -223,9 +223,11 @@ class GGUFModel:
         return ModelWeights(embedding=embedding, layers=list(s.layers), output_norm=s.output_norm,
                             lm_head=embedding if s.tied else s.lm_head, rope_freq_factors=s.rope_freq_factors)
 
-    def stream_weights(self, on_tensor: Callable[[str], None] | None = None) -> StreamedWeights:
-        """The weights as ``build_graph`` reads them, each converted when read and not kept (see StreamedWeights)."""
-        return StreamedWeights(self, on_tensor)
+    def stream_weights(self, on_tensor: Callable[[str], None] | None = None,
+                       requant: str | None = None) -> StreamedWeights:
+        """The weights as ``build_graph`` reads them, each converted when read and not kept (see StreamedWeights);
+        ``requant``: "q4_0" requantizes the linears stored in more than 4 bits (quant.to_q4_0), else exact."""
+        return StreamedWeights(self, on_tensor, requant)
 
     @property
     def num_tensors(self) -> int:
@@ -455,9 +457,13 @@ class StreamedWeights:
     LM head converts the embedding's scales a second time, its codes are shared).
     """
 
-    def __init__(self, model: GGUFModel, on_tensor: Callable[[str], None] | None = None) -> None:
+    def __init__(self, model: GGUFModel, on_tensor: Callable[[str], None] | None = None,
+                 requant: str | None = None) -> None:
+        if requant is not None and requant not in REQUANT_FORMATS:
+            raise ValueError(f"requant must be one of {REQUANT_FORMATS} or None, got {requant!r}")
         self.model = model
         self.on_tensor = on_tensor
+        self.requant = requant  # "q4_0": every linear stored in more than 4 bits requantized (quant.to_q4_0)
         self.mapping = ARCHITECTURES[model.architecture]
         self.tied = "output.weight" not in model.tensors
         self.layers: Sequence[LayerWeights] = _Layers(self)
@@ -478,7 +484,7 @@ class StreamedWeights:
         t = self._get(name)
         w = convert_tensor(t)
         self._done(t)
-        return w
+        return to_q4_0(w) if self.requant == "q4_0" else w
 
     def vector(self, name: str, *, required: bool = True) -> np.ndarray | None:
         if not required and name not in self.model.tensors:

@@ -35,10 +35,11 @@ BUILDER_VERSION = 4  # bump when the graph changes so cached folders are rebuilt
 EMBEDDING_MODEL = "all-minilm-l6-v2"  # the default --embedding-model
 
 
-def _layout(dtype: str) -> dict[str, str]:
+def _layout(dtype: str, requant: str | None = None) -> dict[str, str]:
     """What a folder's marker records beside BUILDER_VERSION for this dtype: float16 folders round K-quant scales
-    to float16 (engine.builder.graph), which older float16 folders did not, so only those are converted again."""
-    return {"scales": "float16"} if dtype == "float16" else {}
+    to float16 (engine.builder.graph), which older float16 folders did not, so only those are converted again; a
+    requantized folder (a draft model's, ``convert_gguf(requant=...)``) names its format."""
+    return {**({"scales": "float16"} if dtype == "float16" else {}), **({"requant": requant} if requant else {})}
 
 
 GGUF, SENTENCE_TRANSFORMERS_ZIP = "gguf", "sentence-transformers-zip"  # ModelSource.kind
@@ -156,6 +157,7 @@ def pull_model(
     gguf_file: str | Path | None = None,
     dtype: str = "float32",
     accuracy_level: int = 4,
+    requant: str | None = None,
 ) -> Path:
     """Downloads, verifies and converts a known model into the cache; instant when already there.
 
@@ -166,8 +168,9 @@ def pull_model(
         gguf_file: use this local copy of the GGUF (or zip) instead of downloading (still sha256-checked).
         dtype, accuracy_level: passed to convert_gguf; non-default values get their own folder (ignored for
             sentence-transformers models, which stay float32).
+        requant: passed to convert_gguf ("q4_0": a draft model's lossy 4-bit copy), in a folder of its own.
     Returns:
-        The model folder ``cache_dir/name[-dtype-accN]``.
+        The model folder ``cache_dir/name[-dtype-accN][-requant]``.
     Raises:
         UnknownModelError, DownloadError, ChecksumError, other BuildErrors from the conversion.
     """
@@ -176,10 +179,11 @@ def pull_model(
     source = KNOWN_MODELS[name]
     cache = Path(cache_dir) if cache_dir is not None else model_cache_dir()
     if source.kind == SENTENCE_TRANSFORMERS_ZIP:
-        dtype, accuracy_level = "float32", 4
+        dtype, accuracy_level, requant = "float32", 4, None
     folder = name if (dtype, accuracy_level) == ("float32", 4) else f"{name}-{dtype}-acc{accuracy_level}"
+    folder += f"-{requant}" if requant else ""
     target = cache / folder
-    marker = _known_marker(source, dtype, accuracy_level)
+    marker = _known_marker(source, dtype, accuracy_level, requant)
     generation = dict(source.generation)
     if marker_matches(target, marker) and has_generation_defaults(target, generation):
         return target
@@ -187,6 +191,13 @@ def pull_model(
     with _locked(cache / f".{folder}.lock"):
         if not marker_matches(target, marker):  # else another process finished it while we waited
             with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
+                kept = cache / "gguf" / source.filename  # fetch_gguf's copy in the cache (the benches keep one)
+                if gguf_file is None and kept.is_file():
+                    try:  # another variant of the model (dtype, requant) converts from it, not from a download
+                        verify_file(kept, source.sha256, source.size_bytes)
+                        gguf_file = kept
+                    except ChecksumError:
+                        pass
                 if gguf_file is not None:
                     gguf = Path(gguf_file)
                     verify_file(gguf, source.sha256, source.size_bytes)
@@ -195,7 +206,7 @@ def pull_model(
                 if source.kind == SENTENCE_TRANSFORMERS_ZIP:
                     return convert_sentence_transformer(gguf, target, overwrite=True, marker=marker)
                 convert_gguf(gguf, target, accuracy_level=accuracy_level, dtype=dtype, overwrite=True,
-                             progress=progress, marker=marker)
+                             progress=progress, marker=marker, requant=requant)
         # NOTE(builder): a folder converted before its source named these defaults gets them here, in place:
         # converting again is never needed for them.
         write_generation_defaults(target, generation)
@@ -228,7 +239,7 @@ def fetch_gguf(name: str, dest_dir: str | Path, progress: bool = True) -> Path:
 
 
 def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None, progress: bool = True, *,
-                  dtype: str | None = None) -> Path:
+                  dtype: str | None = None, requant: str | None = None) -> Path:
     """A model folder for a folder path, a .gguf file (converted into the cache once per dtype) or a known name.
 
     Args:
@@ -237,6 +248,9 @@ def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None,
             (float32: ``<stem>-<sha12>``, float16: ``<stem>-<sha12>-float16``). A folder of another dtype is
             converted again from the source its marker names, when that is still there, else refused. None: any
             dtype (float32 for a conversion), as before.
+        requant: "q4_0": a GGUF or a known name is converted with its linears in more than 4 bits requantized to
+            4 bits (convert_gguf's ``requant``; a draft model's ``--draft-quant``), into a folder of its own; a
+            folder is served as it is.
     Raises:
         UnknownModelError when it is none of these; DtypeMismatchError for a folder of another dtype that cannot
         be converted again; BuildErrors from pulling or converting.
@@ -251,31 +265,35 @@ def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None,
                                     f"(not a model folder)")
         return _folder_of_dtype(path.resolve(), dtype, cache_dir, progress)
     if path.is_file() and path.suffix == ".gguf":
-        return _converted_gguf(path, cache_dir, progress, dtype or "float32")
+        return _converted_gguf(path, cache_dir, progress, dtype or "float32", requant)
     if str(name_or_path) in KNOWN_MODELS:
-        return pull_model(str(name_or_path), cache_dir, progress, dtype=dtype or "float32")
+        return pull_model(str(name_or_path), cache_dir, progress, dtype=dtype or "float32", requant=requant)
     raise UnknownModelError(
         f"{name_or_path!r} is not a model folder, a .gguf file or a known model name "
         f"(known: {', '.join(KNOWN_MODELS)})")
 
 
-def _converted_gguf(path: Path, cache_dir: str | Path | None, progress: bool, dtype: str) -> Path:
-    """A user's GGUF converted into the cache (once per file and dtype; the file's sha256 names the folder)."""
+def _converted_gguf(path: Path, cache_dir: str | Path | None, progress: bool, dtype: str,
+                    requant: str | None = None) -> Path:
+    """A user's GGUF converted into the cache (once per file, dtype and requant; the file's sha256 names the
+    folder)."""
     cache = Path(cache_dir) if cache_dir is not None else model_cache_dir()
-    found = _fresh_gguf_folder(path, cache, dtype)  # no hashing when a conversion of this file is there
+    found = _fresh_gguf_folder(path, cache, dtype, requant)  # no hashing when a conversion of this file is there
     if found is not None:
         return found
     sha = sha256_file(path)
-    target = cache / "gguf" / (f"{path.stem}-{sha[:12]}" + ("" if dtype == "float32" else f"-{dtype}"))
+    target = cache / "gguf" / (f"{path.stem}-{sha[:12]}" + ("" if dtype == "float32" else f"-{dtype}")
+                               + (f"-{requant}" if requant else ""))
     marker = {"source": str(path.resolve()), "sha256": sha, "dtype": dtype, "accuracy_level": 4,
-              "builder_version": BUILDER_VERSION, **_layout(dtype)}
+              "builder_version": BUILDER_VERSION, **_layout(dtype, requant)}
     if marker_matches(target, marker):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target.parent / f".{target.name}.lock"):
         if marker_matches(target, marker):
             return target
-        return convert_gguf(path, target, overwrite=True, progress=progress, dtype=dtype, marker=marker)
+        return convert_gguf(path, target, overwrite=True, progress=progress, dtype=dtype, marker=marker,
+                            requant=requant)
 
 
 def _converted_folders(path: Path, cache: Path) -> Iterator[tuple[Path, dict]]:
@@ -293,11 +311,12 @@ def _converted_folders(path: Path, cache: Path) -> Iterator[tuple[Path, dict]]:
             yield folder, marker
 
 
-def _fresh_gguf_folder(path: Path, cache: Path, dtype: str) -> Path | None:
-    """A complete conversion of ``path`` in ``dtype`` (``_converted_folders``, plus the dtype and the folder's file
-    sizes)."""
+def _fresh_gguf_folder(path: Path, cache: Path, dtype: str, requant: str | None = None) -> Path | None:
+    """A complete conversion of ``path`` in ``dtype`` and ``requant`` (``_converted_folders``, plus the dtype, the
+    requant and the folder's file sizes)."""
     for folder, marker in _converted_folders(path, cache):
         if marker.get("dtype") == dtype and marker.get("scales") == _layout(dtype).get("scales") \
+                and marker.get("requant") == requant \
                 and "files" in marker \
                 and marker_matches(folder, {k: v for k, v in marker.items() if k != "files"}):
             return folder
@@ -349,10 +368,11 @@ def local_model_folder(name_or_path: str | Path, cache_dir: str | Path | None = 
     return target.resolve() if marker_matches(target, _known_marker(source, "float32", 4)) else None
 
 
-def _known_marker(source: ModelSource, dtype: str, accuracy_level: int) -> dict[str, Any]:
+def _known_marker(source: ModelSource, dtype: str, accuracy_level: int,
+                  requant: str | None = None) -> dict[str, Any]:
     """The marker of a known model's folder converted with these settings (pull_model writes it)."""
     return {"source": source.requirement, "sha256": source.sha256, "dtype": dtype, "accuracy_level": accuracy_level,
-            "builder_version": BUILDER_VERSION, **_layout(dtype)}
+            "builder_version": BUILDER_VERSION, **_layout(dtype, requant)}
 
 
 def _converted_st_folder(path: Path, cache_dir: str | Path | None) -> Path:

@@ -127,6 +127,38 @@ def dequantize(w: LinearWeight) -> np.ndarray:
     return w.dequantize() if isinstance(w, BlockQuantMatrix) else np.asarray(w, np.float64)
 
 
+REQUANT_FORMATS = ("q4_0",)
+
+
+def to_q4_0(w: LinearWeight, rows: int = 4096) -> LinearWeight:
+    """A weight stored in more than 4 bits (8-bit blocks: Q5_0/Q5_1/Q8_0/Q5_K/Q6_K; float) requantized as llama.cpp's
+    Q4_0 quantizes (its quantize_row_q4_0_ref: per block of 32, d = the signed value of largest magnitude / -8, codes
+    trunc(x / d + 8.5) clipped to 15); 4-bit weights are returned as they are. Lossy: for a draft model, whose tokens
+    the target checks, where a 4-bit weight reads half the bytes of an 8-bit one. ``rows`` bounds the work at a time.
+
+    Returns:
+        A 4-bit BlockQuantMatrix with blocks of 32 (no offsets), or ``w`` itself.
+    """
+    if isinstance(w, BlockQuantMatrix) and w.bits == 4:
+        return w
+    n, k = w.shape
+    if k % 32:
+        return w
+    packed = np.empty((n, k // 32, 16), np.uint8)
+    scales = np.empty((n, k // 32), np.float32)
+    for a in range(0, n, rows):
+        b = min(n, a + rows)
+        # float32 arithmetic, as ggml's: every source value (a float16 scale times a small integer) is exact in it
+        blocks = dequantize(split_rows(w, [a, b - a, n - b])[1]).astype(np.float32).reshape(b - a, k // 32, 32)
+        pick = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]  # signed, largest |x|
+        d = pick / np.float32(-8)
+        inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+        q = np.clip(np.trunc(blocks * inv[..., None] + np.float32(8.5)), 0, 15).astype(np.uint8)
+        packed[a:b] = pack(q, 4)
+        scales[a:b] = d.astype(np.float16)  # stored as ggml stores it
+    return BlockQuantMatrix(4, 32, packed, scales)
+
+
 def random_block_quant(
     rng: np.random.Generator, n: int, k: int, *, fmt: str, std: float
 ) -> BlockQuantMatrix:

@@ -72,3 +72,34 @@ def test_float16_kv_gives_the_float32_kv_logits(tmp_path: Path, tiny: Path, make
     for a, b in zip(logits32, logits16):
         assert abs(a - b).max() <= 0.01 * abs(a).max()
     assert tokens32 == tokens16
+
+
+def _matmul_bits(folder: Path) -> list[int]:
+    import onnx
+
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+    return [next(a.i for a in n.attribute if a.name == "bits") for n in graph.node if n.op_type == "MatMulNBits"]
+
+
+def test_a_draft_models_q4_0_copy_has_its_own_folder_of_4_bit_linears(tmp_path: Path):
+    """--draft-quant q4_0 (the default for a draft model): the GGUF's 5- and 8-bit linears (8-bit MatMulNBits when
+    converted exactly) requantized to 4 bits, in a folder of its own, marked, found again without converting, and
+    loadable by ONNX Runtime; the exact conversion beside it keeps its 8-bit linears."""
+    import onnxruntime as ort
+
+    from gguf import GGMLQuantizationType as Q
+
+    gguf_file = write_tiny_gguf(tmp_path / "draft.gguf", TinyArch(qtype=Q.Q5_0, output_type=Q.Q8_0))
+    cache = tmp_path / "cache"
+    exact = resolve_model(gguf_file, cache, progress=False)
+    q4 = resolve_model(gguf_file, cache, progress=False, requant="q4_0")
+    assert q4 != exact and q4.name == exact.name + "-q4_0"
+    assert json.loads((q4 / MARKER_FILE).read_text())["requant"] == "q4_0"
+    assert "requant" not in json.loads((exact / MARKER_FILE).read_text())
+    assert set(_matmul_bits(exact)) == {8} and set(_matmul_bits(q4)) == {4}
+    assert (q4 / "model.onnx.data").stat().st_size < 0.7 * (exact / "model.onnx.data").stat().st_size
+    mtime = (q4 / "model.onnx.data").stat().st_mtime_ns
+    assert resolve_model(gguf_file, cache, progress=False, requant="q4_0") == q4
+    assert (q4 / "model.onnx.data").stat().st_mtime_ns == mtime  # found again, not converted
+    assert resolve_model(q4, cache, progress=False, requant="q4_0") == q4  # a folder: used as it is
+    ort.InferenceSession(str(q4 / "model.onnx"), providers=["CPUExecutionProvider"])

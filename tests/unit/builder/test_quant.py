@@ -8,7 +8,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from engine.builder.ggml_quants import from_q4_0, from_q4_1, from_q8_0
-from engine.builder.quant import concat_rows, pack, random_block_quant, split_rows, unpack
+from engine.builder.quant import concat_rows, pack, random_block_quant, split_rows, to_q4_0, unpack
 
 
 @pytest.mark.parametrize("qtype,convert", [(Q.Q4_0, from_q4_0), (Q.Q4_1, from_q4_1), (Q.Q8_0, from_q8_0)])
@@ -61,3 +61,24 @@ def test_split_rows_inverts_concat_rows():
     assert [p.tolist() for p in split_rows(dense, [2, 4])] == [dense[:2].tolist(), dense[2:].tolist()]
     with pytest.raises(ValueError, match="do not add up"):
         split_rows(a, [64, 16])
+
+
+@pytest.mark.parametrize("source", [Q.Q8_0, None])
+def test_to_q4_0_quantizes_as_ggml_does(source):
+    """A draft model's requantization (convert_gguf's requant="q4_0") gives the codes and scales llama.cpp's own Q4_0
+    quantizer gives (gguf-py's reference of quantize_row_q4_0_ref) for the same values: from an 8-bit weight (Q8_0
+    here; Q5_0 and Q6_K arrive 8-bit too) and from a float one, a block at a time over fewer rows than the weight."""
+    x = np.random.default_rng(3).normal(size=(40, 96)).astype(np.float32)
+    x[5, :32] = 0.0  # an all-zero block: d = 0, every code 8
+    w = x if source is None else from_q8_0(gguf.quants.quantize(x, source), 40, 96)
+    values = x if source is None else w.dequantize().astype(np.float32)
+    expected = gguf.quants.dequantize(gguf.quants.quantize(values, Q.Q4_0), Q.Q4_0).astype(np.float64)
+    q = to_q4_0(w, rows=16)
+    assert (q.bits, q.block_size, q.offsets) == (4, 32, None)
+    np.testing.assert_array_equal(q.dequantize(), expected)
+    assert np.abs(q.dequantize() - values).max() > 0  # lossy: 4 bits are not 8
+
+
+def test_to_q4_0_leaves_4_bit_weights_alone():
+    w = random_block_quant(np.random.default_rng(0), 8, 64, fmt="q4_0", std=0.02)
+    assert to_q4_0(w) is w
