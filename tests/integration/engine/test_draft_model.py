@@ -247,10 +247,11 @@ def test_a_draft_model_of_another_vocabulary_is_refused_naming_the_first_differe
 
 @pytest.fixture(scope="module")
 def qwen_draft_model() -> Path:
-    """`ortserve pull qwen2.5-coder-0.5b`'s folder (six raw parts joined and converted once into the cache)."""
+    """The folder `ortserve serve --draft-model qwen2.5-coder-0.5b` drafts with (six raw parts joined and converted
+    once into the cache, its 5- and 8-bit linears requantized to Q4_0: --draft-quant's default)."""
     from engine.builder import pull_model
 
-    return pull_model("qwen2.5-coder-0.5b", progress=False)
+    return pull_model("qwen2.5-coder-0.5b", progress=False, requant="q4_0")
 
 
 BOOK = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 40},
