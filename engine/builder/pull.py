@@ -334,12 +334,13 @@ def _folder_of_dtype(folder: Path, dtype: str | None, cache_dir: str | Path | No
     except (OSError, ValueError):
         marker = {}
     source = Path(str(marker.get("source", ""))) if isinstance(marker, dict) else Path()
+    requant = marker.get("requant") if isinstance(marker, dict) else None  # a draft's 4-bit copy stays one
     if source.suffix == ".gguf" and source.is_file():
-        return _converted_gguf(source, cache_dir, progress, dtype)
+        return _converted_gguf(source, cache_dir, progress, dtype, requant)
     known = next((name for name, src in KNOWN_MODELS.items()
                   if isinstance(marker, dict) and marker.get("sha256") == src.sha256), None)
     if known is not None:
-        return pull_model(known, cache_dir, progress, dtype=dtype)
+        return pull_model(known, cache_dir, progress, dtype=dtype, requant=requant)
     raise DtypeMismatchError(
         f"{folder} holds a {have} model and this device serves {dtype}; its source is unknown, so it cannot be "
         f"converted again. Serve it as it is with --dtype {have}, or convert its GGUF with "

@@ -102,4 +102,6 @@ def test_a_draft_models_q4_0_copy_has_its_own_folder_of_4_bit_linears(tmp_path: 
     assert resolve_model(gguf_file, cache, progress=False, requant="q4_0") == q4
     assert (q4 / "model.onnx.data").stat().st_mtime_ns == mtime  # found again, not converted
     assert resolve_model(q4, cache, progress=False, requant="q4_0") == q4  # a folder: used as it is
+    q4_f16 = resolve_model(q4, cache, progress=False, dtype="float16")  # a GPU: converted again, still 4-bit
+    assert q4_f16.name == exact.name + "-float16-q4_0" and set(_matmul_bits(q4_f16)) == {4}
     ort.InferenceSession(str(q4 / "model.onnx"), providers=["CPUExecutionProvider"])
