@@ -191,18 +191,14 @@ def pull_model(
     with _locked(cache / f".{folder}.lock"):
         if not marker_matches(target, marker):  # else another process finished it while we waited
             with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
-                kept = cache / "gguf" / source.filename  # fetch_gguf's copy in the cache (the benches keep one)
-                if gguf_file is None and kept.is_file():
-                    try:  # another variant of the model (dtype, requant) converts from it, not from a download
-                        verify_file(kept, source.sha256, source.size_bytes)
-                        gguf_file = kept
-                    except ChecksumError:
-                        pass
                 if gguf_file is not None:
                     gguf = Path(gguf_file)
                     verify_file(gguf, source.sha256, source.size_bytes)
                 else:
-                    gguf = fetch_gguf(name, Path(tmp), progress)
+                    # NOTE(builder): where fetch_gguf keeps a copy in the cache (the benches do), another variant of
+                    # the model (dtype, requant) converts from it: fetch_gguf verifies it once, downloads only if bad
+                    kept = cache / "gguf"
+                    gguf = fetch_gguf(name, kept if (kept / source.filename).is_file() else Path(tmp), progress)
                 if source.kind == SENTENCE_TRANSFORMERS_ZIP:
                     return convert_sentence_transformer(gguf, target, overwrite=True, marker=marker)
                 convert_gguf(gguf, target, accuracy_level=accuracy_level, dtype=dtype, overwrite=True,
