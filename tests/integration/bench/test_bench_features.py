@@ -76,12 +76,16 @@ def test_distinct_prompts_keep_two_targets_on_one_server_apart(tiny_model: Path,
     assert all(r["num_cached_tokens"] >= 40 for r in later)  # each target's own conversation is still reused
 
 
-def test_speculative_reports_the_decode_rate_apart_from_the_prompt(tiny_model: Path, tmp_path: Path, capsys) -> None:
+def test_speculative_reports_the_decode_rate_apart_from_the_prompt(default_model: Path, tmp_path: Path, capsys) -> None:
     """The speculative scenario streams each answer: the rate after the first token (what drafts speed up) and the
     time to it come apart from the wall-time rate, for both targets, with the drafts' counts from /metrics. Each
-    target gets --warmup unrecorded requests first (2 here), so its first runs do not fall on the first cell."""
-    with serve_app(create_app(api_settings(tiny_model))) as ours, \
-            serve_app(create_app(api_settings(tiny_model, speculative_tokens=0))) as peer:
+    target gets --warmup unrecorded requests first (2 here), so its first runs do not fall on the first cell.
+
+    NOTE(tests): on a real instruct model (SmolLM2), whose answer is text on every CPU: the tiny model's random tokens
+    are mostly bytes of unfinished characters, which the detokenizer holds back, so that on some CPUs (CI's) a whole
+    answer came in one chunk and had no time after its first token to measure."""
+    with serve_app(create_app(api_settings(default_model))) as ours, \
+            serve_app(create_app(api_settings(default_model, speculative_tokens=0))) as peer:
         out = tmp_path / "speculative.json"
         assert main(["--scenario", "speculative", "--url", ours.url, "--peer-url", peer.url, "--peer-label", "off",
                      "--workloads", "chat", "--temperatures", "0", "--rounds", "1", "--num-requests", "1",
@@ -95,11 +99,12 @@ def test_speculative_reports_the_decode_rate_apart_from_the_prompt(tiny_model: P
     (cell,) = json.loads(out.read_text())["cells"]
     for label in ("ortserve", "off"):
         t = cell["targets"][label]
-        assert t["tokens"] == [24]
+        (n,) = t["tokens"]
+        assert 2 <= n <= 24  # an instruct model may end its answer before the limit
         (wall,), (decode,), (ttft,) = t["tok_s"], t["decode_tok_s"], t["ttft_ms"]
         assert ttft > 0 and decode > 0 and wall > 0
-        # one request: its wall time holds the time to the first token and the 23 tokens' time after it
-        assert 24 / wall >= ttft / 1000 + 23 / decode - 0.01
+        # one request: its wall time holds the time to the first token and the n - 1 tokens' time after it
+        assert n / wall >= ttft / 1000 + (n - 1) / decode - 0.01
     assert cell["decode_ratios"]["ortserve / off"] > 0 and cell["ratios"]["ortserve / off"] > 0
     assert cell["targets"]["off"]["draft_tokens"] in (None, 0.0)  # drafts off: nothing drafted
     assert cell["greedy_texts_vs_first"]["off"]["of"] == 1
