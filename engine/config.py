@@ -15,9 +15,9 @@ DEFAULT_SPECULATIVE_TOKENS = 16
 MAX_SPECULATIVE_TOKENS = 64
 # Speculative decoding with a draft model (llama.cpp's --spec-draft-n-max / --spec-draft-p-min, vLLM's
 # num_speculative_tokens): the longest draft (the length adapts per request below it) and the draft's confidence under
-# which a row stops drafting (measured on the 2-core CPU, docs/perf/speculative.md).
+# which a row stops drafting (llama.cpp's default; measured on the 2-core CPU, docs/perf/speculative.md).
 DEFAULT_DRAFT_MAX = 16
-DEFAULT_DRAFT_P_MIN = 0.6
+DEFAULT_DRAFT_P_MIN = 0.75
 # New requests' whole prompts run together per step, beside the token budget (see EngineConfig.batched_prompt_tokens):
 # 64 arrivals of ~40 tokens in one or two steps, each prompt run a few decode steps long (docs/perf/GPU.md).
 DEFAULT_BATCHED_PROMPT_TOKENS = 2048

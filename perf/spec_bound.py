@@ -111,6 +111,47 @@ def replay_confident(runs: list[int], conf: list[float], cost: dict[str, Any], p
     return len(runs) / steps
 
 
+def replay_cumulative(runs: list[int], conf: list[float], cost: dict[str, Any], tau: float,
+                      accept: Any = None) -> float:
+    """Like ``replay_confident`` for a policy that reads the draft's confidence over the whole draft so far: each
+    cycle drafts one token, and more while the product of the draft's probabilities of its tokens (its estimate that
+    the target keeps the whole draft) stays at least ``tau``. ``accept``: a map from the draft's probability of a
+    token to how often the target keeps it (a calibration; None: the probability itself). With ``tau`` None the rule
+    is the expected gain: one more token while the chance that it is kept with all before it pays for its draft run
+    and the check's extra row (``cost``)."""
+    c, c2, check = cost["draft_step"], cost["draft_run2"], cost["check"]
+    a = accept or (lambda p: p)
+    j, steps, caught_up = 0, 0.0, True
+    while j < len(runs) - 1:
+        d, kept_all = 1, a(conf[j])
+        while d < min(MAX_DRAFT, len(runs) - j - 1):
+            nxt = kept_all * a(conf[j + d])
+            if nxt < (tau if tau is not None else c + check[d + 2] - check[d + 1]):
+                break
+            d, kept_all = d + 1, nxt
+        kept = min(d, runs[j])
+        steps += (c if caught_up else c2) + c * (d - 1) + check[d + 1]
+        caught_up = kept < d
+        j += kept + 1
+    steps += len(runs) - j  # the last token: a plain step
+    return len(runs) / steps
+
+
+def calibration(agrees: list[list[bool]], confs: list[list[float]], bins: int = 10) -> Any:
+    """How often the draft's argmax is the target's token, by the draft's probability of it (``bins`` equal bins
+    of [0, 1]; a bin with no position takes its middle)."""
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    flat_c = np.array([v for q in confs for v in q])
+    flat_a = np.array([v for g in agrees for v in g], dtype=float)
+    where = np.clip(np.digitize(flat_c, edges) - 1, 0, bins - 1)
+    rate = [float(flat_a[where == b].mean()) if (where == b).any() else float((edges[b] + edges[b + 1]) / 2)
+            for b in range(bins)]
+    return lambda p: rate[min(int(p * bins), bins - 1)]
+
+
+TAUS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+
+
 def timed(fn: Any) -> float:
     """Seconds one call of ``fn`` takes."""
     t0 = time.perf_counter()
@@ -168,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     for workload in args.workloads.split(","):
         runs_all: list[list[int]] = []
         confs: list[list[float]] = []
+        agrees: list[list[bool]] = []
         agreed = total = 0
         for i in range(args.prompts):
             prompt = prompt_ids(target_dir, workload, i)
@@ -178,22 +220,37 @@ def main(argv: list[str] | None = None) -> int:
             z = np.exp(z - z.max(axis=-1, keepdims=True))
             confs.append([float(v) for v in (z.max(axis=-1) / z.sum(axis=-1))])
             agreed, total = agreed + sum(agree), total + len(agree)
+            agrees.append(agree)
             runs_all.append(agreement_runs(agree))
         ks = {str(k): round(statistics.mean(replay(r, cost, k) for r in runs_all), 3) for k in range(1, MAX_DRAFT + 1)}
         oracle = round(statistics.mean(replay(r, cost, None) for r in runs_all), 3)
         gated = {str(p): round(statistics.mean(replay_confident(r, q, cost, p) for r, q in zip(runs_all, confs)), 3)
                  for p in P_MINS}
+        cumulative = {str(t): round(statistics.mean(replay_cumulative(r, q, cost, t) for r, q in zip(runs_all, confs)),
+                                    3) for t in TAUS}
+        accept = calibration(agrees, confs)
+        expected = round(statistics.mean(replay_cumulative(r, q, cost, None, accept) for r, q in zip(runs_all, confs)),
+                         3)
         best = max(ks, key=ks.get)
         best_p = max(gated, key=gated.get)
+        best_t = max(cumulative, key=cumulative.get)
         report["workloads"][workload] = {"agreement": round(agreed / total, 3), "tokens": total,
                                          "speedup_by_draft_length": ks, "best_fixed": [int(best), ks[best]],
                                          "oracle": oracle, "speedup_by_p_min": gated,
-                                         "best_p_min": [float(best_p), gated[best_p]]}
+                                         "best_p_min": [float(best_p), gated[best_p]],
+                                         "speedup_by_product": cumulative, "best_product": [float(best_t),
+                                                                                            cumulative[best_t]],
+                                         "expected_gain_calibrated": expected,
+                                         "calibration": [round(accept((b + 0.5) / 10), 3) for b in range(10)],
+                                         "positions": {"agree": [[int(v) for v in g] for g in agrees],
+                                                       "p": [[round(v, 4) for v in q] for q in confs]}}
         print(f"[spec_bound] {workload}: agreement {agreed / total:.1%} over {total} tokens; ceiling: best fixed "
               f"k={best} {ks[best]:.2f}x, by the draft's confidence (p_min {best_p}) {gated[best_p]:.2f}x, "
-              f"oracle {oracle:.2f}x", file=sys.stderr, flush=True)
-    print(json.dumps(report, indent=1))
-    if args.json:
+              f"by the product of its probabilities (tau {best_t}) {cumulative[best_t]:.2f}x, expected gain "
+              f"(calibrated) {expected:.2f}x, oracle {oracle:.2f}x", file=sys.stderr, flush=True)
+    if not args.json:
+        print(json.dumps(report, indent=1))
+    else:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 

@@ -321,8 +321,8 @@ class Settings(StateStoreSettings):
         "--spec-draft-n-min).",
     )
     draft_p_min: float = Field(
-        0.6, ge=0.0, le=1.0, description="A row stops drafting once the draft model gave its token less than this "
-        "probability (llama.cpp's --spec-draft-p-min).",
+        0.75, ge=0.0, le=1.0, description="A row stops drafting once the draft model gave its token less than this "
+        "probability (llama.cpp's --spec-draft-p-min, and its default).",
     )
     draft_quant: Literal["q4_0", "none"] = Field(
         "q4_0", description="How a draft model from a .gguf file or a known name is converted: q4_0 requantizes "
