@@ -94,15 +94,14 @@ def replay(runs: list[int], cost: dict[str, Any], k: int | None) -> float:
     return len(runs) / steps
 
 
-def replay_confident(runs: list[int], conf: list[float], cost: dict[str, Any], p_min: float) -> float:
-    """Like ``replay`` for a policy that reads the draft's own confidence: each cycle drafts one token, and more while
-    the draft model gives its next token at least ``p_min`` (llama.cpp's --draft-p-min), at most MAX_DRAFT."""
+def replay_gated(runs: list[int], cost: dict[str, Any], length: Any) -> float:
+    """Like ``replay`` for a policy whose draft length ``length(j, room)`` reads the draft's confidence at answer
+    position ``j`` (at least 1, at most ``room``): each cycle drafts that many tokens, the target keeps the agreeing
+    prefix and adds its own; the last token is a plain step."""
     c, c2, check = cost["draft_step"], cost["draft_run2"], cost["check"]
     j, steps, caught_up = 0, 0.0, True
     while j < len(runs) - 1:
-        d = 1
-        while d < min(MAX_DRAFT, len(runs) - j - 1) and conf[j + d] >= p_min:
-            d += 1
+        d = length(j, min(MAX_DRAFT, len(runs) - j - 1))
         kept = min(d, runs[j])
         steps += (c if caught_up else c2) + c * (d - 1) + check[d + 1]
         caught_up = kept < d
@@ -111,30 +110,39 @@ def replay_confident(runs: list[int], conf: list[float], cost: dict[str, Any], p
     return len(runs) / steps
 
 
-def replay_cumulative(runs: list[int], conf: list[float], cost: dict[str, Any], tau: float,
+def replay_confident(runs: list[int], conf: list[float], cost: dict[str, Any], p_min: float) -> float:
+    """``replay_gated`` for a policy that reads the draft's own confidence: each cycle drafts one token, and more while
+    the draft model gives its next token at least ``p_min`` (llama.cpp's --draft-p-min), at most MAX_DRAFT."""
+    def length(j: int, room: int) -> int:
+        d = 1
+        while d < room and conf[j + d] >= p_min:
+            d += 1
+        return d
+
+    return replay_gated(runs, cost, length)
+
+
+def replay_cumulative(runs: list[int], conf: list[float], cost: dict[str, Any], tau: float | None,
                       accept: Any = None) -> float:
-    """Like ``replay_confident`` for a policy that reads the draft's confidence over the whole draft so far: each
-    cycle drafts one token, and more while the product of the draft's probabilities of its tokens (its estimate that
-    the target keeps the whole draft) stays at least ``tau``. ``accept``: a map from the draft's probability of a
-    token to how often the target keeps it (a calibration; None: the probability itself). With ``tau`` None the rule
-    is the expected gain: one more token while the chance that it is kept with all before it pays for its draft run
-    and the check's extra row (``cost``)."""
-    c, c2, check = cost["draft_step"], cost["draft_run2"], cost["check"]
+    """``replay_gated`` for a policy that reads the draft's confidence over the whole draft so far: each cycle drafts
+    one token, and more while the product of the draft's probabilities of its tokens (its estimate that the target
+    keeps the whole draft) stays at least ``tau``. ``accept``: a map from the draft's probability of a token to how
+    often the target keeps it (a calibration; None: the probability itself). With ``tau`` None the rule is the
+    expected gain: one more token while the chance that it is kept with all before it pays for its draft run and the
+    check's extra row (``cost``)."""
     a = accept or (lambda p: p)
-    j, steps, caught_up = 0, 0.0, True
-    while j < len(runs) - 1:
+    c, check = cost["draft_step"], cost["check"]
+
+    def length(j: int, room: int) -> int:
         d, kept_all = 1, a(conf[j])
-        while d < min(MAX_DRAFT, len(runs) - j - 1):
+        while d < room:
             nxt = kept_all * a(conf[j + d])
             if nxt < (tau if tau is not None else c + check[d + 2] - check[d + 1]):
                 break
             d, kept_all = d + 1, nxt
-        kept = min(d, runs[j])
-        steps += (c if caught_up else c2) + c * (d - 1) + check[d + 1]
-        caught_up = kept < d
-        j += kept + 1
-    steps += len(runs) - j  # the last token: a plain step
-    return len(runs) / steps
+        return d
+
+    return replay_gated(runs, cost, length)
 
 
 def calibration(agrees: list[list[bool]], confs: list[list[float]], bins: int = 10) -> Any:

@@ -156,7 +156,6 @@ class ModelDraftState:
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
         if self._cost is not None:  # NOTE(engine): a resume's catch-up is left out: it is what stopping cost
-
             tokens, steps = self._gain
             tokens = GAIN_DECAY * tokens + num_accepted + 1
             steps = GAIN_DECAY * steps + self._cost.draft_steps(num_drafted) + self._cost.steps(num_drafted)
