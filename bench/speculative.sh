@@ -7,8 +7,8 @@
 # llama-server: built from llama-cpp-python's sdist as perf/compare_llama_server.sh says (-DLLAMA_BUILD_TESTS=OFF
 # -DLLAMA_BUILD_EXAMPLES=OFF, target llama-server).
 # Usage: LLAMA_SERVER=/path/to/llama-server bench/speculative.sh   (env overrides below)
-# On the H200 (a later session with the device): PROVIDER=cuda THREADS=8 bench/speculative.sh, with a CUDA
-# llama-server (-DGGML_CUDA=ON) and LLAMA_ARGS="-ngl 99 -ngld 99".
+# On the GPU machine: perf/gpu/issue48.sh (PROVIDER=cuda, a CUDA llama-server with LLAMA_ARGS="-ngl 99 -ngld 99",
+# TARGET_GGUF/DRAFT_GGUF the planted pair of perf/gpu/draft_pair.py).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,7 +32,7 @@ LLAMA_ARGS=${LLAMA_ARGS:-}
 LLAMA_DRAFT_ARGS=${LLAMA_DRAFT_ARGS:-}
 BASE_PORT=${BASE_PORT:-8061}
 LOCK=${LOCK:-/work/locks/cpu-bench.lock}
-: "${LLAMA_SERVER:?set LLAMA_SERVER to a llama-server binary (see the header)}"
+: "${LLAMA_SERVER:?set LLAMA_SERVER to a llama-server binary (see the header), or none}"
 export ORTSERVE_CACHE_DIR=${ORTSERVE_CACHE_DIR:-$ROOT/.cache}
 # NOTE(bench): this checkout's code, not the editable install's (a worktree sharing another checkout's .venv: its
 # console script would import the other checkout's engine)
@@ -42,7 +42,12 @@ mkdir -p "$OUT"
 
 gguf() { "$PY" -c "from engine.builder.pull import fetch_gguf, model_cache_dir
 print(fetch_gguf('$1', model_cache_dir() / 'gguf', progress=False))"; }
-TARGET_GGUF=$(gguf "$TARGET"); DRAFT_GGUF=$(gguf "$DRAFT")
+# TARGET_GGUF / DRAFT_GGUF: files of one's own (perf/gpu/issue48.sh's planted pair); ortserve then loads the same
+# files (converted into its cache once) instead of the known names
+if [ -n "${TARGET_GGUF:-}" ]; then TARGET=$TARGET_GGUF; else TARGET_GGUF=$(gguf "$TARGET"); fi
+if [ -n "${DRAFT_GGUF:-}" ]; then DRAFT=$DRAFT_GGUF; else DRAFT_GGUF=$(gguf "$DRAFT"); fi
+# ORTSERVE: how to start ortserve (the GPU machine has no venv: ORTSERVE="python3 -m server")
+read -ra ORTSERVE <<< "${ORTSERVE:-$ROOT/.venv/bin/ortserve}"
 log "target $TARGET_GGUF, draft $DRAFT_GGUF, results $OUT"
 
 source "$ROOT/perf/servers.sh"  # PIDS, stop_servers (on exit), wait_ready
@@ -50,27 +55,29 @@ P1=$BASE_PORT; P2=$((BASE_PORT + 1)); P3=$((BASE_PORT + 2)); P4=$((BASE_PORT + 3
 common=(serve --model "$TARGET" --host 127.0.0.1 --provider "$PROVIDER" --intra-op-threads "$THREADS"
         --max-batch "$SLOTS" --max-model-len "$CTX" --log-level warning)
 # shellcheck disable=SC2086
-"$ROOT/.venv/bin/ortserve" "${common[@]}" --port "$P1" --draft-model "$DRAFT" $OURS_ARGS > "$OUT/ortserve-draft.log" 2>&1 &
+"${ORTSERVE[@]}" "${common[@]}" --port "$P1" --draft-model "$DRAFT" $OURS_ARGS > "$OUT/ortserve-draft.log" 2>&1 &
 PIDS+=($!); wait_ready "http://127.0.0.1:$P1/v1" $!
 # shellcheck disable=SC2086
-"$ROOT/.venv/bin/ortserve" "${common[@]}" --port "$P2" --speculative-tokens 0 $OURS_ARGS > "$OUT/ortserve-off.log" 2>&1 &
+"${ORTSERVE[@]}" "${common[@]}" --port "$P2" --speculative-tokens 0 $OURS_ARGS > "$OUT/ortserve-off.log" 2>&1 &
 PIDS+=($!); wait_ready "http://127.0.0.1:$P2/v1" $!
-llama=("$LLAMA_SERVER" -m "$TARGET_GGUF" -np "$SLOTS" -c $((SLOTS * CTX)) -t "$THREADS" -tb "$THREADS" --host 127.0.0.1
-       --alias "$TARGET")
-# shellcheck disable=SC2086
-"${llama[@]}" --port "$P3" -md "$DRAFT_GGUF" $LLAMA_ARGS $LLAMA_DRAFT_ARGS > "$OUT/llama-server-draft.log" 2>&1 &
-PIDS+=($!); wait_ready "http://127.0.0.1:$P3/v1" $!
-# shellcheck disable=SC2086
-"${llama[@]}" --port "$P4" $LLAMA_ARGS > "$OUT/llama-server.log" 2>&1 &
-PIDS+=($!); wait_ready "http://127.0.0.1:$P4/v1" $!
-"$LLAMA_SERVER" --version > "$OUT/llama-server-version.txt" 2>&1 || true
+peers=(--peer-url "http://127.0.0.1:$P2/v1" --peer-label ortserve-off)
+if [ "$LLAMA_SERVER" != none ]; then  # (LLAMA_SERVER=none: ortserve's two servers alone)
+  llama=("$LLAMA_SERVER" -m "$TARGET_GGUF" -np "$SLOTS" -c $((SLOTS * CTX)) -t "$THREADS" -tb "$THREADS"
+         --host 127.0.0.1 --alias "$(basename "$TARGET")")
+  # shellcheck disable=SC2086
+  "${llama[@]}" --port "$P3" -md "$DRAFT_GGUF" $LLAMA_ARGS $LLAMA_DRAFT_ARGS > "$OUT/llama-server-draft.log" 2>&1 &
+  PIDS+=($!); wait_ready "http://127.0.0.1:$P3/v1" $!
+  # shellcheck disable=SC2086
+  "${llama[@]}" --port "$P4" $LLAMA_ARGS > "$OUT/llama-server.log" 2>&1 &
+  PIDS+=($!); wait_ready "http://127.0.0.1:$P4/v1" $!
+  "$LLAMA_SERVER" --version > "$OUT/llama-server-version.txt" 2>&1 || true
+  peers+=(--peer-url "http://127.0.0.1:$P3/v1" --peer-label llama-server-draft
+          --peer-url "http://127.0.0.1:$P4/v1" --peer-label llama-server)
+fi
 
 log "waiting for $LOCK; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-flock "$LOCK" "$ROOT/.venv/bin/ortserve" bench --scenario speculative \
-  --url "http://127.0.0.1:$P1/v1" --label ortserve-draft \
-  --peer-url "http://127.0.0.1:$P2/v1" --peer-label ortserve-off \
-  --peer-url "http://127.0.0.1:$P3/v1" --peer-label llama-server-draft \
-  --peer-url "http://127.0.0.1:$P4/v1" --peer-label llama-server \
+flock "$LOCK" "${ORTSERVE[@]}" bench --scenario speculative \
+  --url "http://127.0.0.1:$P1/v1" --label ortserve-draft "${peers[@]}" \
   --workloads "$WORKLOADS" --temperatures "$TEMPERATURES" --concurrency "$STREAMS" --rounds "$ROUNDS" \
   --num-requests "$REQUESTS" --output-tokens "$MAX_TOKENS" --out "$OUT/report.json" --plot "$OUT/speculative.png" \
   | tee "$OUT/summary.txt"

@@ -21,6 +21,9 @@ drafts under a step-counted back-off: docs/perf/GPU.md).
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 # n-gram sizes tried, longest first: a longer match predicts better; 1-grams (a single common token such as
@@ -34,8 +37,16 @@ MAX_SKIP_STEPS = 32
 # A request whose drafts don't pay at the measured cost probes (one token) only out of a credit of this share of a
 # decode step per plain step: its failed probes take at most ~PROBE_SHARE of its time.
 PROBE_SHARE = 1.0 / 32
-# Weight of the newest measurement in the check and decode times (a new shape's first run may be slow once).
+# Weight of the newest measurement in the check and draft times (a new shape's first run may be slow once).
 COST_WEIGHT = 0.3
+# NOTE(engine): the plain decode step every cost is priced in is the median of the last DECODE_WINDOW lone decode steps
+# (a GPU's first run of a shape captures its graph: one step of ~100x). A server whose rows draft from their first step
+# would never measure one (its costs stayed the CPU's priors: on an H100 a 0.5B draft's token costs ~1.5 target steps
+# where the prior says 0.4), so while fewer than MIN_DECODE_SAMPLES are known, or the newest is DECODE_REFRESH_S old,
+# the scheduler gives the draft model's rows a plain step (``CheckCost.wants_decode_sample``).
+DECODE_WINDOW = 8
+MIN_DECODE_SAMPLES = 3
+DECODE_REFRESH_S = 10.0
 MAX_TABLE = 17  # CheckCost's table of check costs by draft length starts this long
 # NOTE(engine): a check of S tokens costs about 1 + CHECK_COST_PER_TOKEN * (S - 1) decode steps (measured on
 # SmolLM2-135M INT4, 2 cores: 1.29x at S = 2, 1.75x at 4, 2.82x at 8, 4.5x at 16). With a per-token acceptance
@@ -77,7 +88,9 @@ class CheckCost:
     """
 
     def __init__(self) -> None:
-        self.decode_s: float | None = None  # average seconds of a lone decode step (rows <= speculative_max_batch)
+        self.decode_s: float | None = None  # median seconds of recent lone decode steps (rows <= speculative_max_batch)
+        self._decode_samples: deque[float] = deque(maxlen=DECODE_WINDOW)
+        self.decode_at: float | None = None  # time.monotonic() of the newest one
         self.check_s: dict[int, float] = {}  # draft length -> average seconds of its check
         self._table: list[float] = []  # steps(d) for d < len, rebuilt after a check (not after each decode step)
         self._table_decode_s: float | None = None
@@ -92,14 +105,27 @@ class CheckCost:
         """
         self.frozen = True
         self.decode_s, self.check_s, self._table, self._table_decode_s = None, {}, [], None
+        self._decode_samples.clear()
+        self.decode_at = None
         self.draft_token_s = self.draft_first_s = self.resume_token_s = None
 
     def record_decode(self, seconds: float) -> None:
         if self.frozen:
             return
-        self.decode_s = seconds if self.decode_s is None else (1 - COST_WEIGHT) * self.decode_s + COST_WEIGHT * seconds
+        self._decode_samples.append(seconds)
+        self.decode_at = time.monotonic()
+        self.decode_s = statistics.median(self._decode_samples)
         if self._table_decode_s is not None and abs(self.decode_s - self._table_decode_s) > 0.05 * self._table_decode_s:
             self._table = []  # NOTE(engine): rebuilt only when the decode time moved by 5%: this runs every step
+
+    def wants_decode_sample(self, now: float | None = None) -> bool:
+        """Whether a lone plain decode step should be measured before the next draft (see DECODE_WINDOW); never when
+        frozen."""
+        if self.frozen:
+            return False
+        if len(self._decode_samples) < MIN_DECODE_SAMPLES or self.decode_at is None:
+            return True
+        return (time.monotonic() if now is None else now) - self.decode_at > DECODE_REFRESH_S
 
     def record_draft(self, first_s: float, num_rows: int, later_s: float, num_later: int) -> None:
         """A draft model's proposal: ``num_rows`` rows got their first draft token in ``first_s`` seconds together

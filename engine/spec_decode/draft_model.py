@@ -108,13 +108,13 @@ class DraftModelProposer:
             if len(pending) > 1:
                 t1 = clock()
                 logits = self._chunk(slot, pending, common)
+                held.extend(pending)
+                self._take(state, logits, masks)  # (timed too: on a GPU its host work is a good part of a draft token)
                 seconds = clock() - t1
                 if len(pending) <= CATCH_UP_TOKENS:  # NOTE(engine): each draft's own; longer ones are priced apart
                     first_s, first_rows = first_s + seconds, first_rows + 1
                 elif self.cost is not None:
                     self.cost.record_resume(seconds, len(pending))
-                held.extend(pending)
-                self._take(state, logits, masks)
             else:
                 state.feed = pending[0]
         # 2. Decode runs of every row still drafting, together (slots ascending).
@@ -124,17 +124,17 @@ class DraftModelProposer:
                 break
             slots = [s.row.request.slot for s in live]
             positions = [len(self._held[slot]) for slot in slots]
+            firsts = [not s.token_ids for s in live]  # a row's first token (it had only its last token to feed)
             t1 = clock()
             logits = self.runner.decode(slots, [s.feed for s in live], positions)  # [n, V]
-            share = (clock() - t1) / len(live)
             self.num_runs += 1
             for state, slot, row_logits in zip(live, slots, logits):
-                if state.token_ids:
-                    later_s, later_tokens = later_s + share, later_tokens + 1
-                else:  # a row's first token (it had only its last token to feed)
-                    first_s, first_rows = first_s + share, first_rows + 1
                 self._held[slot].append(state.feed)
                 self._take(state, row_logits, masks)
+            share = (clock() - t1) / len(live)  # the run and each row's choice of its token
+            num_first = sum(firsts)
+            first_s, first_rows = first_s + share * num_first, first_rows + num_first
+            later_s, later_tokens = later_s + share * (len(live) - num_first), later_tokens + len(live) - num_first
         self.last_s = clock() - t0
         drafts = [s.result(self.vocab_size, self.min_tokens) for s in states]
         if self.cost is not None:

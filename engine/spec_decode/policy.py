@@ -14,11 +14,14 @@ copies its input moves to the drafts that cost nothing to make.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.spec_decode.proposer import DraftRow, NgramProposer
 from engine.speculative import MIN_GAIN, CheckCost, NgramDrafter, updated_estimate
+
+log = logging.getLogger(__name__)
 
 # A same-family draft model's tokens are kept ~70% of the time on free text (greedy), more on code; the estimate starts
 # there as if 2 tokens had been tested, and follows the request's own checks.
@@ -162,10 +165,20 @@ class ModelDraftState:
             if steps > GAIN_MEMORY_STEPS:
                 tokens, steps = tokens * GAIN_MEMORY_STEPS / steps, GAIN_MEMORY_STEPS
             self._gain = (tokens, steps)
+            if log.isEnabledFor(logging.DEBUG):
+                c = self._cost
+                log.debug("draft check: %d drafted, %d kept, priced %.2f + %.2f steps; decode %s ms, draft token %s ms, "
+                          "first %s ms; realized gain %.3f", num_drafted, num_accepted, c.draft_steps(num_drafted),
+                          c.steps(num_drafted), _ms(c.decode_s), _ms(c.draft_token_s), _ms(c.draft_first_s),
+                          tokens / steps)
         if self._probe_cost:
             self._credit += min(self._probe_cost, float(num_accepted))
         self._probe_cost = 0.0
         self._accepted, self._tested = updated_estimate(self._accepted, self._tested, num_drafted, num_accepted)
+
+
+def _ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
 def choose_drafts(decode: Sequence[Any], budget: int, ngram: NgramProposer, ngram_max: int, draft_max: int,

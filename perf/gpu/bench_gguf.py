@@ -114,7 +114,26 @@ def q6_k_blocks(rng: np.random.Generator, rows: int, cols: int, std: float) -> n
     return blocks.reshape(rows, -1)
 
 
-_BLOCKS = {"Q4_0": (Q4_0_BLOCK, Q4_0_BYTES), "Q4_K": (QK_K, Q4_K_BYTES), "Q6_K": (QK_K, Q6_K_BYTES)}
+_BLOCKS = {"Q4_0": (Q4_0_BLOCK, Q4_0_BYTES), "Q4_K": (QK_K, Q4_K_BYTES), "Q6_K": (QK_K, Q6_K_BYTES),
+           "Q5_0": (32, 22), "Q8_0": (32, 34)}
+K_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}  # llama-quant.cpp, for rows that are no whole number of super-blocks
+_FLOAT_BYTES = {"F32": 4, "F16": 2}
+
+
+def q5_0_blocks(rng: np.random.Generator, rows: int, cols: int, std: float) -> np.ndarray:
+    """uint8 ``[rows, cols / 32 * 22]``: random Q5_0 blocks (``x = d*(q-16)``, 5-bit codes, the fifth bits in 4 bytes)
+    whose weights have standard deviation about ``std``."""
+    blocks = rng.integers(0, 256, size=(rows, cols // 32, 22), dtype=np.uint8)
+    blocks[:, :, :2] = np.frombuffer(np.float16(std / float(np.std(np.arange(32) - 16))).tobytes(), np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def q8_0_blocks(rng: np.random.Generator, rows: int, cols: int, std: float) -> np.ndarray:
+    """uint8 ``[rows, cols / 32 * 34]``: random Q8_0 blocks (``x = d*q``, int8 codes in -127..127)."""
+    blocks = np.empty((rows, cols // 32, 34), np.uint8)
+    blocks[:, :, 2:] = rng.integers(-127, 128, size=(rows, cols // 32, 32), dtype=np.int8).view(np.uint8)
+    blocks[:, :, :2] = np.frombuffer(np.float16(std / float(np.std(np.arange(-127, 128)))).tobytes(), np.uint8)
+    return blocks.reshape(rows, -1)
 
 
 def use_more_bits(layer: int, num_layers: int) -> bool:
@@ -122,16 +141,19 @@ def use_more_bits(layer: int, num_layers: int) -> bool:
     return layer < num_layers // 8 or layer >= 7 * num_layers // 8 or (layer - num_layers // 8) % 3 == 2
 
 
-def tensor_type(name: str, mix: str, layer: int, num_layers: int, tied: bool) -> str:
-    """The ggml type of a linear tensor in ``mix`` (see the module docstring)."""
+def tensor_type(name: str, mix: str, layer: int, num_layers: int, tied: bool, cols: int = QK_K) -> str:
+    """The ggml type of a linear tensor in ``mix`` (see the module docstring); a K-quant tensor whose rows are not a
+    whole number of 256-weight super-blocks (the 0.5B's 896) takes llama.cpp's fallback (Q4_K -> Q5_0, Q6_K -> Q8_0)."""
     head = name == "output.weight" or (tied and name == "token_embd.weight")
     if mix == "Q4_0-all":
         return "Q4_0"
     if head:
-        return "Q6_K"
-    if mix == "Q4_K_M" and name.split(".")[-2] in ("attn_v", "ffn_down") and use_more_bits(layer, num_layers):
-        return "Q6_K"
-    return "Q4_K" if mix == "Q4_K_M" else "Q4_0"
+        kind = "Q6_K"
+    elif mix == "Q4_K_M" and name.split(".")[-2] in ("attn_v", "ffn_down") and use_more_bits(layer, num_layers):
+        kind = "Q6_K"
+    else:
+        kind = "Q4_K" if mix == "Q4_K_M" else "Q4_0"
+    return K_FALLBACK.get(kind, kind) if cols % QK_K else kind
 
 
 def llama3_rope_factors(head_size: int, theta: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
@@ -147,7 +169,7 @@ def llama3_rope_factors(head_size: int, theta: float, factor: float = 8.0, low: 
 
 def write_bench_gguf(vocab_path: Path, out: Path, shape: dict, std: float = 0.02, seed: int = 0,
                      context_length: int | None = None, untied: bool = False, offset: bool = False,
-                     mix: str = "Q4_0-all") -> Path:
+                     mix: str = "Q4_0-all", embed_rows=None, head_rows=None) -> Path:
     """Write the bench GGUF (see the module docstring) tensor by tensor; returns ``out``.
 
     Args:
@@ -156,6 +178,9 @@ def write_bench_gguf(vocab_path: Path, out: Path, shape: dict, std: float = 0.02
             (tied, a random model's logits favour the token just read, so its greedy output repeats one token and
             prompt-lookup drafts always hit).
         mix: one of MIXES.
+        embed_rows, head_rows: planted weights (perf/gpu/draft_pair.py): ``f(start, n) -> float32 [n, hidden]``, rows
+            ``start..start+n`` of the embedding (stored F16) and of an LM head of its own (stored Q8_0, gguf-py's
+            quantizer: it has no K-quant one); both or neither.
     """
     import gguf
 
@@ -166,7 +191,10 @@ def write_bench_gguf(vocab_path: Path, out: Path, shape: dict, std: float = 0.02
     h, layers, heads = shape["hidden_size"], shape["num_layers"], shape["num_heads"]
     kv_heads, ffn, n_vocab = shape["num_kv_heads"], shape["intermediate_size"], shape["vocab_size"]
     head = h // heads
-    tied = shape.get("tied", True) and not untied
+    if (embed_rows is None) != (head_rows is None):
+        raise ValueError("embed_rows and head_rows go together")
+    planted = embed_rows is not None
+    tied = shape.get("tied", True) and not untied and not planted
     tokens = [_string_at(vocab.fields["tokenizer.ggml.tokens"], i)
               for i in range(len(vocab.fields["tokenizer.ggml.tokens"].data))]
     if len(tokens) > n_vocab or (len(tokens) < n_vocab and arch != "qwen2"):
@@ -193,11 +221,16 @@ def write_bench_gguf(vocab_path: Path, out: Path, shape: dict, std: float = 0.02
     plan: list[tuple[str, tuple[int, ...], str]] = []  # (name, [rows, cols] or [n], ggml type name or "F32")
 
     def linear(name: str, rows: int, cols: int, layer: int = 0) -> None:
-        plan.append((name, (rows, cols), tensor_type(name, mix, layer, layers, tied)))
+        plan.append((name, (rows, cols), tensor_type(name, mix, layer, layers, tied, cols)))
 
-    linear("token_embd.weight", n_vocab, h)  # tied: llama.cpp and the converter use it as the LM head too
+    if planted:
+        plan.append(("token_embd.weight", (n_vocab, h), "F16"))
+    else:
+        linear("token_embd.weight", n_vocab, h)  # tied: llama.cpp and the converter use it as the LM head too
     plan.append(("output_norm.weight", (h,), "F32"))
-    if not tied:
+    if planted:
+        plan.append(("output.weight", (n_vocab, h), "Q8_0"))
+    elif not tied:
         linear("output.weight", n_vocab, h)
     if shape.get("llama3_rope"):
         plan.append(("rope_freqs.weight", (head // 2,), "F32"))
@@ -215,14 +248,16 @@ def write_bench_gguf(vocab_path: Path, out: Path, shape: dict, std: float = 0.02
         linear(p + "ffn_gate.weight", ffn, h, i)
         linear(p + "ffn_up.weight", ffn, h, i)
         linear(p + "ffn_down.weight", h, ffn, i)
-    sizes = [4 * int(np.prod(dims)) if kind == "F32" else dims[0] * dims[1] // _BLOCKS[kind][0] * _BLOCKS[kind][1]
-             for name, dims, kind in plan]
+    sizes = [_FLOAT_BYTES[kind] * int(np.prod(dims)) if kind in _FLOAT_BYTES
+             else dims[0] * dims[1] // _BLOCKS[kind][0] * _BLOCKS[kind][1] for name, dims, kind in plan]
     free = shutil.disk_usage(Path(out).resolve().parent).free
     if sum(sizes) + DISK_MARGIN_BYTES > free:
         raise OSError(f"{out}: the file takes {sum(sizes) / 2**30:.1f} GiB, the disk has {free / 2**30:.1f} GiB free")
     for name, dims, kind in plan:
         if kind == "F32":
             w.add_tensor_info(name, dims, np.dtype(np.float32), 4 * int(np.prod(dims)))
+        elif kind == "F16":
+            w.add_tensor_info(name, dims, np.dtype(np.float16), 2 * int(np.prod(dims)))
         else:
             block, nbytes = _BLOCKS[kind]
             byte_shape = (dims[0], dims[1] // block * nbytes)
@@ -234,6 +269,8 @@ def write_bench_gguf(vocab_path: Path, out: Path, shape: dict, std: float = 0.02
     for name, dims, kind in plan:
         if kind == "F32":
             w.write_tensor_data(_vector(rng, name, dims[0], head, float(shape.get("rope_theta", 500000.0))))
+        elif planted and name in ("token_embd.weight", "output.weight"):
+            w.write_tensor_data(_planted(embed_rows if name == "token_embd.weight" else head_rows, kind, *dims))
         else:
             w.write_tensor_data(_blocks(rng, kind, dims[0], dims[1], std, offset))
     w.close()
@@ -248,6 +285,19 @@ def _vector(rng: np.random.Generator, name: str, n: int, head: int, theta: float
     return np.ones(n, dtype=np.float32)  # norms
 
 
+def _planted(rows_fn, kind: str, rows: int, cols: int) -> np.ndarray:
+    """A planted tensor, made a chunk of rows at a time: F16 values or gguf-py's Q8_0 blocks."""
+    from gguf import GGMLQuantizationType, quants
+
+    out = np.empty((rows, cols), np.float16) if kind == "F16" else np.empty((rows, cols // 32 * 34), np.uint8)
+    step = max(1, ROW_CHUNK_BYTES // (4 * cols))
+    for start in range(0, rows, step):
+        x = rows_fn(start, min(step, rows - start)).astype(np.float32)
+        out[start : start + len(x)] = (x.astype(np.float16) if kind == "F16"
+                                       else quants.quantize(x, GGMLQuantizationType.Q8_0))
+    return out
+
+
 def _blocks(rng: np.random.Generator, kind: str, rows: int, cols: int, std: float, offset: bool) -> np.ndarray:
     """One tensor's random blocks, made ROW_CHUNK_BYTES at a time into one array."""
     block, nbytes = _BLOCKS[kind]
@@ -259,6 +309,10 @@ def _blocks(rng: np.random.Generator, kind: str, rows: int, cols: int, std: floa
             out[start : start + n] = q4_0_blocks(rng, n, cols, std, offset)
         elif kind == "Q4_K":
             out[start : start + n] = q4_k_blocks(rng, n, cols, std)
+        elif kind == "Q5_0":
+            out[start : start + n] = q5_0_blocks(rng, n, cols, std)
+        elif kind == "Q8_0":
+            out[start : start + n] = q8_0_blocks(rng, n, cols, std)
         else:
             out[start : start + n] = q6_k_blocks(rng, n, cols, std)
     return out

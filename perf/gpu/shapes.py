@@ -26,6 +26,8 @@ GGUF_SHAPES: dict[str, dict] = {
     "llama-3.1-8b": dict(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, intermediate_size=14336,
                          vocab_size=128256, arch="llama", rope_theta=500000.0, context_length=131072, tied=False,
                          llama3_rope=True, vocab="llama-bpe"),
+    "qwen2.5-0.5b": dict(SHAPES["qwen2.5-0.5b"], arch="qwen2", rope_theta=1000000.0, context_length=32768, tied=True,
+                         vocab="qwen2"),
     "qwen2.5-1.5b": dict(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960,
                          vocab_size=151936, arch="qwen2", rope_theta=1000000.0, context_length=32768, tied=True,
                          vocab="qwen2"),

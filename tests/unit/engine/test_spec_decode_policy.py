@@ -49,6 +49,23 @@ def test_a_request_without_lookup_matches_drafts_with_the_draft_model():
     assert (r.model_draft.num_drafted, r.model_draft.num_accepted) == (k, 2) and r.drafter.num_drafted == 0
 
 
+def test_a_draft_model_row_decodes_plainly_until_the_decode_step_is_measured():
+    """Costs are priced in plain decode steps: a row that drafted from its first step never measured one (an H100 kept
+    the CPU's priors and halved its speed with drafts it kept whole). Until three lone steps are measured the rows
+    decode plainly; then the row drafts."""
+    sched = Scheduler(num_slots=2, max_waiting=4, token_budget=64, speculative_tokens=4)
+    sched.use_draft_model(8)
+    r = decoding(sched, make_request("a", range(10, 30)))
+    r.model_draft = ModelDraftState(prior=(9.0, 10.0), gain_prior=3.0)
+    for i in range(3):
+        out = sched.schedule()
+        assert out.decode == (r,) and not out.draft_rows and not out.verify
+        sched.update_from_output(out, {r: 40 + i})
+        sched.check_cost.record_decode(0.05)  # (the core times each lone decode step)
+    out = sched.schedule()
+    assert [d.request for d in out.draft_rows] == [r]
+
+
 def test_a_copying_request_takes_prompt_lookup_and_a_poor_draft_model_is_left_alone():
     sched = Scheduler(num_slots=2, max_waiting=4, token_budget=64, speculative_tokens=8)
     sched.use_draft_model(8)

@@ -27,7 +27,24 @@ def test_check_cost_starts_from_the_prior_law_and_follows_what_was_measured():
     cost.record_check(1, 0.0005)  # a check is never taken as cheaper than the step it replaces
     assert cost.steps(1) == 1.0
     cost.record_decode(0.002)  # (the decode step moved by over 5%: every length's cost with it)
-    assert cost.steps(4) == pytest.approx(0.006 / (0.7 * 0.001 + 0.3 * 0.002)) and cost.steps(20) > cost.steps(16)
+    assert cost.steps(4) == pytest.approx(0.006 / 0.0015) and cost.steps(20) > cost.steps(16)  # (the median step)
+
+
+def test_the_decode_step_is_the_median_of_recent_ones_and_a_draft_model_waits_for_three():
+    """A GPU's first run of a shape captures its graph (one step ~100x the others): the step every cost is priced in
+    is the median of the recent lone steps, and until three are measured (or the newest is old) the scheduler gives the
+    draft model's rows a plain step: rows that draft from their first step never measured one, and their costs stayed
+    the CPU's priors."""
+    cost = CheckCost()
+    assert cost.wants_decode_sample()
+    cost.record_decode(0.300)  # a graph capture
+    cost.record_decode(0.003)
+    assert cost.wants_decode_sample()
+    cost.record_decode(0.0031)
+    assert not cost.wants_decode_sample() and cost.decode_s == pytest.approx(0.0031)
+    assert cost.wants_decode_sample(now=cost.decode_at + 11.0)  # stale: measured again
+    cost.freeze()
+    assert not cost.wants_decode_sample() and cost.decode_s is None
 
 
 def simulate(check_steps: float, accepted: bool, num_tokens: int = 2000, per_token: float = 0.0,
