@@ -83,7 +83,7 @@ if has bench; then
       ORTSERVE_CACHE_DIR="$P/cache" LLAMA_SERVER="$([ -x "$P/build/bin/llama-server" ] && echo "$P/build/bin/llama-server" || echo none)" LLAMA_ARGS="-ngl 99" \
       LLAMA_DRAFT_ARGS="-ngld 99" TARGET_GGUF="$P/pair/target.gguf" DRAFT_GGUF="$P/pair/draft-a$a.gguf" \
       timeout "${BENCH_S:-420}" bash bench/speculative.sh 2>&1 | tail -n 40 | tee -a "$LOG"
-    for f in report.json summary.txt speculative.png; do cp "$P/r-a$a/$f" "$OUT/a$a-$f" 2>/dev/null; done
+    for f in report.json speculative.png; do cp "$P/r-a$a/$f" "$OUT/a$a-$f" 2>/dev/null; done  # (8 files come back)
   done
   tar -czf "$OUT/logs.tar.gz" -C "$P" $(cd "$P" && ls -d r-a* 2>/dev/null) pair.log build.log 2>/dev/null
 fi
