@@ -60,11 +60,13 @@ def misses(n_vocab: int, agree: float, seed: int = MISS_SEED) -> np.ndarray:
     return np.random.default_rng(seed).random(n_vocab) >= agree
 
 
-def write_pair_member(vocab: Path, out: Path, shape_name: str, agree: float | None, seed: int) -> Path:
-    """The target (``agree`` None) or a draft agreeing on a fraction ``agree`` of token ids."""
-    shape = GGUF_SHAPES[shape_name]
+def write_pair_member(vocab: Path, out: Path, shape: str | dict, agree: float | None, seed: int,
+                      num_frequencies: int = FREQUENCIES) -> Path:
+    """The target (``agree`` None) or a draft agreeing on a fraction ``agree`` of token ids; ``shape``: a
+    ``GGUF_SHAPES`` name or such a dict."""
+    shape = GGUF_SHAPES[shape] if isinstance(shape, str) else shape
     hidden, n_vocab = shape["hidden_size"], shape["vocab_size"]
-    freqs = frequencies()
+    freqs = frequencies(num_frequencies)
     missed = misses(n_vocab, agree) if agree is not None else np.zeros(n_vocab, bool)
 
     def embed_rows(start: int, n: int) -> np.ndarray:
