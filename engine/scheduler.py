@@ -548,10 +548,7 @@ class Scheduler:
 
     def _drafts(self, decode: tuple[Request, ...], budget: int) -> tuple[tuple[Verify, ...], tuple[DraftRow, ...]]:
         """Drafts for the requests in ``decode``, within ``budget`` draft tokens: prompt-lookup drafts to check, and
-        the rows the draft model drafts for (run by the core); ``engine.spec_decode.policy.choose_drafts`` picks.
-        With a draft model, none while a plain decode step's time is due (``CheckCost.wants_decode_sample``)."""
-        if self.draft_max and self.check_cost.wants_decode_sample():
-            return (), ()
+        the rows the draft model drafts for (run by the core); ``engine.spec_decode.policy.choose_drafts`` picks."""
         checks, rows = choose_drafts(decode, budget, self.ngram, self.speculative_tokens, self.draft_max,
                                      self.check_cost)
         return tuple(Verify(request, draft) for request, draft in checks), rows

@@ -43,7 +43,7 @@ COST_WEIGHT = 0.3
 # (a GPU's first run of a shape captures its graph: one step of ~100x). A server whose rows draft from their first step
 # would never measure one (its costs stayed the CPU's priors: on an H100 a 0.5B draft's token costs ~1.5 target steps
 # where the prior says 0.4), so while fewer than MIN_DECODE_SAMPLES are known, or the newest is DECODE_REFRESH_S old,
-# the scheduler gives the draft model's rows a plain step (``CheckCost.wants_decode_sample``).
+# the draft model's rows get a plain step (``CheckCost.wants_decode_sample``, ``choose_drafts``).
 DECODE_WINDOW = 8
 MIN_DECODE_SAMPLES = 3
 DECODE_REFRESH_S = 10.0

@@ -187,9 +187,12 @@ def choose_drafts(decode: Sequence[Any], budget: int, ngram: NgramProposer, ngra
     (request, tokens)), (rows the draft model drafts for))``. Each row takes the source with the most expected tokens
     per decode step's worth of time, or none; a request's ``draft_max_tokens`` bounds its own (0: no drafts).
     Creates the rows' drafter states (``NgramDrafter``, ``ModelDraftState``) on first use. ``decode``: the
-    scheduler's Requests (not imported here: the scheduler imports this module)."""
+    scheduler's Requests (not imported here: the scheduler imports this module). With a draft model, none while a
+    plain decode step's time is due (``CheckCost.wants_decode_sample``: every cost is priced in it)."""
     checks: list[tuple[Any, tuple[int, ...]]] = []
     rows: list[DraftRow] = []
+    if draft_max and cost.wants_decode_sample():
+        return checks, ()
     for request in decode:
         asked = request.params.draft_max_tokens
         if asked == 0:
