@@ -11,6 +11,7 @@ import pytest
 
 from perf.gpu.bench_gguf import q4_0_blocks, write_bench_gguf
 from perf.gpu.plot_issue38 import figure
+from tests.perf.qwen2_files import folder_logits, write_qwen2_vocab
 
 
 def test_q4_0_blocks_dequantize_to_weights_of_the_asked_scale():
@@ -107,20 +108,8 @@ def test_the_q4_k_m_mix_puts_q6_k_where_llama_cpp_does():
 def test_a_qwen2_shape_pads_its_vocabulary_and_converts(tmp_path: Path):
     """A Qwen2-shaped Q4_K_M file (biases, a vocabulary padded with unused tokens) that ortserve converts and runs."""
     from engine.builder import convert_gguf
-    import onnxruntime as ort
 
-    from engine.builder.tokenizer import synthetic_vocab
-
-    tokens, merges, types = synthetic_vocab(300)  # a real byte-level BPE vocabulary (the converter builds it)
-    v = gguf.GGUFWriter(str(tmp_path / "vocab.gguf"), "qwen2")
-    v.add_tokenizer_model("gpt2")
-    v.add_tokenizer_pre("qwen2")
-    v.add_token_list(tokens)
-    v.add_token_types(types)
-    v.add_token_merges([f"{a} {b}" for a, b in merges])
-    v.add_bos_token_id(1)
-    v.add_eos_token_id(2)
-    v.write_header_to_file(); v.write_kv_data_to_file(); v.write_tensors_to_file(); v.close()
+    write_qwen2_vocab(tmp_path / "vocab.gguf")
     shape = dict(hidden_size=256, num_layers=8, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=320,
                  arch="qwen2", rope_theta=1e6, context_length=4096, tied=False)
     out = write_bench_gguf(tmp_path / "vocab.gguf", tmp_path / "qwen.gguf", shape, mix="Q4_K_M")
@@ -131,11 +120,5 @@ def test_a_qwen2_shape_pads_its_vocabulary_and_converts(tmp_path: Path):
     assert types["output.weight"] == "Q6_K" and types["blk.0.ffn_down.weight"] == "Q6_K"
     assert types["blk.2.ffn_down.weight"] == "Q4_K" and types["blk.0.attn_q.bias"] == "F32"
     folder = convert_gguf(out, tmp_path / "qwen", progress=False)
-    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
-    feeds = {"input_ids": np.array([[1, 5, 9]], np.int64), "attention_mask": np.ones((1, 3), np.int64),
-             "position_ids": np.arange(3)[None]}
-    for i in session.get_inputs():
-        if i.name.startswith("past_key_values."):
-            feeds[i.name] = np.zeros((1, 2, 3, 64), np.float32)
-    logits = session.run(["logits"], feeds)[0]
+    logits = folder_logits(folder, [1, 5, 9])
     assert logits.shape == (1, 3, 320) and np.isfinite(logits).all() and 0.1 < logits.std() < 10

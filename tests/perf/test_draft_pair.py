@@ -13,49 +13,22 @@ import pytest
 
 from perf.gpu.bench_gguf import q5_0_blocks, q8_0_blocks, tensor_type
 from perf.gpu.draft_pair import misses, write_pair_member
+from tests.perf.qwen2_files import folder_logits, write_qwen2_vocab
 
 VOCAB = 320
 SHAPE = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=VOCAB,
              arch="qwen2", rope_theta=1e6, context_length=4096, tied=True)
 
 
-def _vocab(path: Path) -> Path:
-    from engine.builder.tokenizer import synthetic_vocab
-
-    tokens, merges, types = synthetic_vocab(300)  # a byte-level BPE vocabulary the converter takes (padded to 320)
-    v = gguf.GGUFWriter(str(path), "qwen2")
-    v.add_tokenizer_model("gpt2")
-    v.add_tokenizer_pre("qwen2")
-    v.add_token_list(tokens)
-    v.add_token_types(types)
-    v.add_token_merges([f"{a} {b}" for a, b in merges])
-    v.add_bos_token_id(1)
-    v.add_eos_token_id(2)
-    v.write_header_to_file()
-    v.write_kv_data_to_file()
-    v.write_tensors_to_file()
-    v.close()
-    return path
-
-
 def _greedy_next(folder: Path, ids: list[int]) -> int:
-    """The converted model's argmax after ``ids`` (ONNX Runtime, CPU)."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
-    n = len(ids)
-    feeds = {"input_ids": np.array([ids], np.int64), "attention_mask": np.ones((1, n), np.int64),
-             "position_ids": np.arange(n)[None]}
-    for i in session.get_inputs():
-        if i.name.startswith("past_key_values."):
-            feeds[i.name] = np.zeros((1, 2, n, 64), np.float32)
-    return int(np.argmax(session.run(["logits"], feeds)[0][0, -1]))
+    """The converted model's argmax after ``ids``."""
+    return int(np.argmax(folder_logits(folder, ids)[0, -1]))
 
 
 def test_the_planted_pair_gives_the_planted_greedy_tokens_through_the_converter(tmp_path: Path):
     from engine.builder import convert_gguf
 
-    vocab = _vocab(tmp_path / "vocab.gguf")
+    vocab = write_qwen2_vocab(tmp_path / "vocab.gguf")
     target = write_pair_member(vocab, tmp_path / "target.gguf", SHAPE, None, seed=0, num_frequencies=32)
     draft = write_pair_member(vocab, tmp_path / "draft.gguf", SHAPE, 0.5, seed=1, num_frequencies=32)
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(draft)).tensors}
